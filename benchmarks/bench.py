@@ -1,0 +1,226 @@
+"""Race every kernel and the whole construction against pure torch, in one process.
+
+    python benchmarks/bench.py                 # CPU (and CUDA when present), writes benchmarks/results/<device>.json
+    python benchmarks/bench.py --quick         # smaller sizes, for a smoke run
+    python benchmarks/bench.py --only construct,kernels,outputs,cg
+
+Construction is timed three ways with the same algorithm inputs:
+  per_gadget   Alg. 3 verbatim: one gate, explicit M and least squares per gadget (pure torch)
+  torch        the shared-gate algorithm with torch ops only (backend="torch"): best pure torch
+  kernels      the shared-gate algorithm on the compiled kernels (backend="kernels")
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+import factkernels
+from factkernels import _ops, geometry
+from factkernels.cli import random_fact_set
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timeit(fn: Callable[[], object], device: torch.device, repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time in seconds."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def device_info(device: torch.device) -> dict:
+    info = {"device": str(device), "python": platform.python_version(), "torch": torch.__version__,
+            "factkernels": factkernels.__version__, "build": _ops.build_info(), "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(), "processor": platform.processor()}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    else:
+        try:
+            model = [l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name")]
+            info["cpu"] = model[0].split(":", 1)[1].strip() if model else platform.processor()
+        except OSError:
+            info["cpu"] = platform.processor()
+    return info
+
+
+def bench_construct(device: torch.device, sizes: list[tuple[int, int, int]], per_gadget_max_f: int) -> list[dict]:
+    rows = []
+    for d, num_facts, m in sizes:
+        K, V, f = (t.to(device) for t in random_fact_set(num_facts, num_facts, d, seed=0))
+        row = {"d": d, "F": num_facts, "m": m, "outputs": "values", "solver": "cholesky"}
+        for name, kwargs in [("kernels", {"backend": "kernels"}), ("torch", {"backend": "torch"})]:
+            mlp = None
+
+            def run():
+                nonlocal mlp
+                mlp = factkernels.construct(K, V, f, m=m, outputs="values", solver="cholesky", progress=False, **kwargs)
+
+            row[f"{name}_s"] = timeit(run, device, repeats=3)
+            row[f"{name}_accuracy"] = mlp.report.accuracy
+            row[f"{name}_residual"] = mlp.report.residual
+            row[f"{name}_phases_ms"] = {k: round(v * 1e3, 2) for k, v in mlp.report.timings.items()}
+        if num_facts <= per_gadget_max_f:
+            mlp = None
+
+            def run_faithful():
+                nonlocal mlp
+                mlp = factkernels.construct(K, V, f, m=m, outputs="values", solver="per_gadget", progress=False,
+                                            backend="torch")
+
+            row["per_gadget_s"] = timeit(run_faithful, device, repeats=1, warmup=0)
+            row["per_gadget_accuracy"] = mlp.report.accuracy
+            row["speedup_vs_per_gadget"] = row["per_gadget_s"] / row["kernels_s"]
+        row["speedup_vs_torch"] = row["torch_s"] / row["kernels_s"]
+        rows.append(row)
+        print(f"construct d={d} F={num_facts} m={m}: kernels {row['kernels_s']*1e3:.1f} ms, torch "
+              f"{row['torch_s']*1e3:.1f} ms" + (f", per_gadget {row['per_gadget_s']:.2f} s" if "per_gadget_s" in row else ""),
+              flush=True)
+    return rows
+
+
+def bench_kernels(device: torch.device, quick: bool) -> list[dict]:
+    gen = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=gen).to(device)  # noqa: E731
+    rows = []
+    n_gram = [(1024, 24, 65), (4096, 48, 129)] if not quick else [(512, 16, 33)]
+    for n, h, q in n_gram:
+        s, p = r(n, h), r(n, q)
+        rows.append(race("hadamard_gram", {"n": n, "h": h, "q": q}, device,
+                         lambda: _ops.hadamard_gram(s, p, backend="kernels"),
+                         lambda: _ops.hadamard_gram(s, p, backend="torch")))
+        w = r(h, q - 1)
+        rows.append(race("gate_features", {"n": n, "k": q - 1, "h": h}, device,
+                         lambda: _ops.gate_features(p[:, :-1], w, None, "silu", backend="kernels"),
+                         lambda: _ops.gate_features(p[:, :-1], w, None, "silu", backend="torch")))
+        m = 64 if n <= 1024 else 96
+        y, coef = r(n, m), r(m, h, q)
+        rows.append(race("gadget_rmatvec", {"n": n, "h": h, "q": q, "m": m}, device,
+                         lambda: _ops.gadget_rmatvec(s, p, y, backend="kernels"),
+                         lambda: _ops.gadget_rmatvec(s, p, y, backend="torch")))
+        rows.append(race("gadget_matvec", {"n": n, "h": h, "q": q, "m": m}, device,
+                         lambda: _ops.gadget_matvec(s, p, coef, backend="kernels"),
+                         lambda: _ops.gadget_matvec(s, p, coef, backend="torch")))
+    forward_sizes = [(4096, 64, 1536, 24), (4096, 128, 4608, 48)] if not quick else [(512, 32, 384, 12)]
+    for n, d, h, hg in forward_sizes:
+        x, wg, wu, wd = r(n, d), r(hg, d), r(h, d) / d**0.5, r(d, h) / h**0.5
+        bu, bd = r(h), r(d)
+        for gate_rows in (hg, h):
+            wg_full = wg if gate_rows == hg else wg.repeat(h // hg, 1)
+            rows.append(race("gated_forward", {"n": n, "d": d, "h": h, "gate_rows": gate_rows}, device,
+                             lambda: _ops.gated_forward(x, wg_full, None, wu, bu, wd, bd, "silu", backend="kernels"),
+                             lambda: _ops.gated_forward(x, wg_full, None, wu, bu, wd, bd, "silu", backend="torch")))
+    decode_sizes = [(4096, 4096, 64), (8192, 8192, 128)] if not quick else [(512, 512, 32)]
+    if device.type == "cuda" and not quick:
+        decode_sizes.append((65536, 65536, 256))
+    for n, nv, d in decode_sizes:
+        y, v = r(n, d), r(nv, d)
+        t = torch.randint(nv, (n,), generator=gen).to(device)
+        rows.append(race("decode", {"n": n, "nv": nv, "d": d}, device,
+                         lambda: _ops.decode(y, v, t, backend="kernels"),
+                         lambda: _ops.decode(y, v, t, backend="torch")))
+    return rows
+
+
+def race(name: str, shape: dict, device: torch.device, kernel: Callable, twin: Callable) -> dict:
+    k, t = timeit(kernel, device), timeit(twin, device)
+    print(f"{name:<15} {json.dumps(shape):<48} kernel {k*1e3:8.2f} ms  torch {t*1e3:8.2f} ms  x{t/k:5.2f}", flush=True)
+    return {"kernel": name, **shape, "kernel_ms": k * 1e3, "torch_ms": t * 1e3, "speedup": t / k}
+
+
+def bench_outputs(device: torch.device, sizes: list[tuple[int, int]]) -> list[dict]:
+    rows = []
+    for n, d in sizes:
+        V = geometry.spherical(n, d, generator=torch.Generator().manual_seed(0)).to(device)
+        result = {}
+
+        def run():
+            result["U"], result["rho"] = geometry.margin_optimal_outputs(V)
+
+        seconds = timeit(run, device, repeats=3)
+        rows.append({"n": n, "d": d, "seconds": seconds, "rho": result["rho"]})
+        print(f"margin_optimal_outputs |V|={n} d={d}: {seconds*1e3:.1f} ms (rho={result['rho']:.4f})", flush=True)
+    return rows
+
+
+def bench_cg_child(d: int, num_facts: int, m: int) -> None:
+    """Runs in a fresh process so that its peak RSS is the CG construction's own."""
+    K, V, f = random_fact_set(num_facts, num_facts, d, seed=0)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    mlp = factkernels.construct(K, V, f, m=m, outputs="values", solver="cg", progress=False)
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    print(json.dumps({"d": d, "F": num_facts, "m": m, "seconds": seconds, "accuracy": mlp.report.accuracy,
+                      "cg_iterations": mlp.report.cg_iterations, "residual": mlp.report.residual,
+                      "peak_rss_bytes": peak * 1024, "rss_before_bytes": base * 1024,
+                      "dense_gram_float64_bytes": num_facts * num_facts * 8}))
+
+
+def bench_cg(sizes: list[tuple[int, int, int]]) -> list[dict]:
+    rows = []
+    for d, num_facts, m in sizes:
+        out = subprocess.run([sys.executable, __file__, "--cg-child", f"{d},{num_facts},{m}"], capture_output=True,
+                             text=True, check=True)
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        row["peak_growth_over_dense"] = (row["peak_rss_bytes"] - row["rss_before_bytes"]) / row["dense_gram_float64_bytes"]
+        rows.append(row)
+        print(f"cg d={d} F={num_facts} m={m}: {row['seconds']:.1f} s, accuracy {row['accuracy']}, "
+              f"{row['cg_iterations']} iterations, peak RSS growth {(row['peak_rss_bytes'] - row['rss_before_bytes'])/2**20:.0f} MiB "
+              f"(F^2*8 = {row['dense_gram_float64_bytes']/2**20:.0f} MiB)", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default="construct,kernels,outputs,cg")
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<device>.json)")
+    parser.add_argument("--cg-child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.cg_child:
+        bench_cg_child(*map(int, args.cg_child.split(",")))
+        return
+    device = torch.device(args.device)
+    parts = set(args.only.split(","))
+    report = {"environment": device_info(device), "quick": args.quick}
+    if "kernels" in parts:
+        report["kernels"] = bench_kernels(device, args.quick)
+    if "construct" in parts:
+        sizes = [(64, 1024, 64), (128, 4096, 96)] if not args.quick else [(32, 256, 32)]
+        report["construct"] = bench_construct(device, sizes, per_gadget_max_f=1024)
+    if "outputs" in parts:
+        report["margin_optimal_outputs"] = bench_outputs(device, [(1024, 64)] if args.quick else [(1024, 64), (4096, 128)])
+    if "cg" in parts and device.type == "cpu":
+        report["cg"] = bench_cg([(64, 1024, 64)] if args.quick else [(128, 8192, 96)])
+    name = ("cuda-" + torch.cuda.get_device_name(device).replace(" ", "_")) if device.type == "cuda" else "cpu"
+    out = Path(args.out) if args.out else RESULTS / f"{name}{'-quick' if args.quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2, default=str))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

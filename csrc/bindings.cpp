@@ -1,0 +1,173 @@
+// The only file that knows pybind11. Each entry point takes a device name, a
+// dtype name and the integers (pointers, leading dimensions, shapes, stream)
+// that factkernels/_ops.py has validated, fills a plain args struct and calls
+// the CPU or CUDA kernel. No tensors cross this boundary.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels.h"
+
+namespace py = pybind11;
+using namespace factkernels;
+
+namespace {
+
+template <typename T> const T* cptr(uintptr_t p) { return reinterpret_cast<const T*>(p); }
+template <typename T> T* mptr(uintptr_t p) { return reinterpret_cast<T*>(p); }
+
+bool is_cuda(const std::string& device) {
+  if (device == "cpu") return false;
+  if (device == "cuda") {
+#ifdef FACTKERNELS_CUDA
+    return true;
+#else
+    throw std::runtime_error("factkernels was built without CUDA kernels");
+#endif
+  }
+  throw std::invalid_argument("device must be 'cpu' or 'cuda', got '" + device + "'");
+}
+
+// Runs f<float>() or f<double>() by dtype name.
+template <typename F> void dispatch_dtype(const std::string& dtype, F&& f) {
+  if (dtype == "float32") f(float{});
+  else if (dtype == "float64") f(double{});
+  else throw std::invalid_argument("dtype must be 'float32' or 'float64', got '" + dtype + "'");
+}
+
+Activation to_activation(int code) {
+  if (code < 0 || code > static_cast<int>(Activation::kSoftplus))
+    throw std::invalid_argument("unknown activation code " + std::to_string(code));
+  return static_cast<Activation>(code);
+}
+
+// Calls the CPU or the CUDA instantiation of one kernel with one args struct.
+#ifdef FACTKERNELS_CUDA
+#define FK_LAUNCH(kernel, args, on_cuda, stream) \
+  do { if (on_cuda) cuda::kernel(args, stream); else cpu::kernel(args); } while (0)
+#else
+#define FK_LAUNCH(kernel, args, on_cuda, stream) \
+  do { (void)(stream); cpu::kernel(args); } while (0)
+#endif
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "factkernels compiled kernels (CPU always, CUDA when built with nvcc)";
+
+  m.def("gate_features",
+        [](const std::string& device, const std::string& dtype, uintptr_t x, int64_t ldx,
+           uintptr_t w, int64_t ldw, uintptr_t b, uintptr_t out, int64_t ldo, int64_t n,
+           int64_t k, int64_t h, int act, uintptr_t stream) {
+          const bool on_cuda = is_cuda(device);
+          dispatch_dtype(dtype, [&](auto tag) {
+            using T = decltype(tag);
+            GateFeaturesArgs<T> a{cptr<T>(x), ldx, cptr<T>(w), ldw, cptr<T>(b),
+                                  mptr<T>(out), ldo, n, k, h, to_activation(act)};
+            py::gil_scoped_release nogil;
+            FK_LAUNCH(gate_features, a, on_cuda, stream);
+          });
+        });
+
+  m.def("hadamard_gram",
+        [](const std::string& device, const std::string& dtype, uintptr_t s, int64_t lds,
+           uintptr_t p, int64_t ldp, uintptr_t out, int64_t ldo, int64_t n, int64_t h, int64_t q,
+           uintptr_t stream) {
+          const bool on_cuda = is_cuda(device);
+          dispatch_dtype(dtype, [&](auto tag) {
+            using T = decltype(tag);
+            HadamardGramArgs<T> a{cptr<T>(s), lds, cptr<T>(p), ldp, mptr<T>(out), ldo, n, h, q};
+            py::gil_scoped_release nogil;
+            FK_LAUNCH(hadamard_gram, a, on_cuda, stream);
+          });
+        });
+
+  m.def("gadget_matvec",
+        [](const std::string& device, const std::string& dtype, uintptr_t s, int64_t lds,
+           uintptr_t p, int64_t ldp, uintptr_t coef, uintptr_t out, int64_t ldo, int64_t n,
+           int64_t h, int64_t q, int64_t mm, uintptr_t stream) {
+          const bool on_cuda = is_cuda(device);
+          dispatch_dtype(dtype, [&](auto tag) {
+            using T = decltype(tag);
+            GadgetProductArgs<T> a{cptr<T>(s), lds, cptr<T>(p), ldp, cptr<T>(coef), ldo,
+                                   mptr<T>(out), n, h, q, mm};
+            py::gil_scoped_release nogil;
+            FK_LAUNCH(gadget_matvec, a, on_cuda, stream);
+          });
+        });
+
+  m.def("gadget_rmatvec",
+        [](const std::string& device, const std::string& dtype, uintptr_t s, int64_t lds,
+           uintptr_t p, int64_t ldp, uintptr_t y, int64_t ldy, uintptr_t out, int64_t n,
+           int64_t h, int64_t q, int64_t mm, uintptr_t stream) {
+          const bool on_cuda = is_cuda(device);
+          dispatch_dtype(dtype, [&](auto tag) {
+            using T = decltype(tag);
+            GadgetProductArgs<T> a{cptr<T>(s), lds, cptr<T>(p), ldp, cptr<T>(y), ldy,
+                                   mptr<T>(out), n, h, q, mm};
+            py::gil_scoped_release nogil;
+            FK_LAUNCH(gadget_rmatvec, a, on_cuda, stream);
+          });
+        });
+
+  m.def("gated_forward",
+        [](const std::string& device, const std::string& dtype, uintptr_t x, int64_t ldx,
+           uintptr_t wg, uintptr_t bg, uintptr_t wu, uintptr_t bu, uintptr_t wd, uintptr_t bd,
+           uintptr_t out, int64_t ldo, int64_t n, int64_t d_in, int64_t h, int64_t hg,
+           int64_t d_out, int act, uintptr_t stream) {
+          const bool on_cuda = is_cuda(device);
+          dispatch_dtype(dtype, [&](auto tag) {
+            using T = decltype(tag);
+            GatedForwardArgs<T> a{cptr<T>(x), ldx, cptr<T>(wg), cptr<T>(bg), cptr<T>(wu),
+                                  cptr<T>(bu), cptr<T>(wd), cptr<T>(bd), mptr<T>(out), ldo,
+                                  n, d_in, h, hg, d_out, to_activation(act)};
+            py::gil_scoped_release nogil;
+            FK_LAUNCH(gated_forward, a, on_cuda, stream);
+          });
+        });
+
+  m.def("decode",
+        [](const std::string& device, const std::string& dtype, uintptr_t y, int64_t ldy,
+           uintptr_t v, int64_t ldv, uintptr_t target, uintptr_t index, uintptr_t margin,
+           int64_t n, int64_t nv, int64_t d, uintptr_t stream) {
+          const bool on_cuda = is_cuda(device);
+          dispatch_dtype(dtype, [&](auto tag) {
+            using T = decltype(tag);
+            DecodeArgs<T> a{cptr<T>(y), ldy, cptr<T>(v), ldv,
+                            reinterpret_cast<const int64_t*>(target),
+                            reinterpret_cast<int64_t*>(index), mptr<T>(margin), n, nv, d};
+            py::gil_scoped_release nogil;
+            FK_LAUNCH(decode, a, on_cuda, stream);
+          });
+        });
+
+  m.def("build_info", []() {
+    py::dict info;
+#ifdef FACTKERNELS_CUDA
+    info["cuda"] = true;
+#ifdef FACTKERNELS_CUDA_ARCHS
+    info["cuda_archs"] = FACTKERNELS_CUDA_ARCHS;
+#endif
+    info["cuda_devices"] = cuda::device_count();
+#else
+    info["cuda"] = false;
+    info["cuda_devices"] = 0;
+#endif
+#ifdef FACTKERNELS_OPENMP
+    info["openmp"] = true;
+#else
+    info["openmp"] = false;
+#endif
+    info["cpu_threads"] = cpu::num_threads();
+#if defined(__clang__)
+    info["compiler"] = std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+    info["compiler"] = std::string("gcc ") + __VERSION__;
+#else
+    info["compiler"] = std::string("unknown");
+#endif
+    return info;
+  });
+}

@@ -1,0 +1,175 @@
+// Shared CUDA building blocks: error checks, stream-ordered scratch,
+// activations, and one shared-memory tiled product C = A B^T that most
+// kernels are launched through, with operand loaders and an epilogue as
+// functors (face-splitting rows, weighted rows, gating, bias, activation).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels.h"
+
+namespace factkernels {
+namespace cuda {
+
+inline cudaStream_t as_stream(uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
+
+inline void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it, so later calls are not blamed for this one
+    throw std::runtime_error(std::string("factkernels CUDA ") + what + ": " + cudaGetErrorString(err));
+  }
+}
+inline void check_launch(const char* what) { check(cudaGetLastError(), what); }
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Stream-ordered scratch: allocated and freed on the stream, so no device-wide sync.
+template <typename T> class AsyncBuffer {
+ public:
+  AsyncBuffer(int64_t count, cudaStream_t stream) : stream_(stream) {
+    check(cudaMallocAsync(reinterpret_cast<void**>(&ptr_), sizeof(T) * static_cast<size_t>(count), stream),
+          "cudaMallocAsync");
+  }
+  ~AsyncBuffer() { cudaFreeAsync(ptr_, stream_); }
+  AsyncBuffer(const AsyncBuffer&) = delete;
+  AsyncBuffer& operator=(const AsyncBuffer&) = delete;
+  T* get() const { return ptr_; }
+
+ private:
+  T* ptr_ = nullptr;
+  cudaStream_t stream_;
+};
+
+// ------------------------------------------------------------ activations
+
+template <typename T> __device__ __forceinline__ T sigmoid(T x) {
+  const T z = exp(-fabs(x));  // <= 1: no overflow for either sign
+  const T s = T(1) / (T(1) + z);
+  return x >= T(0) ? s : z * s;
+}
+
+template <typename T> __device__ __forceinline__ T activate(Activation act, T x) {
+  switch (act) {
+    case Activation::kSilu: return x * sigmoid(x);
+    case Activation::kGelu: return T(0.5) * x * erfc(x * T(-0.70710678118654752440));  // erfc: exact tail
+    case Activation::kTanh: return tanh(x);
+    case Activation::kSigmoid: return sigmoid(x);
+    case Activation::kSoftplus: return x > T(20) ? x : log1p(exp(x));
+  }
+  return x;
+}
+
+// ----------------------------------------------------------- tiled product
+
+// A block computes BM x BN outputs over BK-wide slices of the reduction; each
+// thread owns TM x TN of them, strided (row ty + i * kThreadsY, column
+// tx + j * kThreadsX) so shared-memory reads and global stores are contiguous
+// across a warp.
+template <int BM_, int BN_, int BK_, int TM_, int TN_> struct TileShape {
+  static constexpr int BM = BM_, BN = BN_, BK = BK_, TM = TM_, TN = TN_;
+  static constexpr int kThreadsX = BN / TN, kThreadsY = BM / TM, kThreads = kThreadsX * kThreadsY;
+};
+using Tile64 = TileShape<64, 64, 16, 4, 4>;  // 256 threads
+
+// Reduction-major slices; the +1 column breaks bank conflicts on the transposing stores.
+template <typename T, class S> struct TileSmem {
+  T a[S::BK][S::BM + 1];
+  T b[S::BK][S::BN + 1];
+};
+
+// Operand loaders: element (r, k) of a product operand, reduction index k.
+template <typename T> struct RowMajor {  // ptr[r * ld + k]
+  const T* ptr;
+  int64_t ld;
+  __device__ __forceinline__ T operator()(int64_t r, int64_t k) const { return ptr[r * ld + k]; }
+};
+template <typename T> struct ColMajor {  // ptr[k * ld + r]
+  const T* ptr;
+  int64_t ld;
+  __device__ __forceinline__ T operator()(int64_t r, int64_t k) const { return ptr[k * ld + r]; }
+};
+
+// dst[kk * (R + 1) + r] = load(r0 + r, k0 + kk), zero outside [0, rows) x [0, K).
+// KContig: the operand is contiguous along k, so consecutive threads take
+// consecutive k (coalesced); otherwise consecutive threads take consecutive rows.
+template <int R, int BK, int kThreads, bool KContig, typename T, class Load>
+__device__ __forceinline__ void load_slice(T* dst, const Load& load, int64_t r0, int64_t rows, int64_t k0,
+                                           int64_t K) {
+  for (int e = threadIdx.x; e < R * BK; e += kThreads) {
+    const int r = KContig ? e / BK : e % R;
+    const int kk = KContig ? e % BK : e / R;
+    const int64_t gr = r0 + r, gk = k0 + kk;
+    dst[kk * (R + 1) + r] = (gr < rows && gk < K) ? load(gr, gk) : T(0);
+  }
+}
+
+// acc[i][j] = sum_{k < K} A(row0 + ty + i * kThreadsY, k) * B(col0 + tx + j * kThreadsX, k).
+// Ends with a barrier, so the caller may reuse the shared memory.
+template <class S, bool AKContig, bool BKContig, typename T, class LoadA, class LoadB>
+__device__ __forceinline__ void tile_product(TileSmem<T, S>& sm, const LoadA& la, int64_t row0, int64_t rows,
+                                             const LoadB& lb, int64_t col0, int64_t cols, int64_t K,
+                                             T (&acc)[S::TM][S::TN]) {
+  const int tx = threadIdx.x % S::kThreadsX, ty = threadIdx.x / S::kThreadsX;
+#pragma unroll
+  for (int i = 0; i < S::TM; ++i)
+#pragma unroll
+    for (int j = 0; j < S::TN; ++j) acc[i][j] = T(0);
+  for (int64_t k0 = 0; k0 < K; k0 += S::BK) {
+    load_slice<S::BM, S::BK, S::kThreads, AKContig>(&sm.a[0][0], la, row0, rows, k0, K);
+    load_slice<S::BN, S::BK, S::kThreads, BKContig>(&sm.b[0][0], lb, col0, cols, k0, K);
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < S::BK; ++kk) {
+      T av[S::TM], bv[S::TN];
+#pragma unroll
+      for (int i = 0; i < S::TM; ++i) av[i] = sm.a[kk][ty + i * S::kThreadsY];
+#pragma unroll
+      for (int j = 0; j < S::TN; ++j) bv[j] = sm.b[kk][tx + j * S::kThreadsX];
+#pragma unroll
+      for (int i = 0; i < S::TM; ++i)
+#pragma unroll
+        for (int j = 0; j < S::TN; ++j) acc[i][j] += av[i] * bv[j];
+    }
+    __syncthreads();
+  }
+}
+
+// C = A B^T over (rows x cols) with K-long reductions; epi(r, c, value) stores each result.
+template <typename T, class S, bool AKContig, bool BKContig, class LoadA, class LoadB, class Epi>
+__global__ void __launch_bounds__(S::kThreads)
+    product_kernel(LoadA la, int64_t rows, LoadB lb, int64_t cols, int64_t K, Epi epi) {
+  __shared__ TileSmem<T, S> sm;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * S::BM;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.y) * S::BN;
+  T acc[S::TM][S::TN];
+  tile_product<S, AKContig, BKContig>(sm, la, row0, rows, lb, col0, cols, K, acc);
+  const int tx = threadIdx.x % S::kThreadsX, ty = threadIdx.x / S::kThreadsX;
+#pragma unroll
+  for (int i = 0; i < S::TM; ++i) {
+    const int64_t r = row0 + ty + i * S::kThreadsY;
+#pragma unroll
+    for (int j = 0; j < S::TN; ++j) {
+      const int64_t c = col0 + tx + j * S::kThreadsX;
+      if (r < rows && c < cols) epi(r, c, acc[i][j]);
+    }
+  }
+}
+
+template <typename T, bool AKContig, bool BKContig, class LoadA, class LoadB, class Epi>
+void launch_product(const LoadA& la, int64_t rows, const LoadB& lb, int64_t cols, int64_t K, const Epi& epi,
+                    cudaStream_t stream, const char* what) {
+  if (rows <= 0 || cols <= 0) return;
+  using S = Tile64;
+  const int64_t col_tiles = ceil_div(cols, S::BN);
+  if (col_tiles > 65535) throw std::invalid_argument(std::string(what) + ": too many output columns");
+  const dim3 grid(static_cast<unsigned>(ceil_div(rows, S::BM)), static_cast<unsigned>(col_tiles));
+  product_kernel<T, S, AKContig, BKContig><<<grid, S::kThreads, 0, stream>>>(la, rows, lb, cols, K, epi);
+  check_launch(what);
+}
+
+}  // namespace cuda
+}  // namespace factkernels

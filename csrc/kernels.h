@@ -1,0 +1,111 @@
+// factkernels kernel interface: plain structs of pointers, shapes and leading
+// dimensions. Nothing here knows Python or torch; bindings.cpp fills these
+// structs from the integers that factkernels/_ops.py passes.
+//
+// Conventions (all matrices row-major, unit stride in the last dimension):
+//   ld*        leading dimension (row stride, in elements) of a 2-D operand
+//   dtype      float or double, chosen by a template parameter
+//   act        activation code, see Activation below
+//   stream     cudaStream_t as an integer (CUDA entry points only; 0 = default)
+#pragma once
+#include <cstdint>
+
+namespace factkernels {
+
+// Analytic, non-polynomial activations (the gated gadget needs one: Lemma 4.1.2).
+enum class Activation : int {
+  kSilu = 0,      // x * sigmoid(x)   (Swish, SwiGLU)
+  kGelu = 1,      // x * Phi(x), exact erf form (GeGLU)
+  kTanh = 2,
+  kSigmoid = 3,
+  kSoftplus = 4,  // log(1 + e^x)
+};
+
+// out[i, r] = act(sum_c x[i, c] * w[r, c] + b[r])        x: (n, k), w: (h, k), out: (n, h)
+template <typename T>
+struct GateFeaturesArgs {
+  const T* x; int64_t ldx;
+  const T* w; int64_t ldw;
+  const T* b;            // may be null (no bias)
+  T* out; int64_t ldo;
+  int64_t n, k, h;
+  Activation act;
+};
+
+// out[i, j] = (sum_r s[i, r] s[j, r]) * (sum_c p[i, c] p[j, c])     s: (n, h), p: (n, q), out: (n, n)
+// The full symmetric matrix is written (lower triangle computed, then mirrored).
+template <typename T>
+struct HadamardGramArgs {
+  const T* s; int64_t lds;
+  const T* p; int64_t ldp;
+  T* out; int64_t ldo;
+  int64_t n, h, q;
+};
+
+// Gadget operator M (row i of M is s[i, :] (x) p[i, :], a face-splitting product)
+// applied to m right-hand sides at once; M is never formed.
+//   matvec:  out[i, j]    = sum_r s[i, r] * sum_c p[i, c] * coef[j, r, c]     coef: (m, h, q) contiguous, out: (n, m)
+//   rmatvec: out[j, r, c] = sum_i y[i, j] * s[i, r] * p[i, c]                 y: (n, m), out: (m, h, q) contiguous
+template <typename T>
+struct GadgetProductArgs {
+  const T* s; int64_t lds;
+  const T* p; int64_t ldp;
+  const T* in;   // coef (matvec) or y (rmatvec, leading dimension ldy)
+  int64_t ldy;   // row stride of y (rmatvec) / of out (matvec)
+  T* out;
+  int64_t n, h, q, m;
+};
+
+// Fused gated MLP:  out[i] = Wd (act(Wg x_i + bg)[r mod hg] * (Wu x_i + bu)) + bd
+//   x: (n, d_in), wg: (hg, d_in) with hg dividing h (hg < h shares gate rows
+//   across gadgets, row r uses gate r mod hg), wu: (h, d_in), wd: (d_out, h), out: (n, d_out).
+//   Any bias pointer may be null.
+template <typename T>
+struct GatedForwardArgs {
+  const T* x; int64_t ldx;
+  const T* wg; const T* bg;
+  const T* wu; const T* bu;
+  const T* wd; const T* bd;
+  T* out; int64_t ldo;
+  int64_t n, d_in, h, hg, d_out;
+  Activation act;
+};
+
+// Fused decode, streaming over v in tiles with O(n + nv) extra memory:
+//   index[i]  = argmax_j <y_i, v_j>        (lowest j on ties)
+//   margin[i] = <y_i, v_t> - max_{j != t} <y_i, v_j>, where t = target[i] when
+//               target is given, else t = index[i] (top-1 minus top-2 score).
+//   y: (n, d), v: (nv, d), target: (n,) int64 or null; index: (n,) int64; margin: (n,)
+template <typename T>
+struct DecodeArgs {
+  const T* y; int64_t ldy;
+  const T* v; int64_t ldv;
+  const int64_t* target;
+  int64_t* index;
+  T* margin;
+  int64_t n, nv, d;
+};
+
+namespace cpu {
+template <typename T> void gate_features(const GateFeaturesArgs<T>& a);
+template <typename T> void hadamard_gram(const HadamardGramArgs<T>& a);
+template <typename T> void gadget_matvec(const GadgetProductArgs<T>& a);
+template <typename T> void gadget_rmatvec(const GadgetProductArgs<T>& a);
+template <typename T> void gated_forward(const GatedForwardArgs<T>& a);
+template <typename T> void decode(const DecodeArgs<T>& a);
+int num_threads();
+}  // namespace cpu
+
+#ifdef FACTKERNELS_CUDA
+namespace cuda {
+template <typename T> void gate_features(const GateFeaturesArgs<T>& a, uintptr_t stream);
+template <typename T> void hadamard_gram(const HadamardGramArgs<T>& a, uintptr_t stream);
+template <typename T> void gadget_matvec(const GadgetProductArgs<T>& a, uintptr_t stream);
+template <typename T> void gadget_rmatvec(const GadgetProductArgs<T>& a, uintptr_t stream);
+template <typename T> void gated_forward(const GatedForwardArgs<T>& a, uintptr_t stream);
+template <typename T> void decode(const DecodeArgs<T>& a, uintptr_t stream);
+int device_count();
+}  // namespace cuda
+#endif
+
+}  // namespace factkernels

@@ -1,0 +1,325 @@
+"""The one door to the compiled kernels.
+
+Every op here validates its tensors, then either calls ``factkernels._C`` (CPU
+or CUDA, chosen by the tensors' device) with data pointers, leading dimensions,
+shapes and the current CUDA stream, or runs its pure-torch twin. The twins are
+the reference the tests compare against and what the benchmarks race.
+
+``backend`` (every op, and ``construct``) is one of
+  "auto"     compiled kernel when one exists for the device and dtype, else torch;
+  "kernels"  compiled kernel, error if unavailable;
+  "torch"    the pure-torch twin.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+try:  # the compiled extension is absent when running from a source checkout
+    from . import _C  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised only without a build
+    _C = None
+
+HAS_EXTENSION = _C is not None
+
+BACKENDS = ("auto", "kernels", "torch")
+
+# Analytic, non-polynomial activations; codes match csrc/kernels.h.
+ACTIVATIONS = {"silu": 0, "gelu": 1, "tanh": 2, "sigmoid": 3, "softplus": 4}
+# Activations a user might ask for that the gated gadget cannot use (Lemma 4.1.2).
+REJECTED_ACTIVATIONS = {
+    "relu": "ReLU is not analytic",
+    "leaky_relu": "leaky ReLU is not analytic",
+    "identity": "the identity is a polynomial",
+    "linear": "a linear activation is a polynomial",
+    "square": "x^2 is a polynomial",
+    "quadratic": "x^2 is a polynomial",
+}
+
+_TORCH_ACTIVATIONS = {
+    "silu": torch.nn.functional.silu,
+    "gelu": torch.nn.functional.gelu,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "softplus": torch.nn.functional.softplus,
+}
+
+
+def build_info() -> dict:
+    """What was compiled: CUDA (and for which architectures), OpenMP, compiler."""
+    if _C is None:
+        return {"compiled": False, "cuda": False, "cuda_devices": 0, "openmp": False}
+    info = dict(_C.build_info())
+    info["compiled"] = True
+    return info
+
+
+def check_activation(activation: str) -> str:
+    """Return ``activation`` if the gated gadget can use it, else raise ValueError."""
+    if not isinstance(activation, str):
+        raise TypeError(f"activation must be a string, got {type(activation).__name__}")
+    if activation in ACTIVATIONS:
+        return activation
+    if activation in REJECTED_ACTIVATIONS:
+        raise ValueError(
+            f"activation={activation!r} cannot be used for the gated gadget: "
+            f"{REJECTED_ACTIVATIONS[activation]}; the construction needs an analytic, "
+            f"non-polynomial activation, one of {sorted(ACTIVATIONS)}"
+        )
+    raise ValueError(f"unknown activation={activation!r}; choose one of {sorted(ACTIVATIONS)}")
+
+
+def activate(x: torch.Tensor, activation: str) -> torch.Tensor:
+    """Elementwise activation by name (torch)."""
+    return _TORCH_ACTIVATIONS[activation](x)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _matrix(name: str, t: torch.Tensor, rows: Optional[int] = None, cols: Optional[int] = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+    if rows is not None and t.shape[0] != rows:
+        raise ValueError(f"{name} must have {rows} rows, got shape {tuple(t.shape)}")
+    if cols is not None and t.shape[1] != cols:
+        raise ValueError(f"{name} must have {cols} columns, got shape {tuple(t.shape)}")
+
+
+def _same(ref_name: str, ref: torch.Tensor, **others: Optional[torch.Tensor]) -> None:
+    for name, t in others.items():
+        if t is None:
+            continue
+        if t.dtype != ref.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; use one dtype")
+        if t.device != ref.device:
+            raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}; use one device")
+
+
+def _use_kernel(backend: str, *tensors: Optional[torch.Tensor]) -> bool:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return False
+    ref = tensors[0]
+    ok = (
+        _C is not None
+        and ref.dtype in (torch.float32, torch.float64)
+        and (ref.device.type == "cpu" or (ref.device.type == "cuda" and build_info()["cuda"]))
+        and not any(t is not None and t.requires_grad and torch.is_grad_enabled() for t in tensors)
+    )
+    if backend == "kernels" and not ok:
+        raise RuntimeError(
+            f"backend='kernels' but no compiled kernel serves dtype={ref.dtype} on {ref.device} "
+            f"(build_info: {build_info()}); use backend='auto' or 'torch'"
+        )
+    return ok
+
+
+def _rowmajor(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Unit stride in the last dimension (leading dimension passed separately)."""
+    if t is None:
+        return None
+    if t.dim() == 2 and t.stride(1) == 1 and t.stride(0) >= max(1, t.shape[1]):
+        return t
+    return t.contiguous()
+
+
+def _ptr(t: Optional[torch.Tensor]) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def _ld(t: torch.Tensor) -> int:
+    return t.stride(0) if t.dim() == 2 else t.shape[-1]
+
+
+def _launch_args(ref: torch.Tensor) -> tuple[str, str]:
+    return ref.device.type, str(ref.dtype).replace("torch.", "")
+
+
+def _stream(ref: torch.Tensor) -> int:
+    if ref.device.type == "cuda":
+        return torch.cuda.current_stream(ref.device).cuda_stream
+    return 0
+
+
+# ----------------------------------------------------------------------------- ops
+
+
+def gate_features(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation: str, *, backend: str = "auto"
+) -> torch.Tensor:
+    """Gate features ``act(x @ weight.T + bias)``.
+
+    x: (n, k), weight: (h, k), bias: (h,) or None  ->  (n, h)
+    """
+    _matrix("x", x)
+    _matrix("weight", weight, cols=x.shape[1])
+    _same("x", x, weight=weight, bias=bias)
+    check_activation(activation)
+    if not _use_kernel(backend, x, weight, bias):
+        pre = x @ weight.T
+        return activate(pre + bias if bias is not None else pre, activation)
+    x, weight = _rowmajor(x), _rowmajor(weight)
+    bias = None if bias is None else bias.contiguous()
+    n, k, h = x.shape[0], x.shape[1], weight.shape[0]
+    out = torch.empty(n, h, dtype=x.dtype, device=x.device)
+    _C.gate_features(*_launch_args(x), _ptr(x), _ld(x), _ptr(weight), _ld(weight), _ptr(bias),
+                     _ptr(out), _ld(out), n, k, h, ACTIVATIONS[activation], _stream(x))
+    return out
+
+
+def hadamard_gram(s: torch.Tensor, p: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+    """Hadamard Gram ``(s sᵀ) ∘ (p pᵀ)``, which equals ``M Mᵀ`` for the face-splitting M.
+
+    s: (n, h) gate features, p: (n, q) augmented keys  ->  (n, n) symmetric
+    """
+    _matrix("s", s)
+    _matrix("p", p, rows=s.shape[0])
+    _same("s", s, p=p)
+    if not _use_kernel(backend, s, p):
+        return (s @ s.T) * (p @ p.T)
+    s, p = _rowmajor(s), _rowmajor(p)
+    n = s.shape[0]
+    out = torch.empty(n, n, dtype=s.dtype, device=s.device)
+    _C.hadamard_gram(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(out), _ld(out),
+                     n, s.shape[1], p.shape[1], _stream(s))
+    return out
+
+
+def gadget_matvec(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+    """``M vec(coef_j)`` for m right-hand sides without forming M.
+
+    s: (n, h), p: (n, q), coef: (m, h, q)  ->  (n, m) with out[i, j] = Σ_r s[i,r] <p[i], coef[j,r]>
+    """
+    _matrix("s", s)
+    _matrix("p", p, rows=s.shape[0])
+    if coef.dim() != 3 or coef.shape[1:] != (s.shape[1], p.shape[1]):
+        raise ValueError(f"coef must have shape (m, {s.shape[1]}, {p.shape[1]}), got {tuple(coef.shape)}")
+    _same("s", s, p=p, coef=coef)
+    if not _use_kernel(backend, s, p, coef):
+        m, h, q = coef.shape
+        # (n, q) @ (q, m*h) then reduce over r against s: two GEMM-shaped steps.
+        t = (p @ coef.permute(2, 0, 1).reshape(q, m * h)).view(-1, m, h)
+        return torch.einsum("ijr,ir->ij", t, s)
+    s, p, coef = _rowmajor(s), _rowmajor(p), coef.contiguous()
+    n, m = s.shape[0], coef.shape[0]
+    out = torch.empty(n, m, dtype=s.dtype, device=s.device)
+    _C.gadget_matvec(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(coef), _ptr(out), _ld(out),
+                     n, s.shape[1], p.shape[1], m, _stream(s))
+    return out
+
+
+def gadget_rmatvec(s: torch.Tensor, p: torch.Tensor, y: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+    """``Mᵀ y_j`` for m right-hand sides without forming M.
+
+    s: (n, h), p: (n, q), y: (n, m)  ->  (m, h, q) with out[j, r, c] = Σ_i y[i,j] s[i,r] p[i,c]
+    """
+    _matrix("s", s)
+    _matrix("p", p, rows=s.shape[0])
+    _matrix("y", y, rows=s.shape[0])
+    _same("s", s, p=p, y=y)
+    if not _use_kernel(backend, s, p, y):
+        n, h = s.shape
+        w = (y.unsqueeze(2) * s.unsqueeze(1)).reshape(n, -1)  # (n, m*h)
+        return (w.T @ p).view(y.shape[1], h, p.shape[1])
+    s, p, y = _rowmajor(s), _rowmajor(p), _rowmajor(y)
+    n, h, q, m = s.shape[0], s.shape[1], p.shape[1], y.shape[1]
+    out = torch.empty(m, h, q, dtype=s.dtype, device=s.device)
+    _C.gadget_rmatvec(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(y), _ld(y), _ptr(out),
+                      n, h, q, m, _stream(s))
+    return out
+
+
+def gated_forward(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    gate_bias: Optional[torch.Tensor],
+    up_weight: torch.Tensor,
+    up_bias: Optional[torch.Tensor],
+    down_weight: torch.Tensor,
+    down_bias: Optional[torch.Tensor],
+    activation: str,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Fused gated MLP ``down(act(gate x)[r mod hg] ⊙ up x)``.
+
+    x: (n, d_in), gate_weight: (hg, d_in) where hg divides h (hidden unit r uses
+    gate row r mod hg, so gadgets can share one gate), up_weight: (h, d_in),
+    down_weight: (d_out, h), biases matching or None  ->  (n, d_out)
+    """
+    _matrix("x", x)
+    _matrix("up_weight", up_weight, cols=x.shape[1])
+    h = up_weight.shape[0]
+    _matrix("gate_weight", gate_weight, cols=x.shape[1])
+    hg = gate_weight.shape[0]
+    if hg == 0 or h % hg:
+        raise ValueError(f"gate_weight rows ({hg}) must divide up_weight rows ({h})")
+    _matrix("down_weight", down_weight, cols=h)
+    _same("x", x, gate_weight=gate_weight, gate_bias=gate_bias, up_weight=up_weight, up_bias=up_bias,
+          down_weight=down_weight, down_bias=down_bias)
+    check_activation(activation)
+    if not _use_kernel(backend, x, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias):
+        gate = torch.nn.functional.linear(x, gate_weight, gate_bias)
+        gate = activate(gate, activation)
+        if hg != h:
+            gate = gate.repeat(1, h // hg)
+        up = torch.nn.functional.linear(x, up_weight, up_bias)
+        return torch.nn.functional.linear(gate * up, down_weight, down_bias)
+    x = _rowmajor(x)
+    gate_weight, up_weight, down_weight = (w.contiguous() for w in (gate_weight, up_weight, down_weight))
+    gate_bias, up_bias, down_bias = (None if b is None else b.contiguous() for b in (gate_bias, up_bias, down_bias))
+    n, d_out = x.shape[0], down_weight.shape[0]
+    out = torch.empty(n, d_out, dtype=x.dtype, device=x.device)
+    _C.gated_forward(*_launch_args(x), _ptr(x), _ld(x), _ptr(gate_weight), _ptr(gate_bias), _ptr(up_weight),
+                     _ptr(up_bias), _ptr(down_weight), _ptr(down_bias), _ptr(out), _ld(out), n, x.shape[1], h, hg,
+                     d_out, ACTIVATIONS[activation], _stream(x))
+    return out
+
+
+def decode(
+    y: torch.Tensor, values: torch.Tensor, target: Optional[torch.Tensor] = None, *, backend: str = "auto",
+    chunk: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused dot-product decode: ``argmax_j <y_i, v_j>`` and the margin, never the n×|V| matrix.
+
+    y: (n, d), values: (|V|, d), target: (n,) long or None  ->  (index (n,) long, margin (n,))
+    margin[i] = <y_i, v_t> − max_{j≠t} <y_i, v_j> with t = target[i] (or t = argmax,
+    i.e. top-1 minus top-2 score, when target is None); a fact is stored iff margin > 0.
+    The torch twin streams over rows of y in chunks of ``chunk``.
+    """
+    _matrix("y", y)
+    _matrix("values", values, cols=y.shape[1])
+    _same("y", y, values=values)
+    if target is not None:
+        if target.dim() != 1 or target.shape[0] != y.shape[0]:
+            raise ValueError(f"target must have shape ({y.shape[0]},), got {tuple(target.shape)}")
+        if target.device != y.device:
+            raise ValueError(f"target is on {target.device} but y is on {y.device}")
+        target = target.to(torch.int64)
+    n, nv = y.shape[0], values.shape[0]
+    if not _use_kernel(backend, y, values):
+        index = torch.empty(n, dtype=torch.int64, device=y.device)
+        margin = torch.empty(n, dtype=y.dtype, device=y.device)
+        for lo in range(0, n, chunk):
+            scores = y[lo : lo + chunk] @ values.T
+            idx = scores.argmax(dim=1)
+            index[lo : lo + chunk] = idx
+            t = idx if target is None else target[lo : lo + chunk]
+            own = scores.gather(1, t[:, None]).squeeze(1)
+            scores.scatter_(1, t[:, None], -math.inf)
+            margin[lo : lo + chunk] = own - scores.max(dim=1).values
+        return index, margin
+    y, values = _rowmajor(y), _rowmajor(values)
+    target = None if target is None else target.contiguous()
+    index = torch.empty(n, dtype=torch.int64, device=y.device)
+    margin = torch.empty(n, dtype=y.dtype, device=y.device)
+    _C.decode(*_launch_args(y), _ptr(y), _ld(y), _ptr(values), _ld(values), _ptr(target), _ptr(index),
+              _ptr(margin), n, nv, y.shape[1], _stream(y))
+    return index, margin

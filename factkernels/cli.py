@@ -1,0 +1,112 @@
+"""Command line: ``factkernels demo | construct | info``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from . import _ops, geometry
+from .construct import OUTPUTS, FactStorageError, construct
+from .solvers import SOLVERS
+
+
+def random_fact_set(num_facts: int, num_values: int, dim: int, *, seed: int, tied: bool = False,
+                    kappa: float = 1.0, dtype: torch.dtype = torch.float32):
+    """Spherical keys and values and a random map f (a bijection when |V| = F).
+
+    Returns K (F, d), V (|V|, d), f (F,). ``tied`` uses K = V (needs F = |V|);
+    ``kappa`` > 1 makes the values anisotropic with that condition number.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    values = geometry.spherical(num_values, dim, generator=gen, dtype=dtype)
+    if kappa > 1:
+        values = geometry.anisotropic(values, kappa)
+    if tied:
+        if num_facts != num_values:
+            raise ValueError(f"tied keys need facts == values, got {num_facts} and {num_values}")
+        keys = values.clone()
+    else:
+        keys = geometry.spherical(num_facts, dim, generator=gen, dtype=dtype)
+    if num_facts == num_values:
+        facts = torch.randperm(num_values, generator=gen)
+    else:
+        facts = torch.randint(num_values, (num_facts,), generator=gen)
+    return keys, values, facts
+
+
+def _environment() -> dict:
+    return {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
+            "build": _ops.build_info()}
+
+
+def _run_construct(args: argparse.Namespace) -> int:
+    dtype = torch.float64 if args.float64 else torch.float32
+    device = torch.device(args.device)
+    keys, values, facts = random_fact_set(args.facts, args.values or args.facts, args.d, seed=args.seed,
+                                          tied=args.tied, kappa=args.kappa, dtype=dtype)
+    keys, values, facts = keys.to(device), values.to(device), facts.to(device)
+    try:
+        mlp = construct(keys, values, facts, m=args.m, outputs=args.outputs, solver=args.solver,
+                        activation=args.activation, width_multiplier=args.width_multiplier, whiten=args.whiten,
+                        seed=args.seed, backend=args.backend, verify=True, progress=not args.quiet)
+        report, status = mlp.report, 0
+    except FactStorageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        mlp, report, status = None, err.report, 1
+    print(report)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        payload = {"config": vars(args), "report": report.to_dict(), "environment": _environment()}
+        Path(args.json).write_text(json.dumps(payload, indent=2, default=str))
+        print(f"wrote {args.json}")
+    if args.save and mlp is not None:
+        mlp.save(args.save)
+        print(f"wrote {args.save}")
+    return status
+
+
+def _add_construct_options(p: argparse.ArgumentParser, *, d: int, facts: int) -> None:
+    p.add_argument("--d", type=int, default=d, help="embedding dimension")
+    p.add_argument("--facts", type=int, default=facts, help="number of keys F")
+    p.add_argument("--values", type=int, default=None, help="number of values |V| (default: F)")
+    p.add_argument("--m", type=lambda s: s if s == "bound" else int(s), default=None,
+                   help="code dimension (default: smallest that verifies; 'bound' for Thm B.5.3)")
+    p.add_argument("--outputs", choices=OUTPUTS, default="margin_optimal")
+    p.add_argument("--solver", choices=SOLVERS, default="auto")
+    p.add_argument("--activation", default="silu")
+    p.add_argument("--width-multiplier", type=float, default=1.5)
+    p.add_argument("--whiten", type=float, default=0.0, help="ZCA whitening strength alpha in [0, 1]")
+    p.add_argument("--kappa", type=float, default=1.0, help="condition number of anisotropic values")
+    p.add_argument("--tied", action="store_true", help="keys = values (needs F = |V|)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--float64", action="store_true")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--backend", choices=_ops.BACKENDS, default="auto")
+    p.add_argument("--json", help="write config, report and environment to this JSON file")
+    p.add_argument("--save", help="save the MLP to this .safetensors file")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="factkernels", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="build and verify a fact MLP on a built-in default (d=64, F=|V|=1024)")
+    _add_construct_options(demo, d=64, facts=1024)
+    cons = sub.add_parser("construct", help="build and verify a fact MLP on random spherical embeddings")
+    _add_construct_options(cons, d=64, facts=1024)
+    sub.add_parser("info", help="print what was compiled")
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        print(json.dumps(_environment(), indent=2))
+        return 0
+    return _run_construct(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

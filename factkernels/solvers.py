@@ -1,0 +1,230 @@
+"""Solvers for the stacked gated gadgets (Alg. 2/3/6/7 of seed 000).
+
+All m gadgets share one gate, so each is the linear system
+
+    M̃ θ_j = o_j,   row i of M̃ = [Σ_i ⊗ K̃_i, 1],   j = 1..m
+
+with gate features Σ = σ(K G̃ᵀ + b_G) (F, h̃), augmented keys K̃ = [K, 1] (F, d+1)
+and unknowns θ_j = (vec A_j, b_E[j]). The minimum-norm solution is
+θ_j = M̃ᵀ α_j with (M̃ M̃ᵀ) α = O, and M̃ M̃ᵀ = (Σ Σᵀ) ∘ (K̃ K̃ᵀ) + 1 1ᵀ, so M̃ is
+never formed. :class:`GadgetOperator` is that Gram as a linear operator (dense
+or matrix-free); ``solve_cholesky`` factors it once for all m right-hand sides;
+``solve_cg`` runs batched preconditioned CG on the matrix-free operator, with
+O(F (h̃ + d)) memory and no F×F matrix.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from tqdm.auto import tqdm
+
+from . import _ops
+
+SOLVERS = ("auto", "cholesky", "cg", "per_gadget")
+
+# Relative residual ||Gα − O|| / ||O|| above which a float32 solve is refined or
+# redone in float64.
+RESIDUAL_TOL = 1e-4
+
+
+def _inverse_sqrt(features: torch.Tensor) -> torch.Tensor:
+    """(featuresᵀ features / n)^(-1/2) for an (n, k) matrix, eigenvalues floored for safety: (k, k)."""
+    cov = (features.T @ features).double() / features.shape[0]
+    evals, evecs = torch.linalg.eigh(cov)
+    evals = evals.clamp_min(evals.max() * 1e-12)
+    return ((evecs * evals.rsqrt()) @ evecs.T).to(features.dtype)
+
+
+@dataclass
+class GadgetOperator:
+    """The Gram ``M̃ M̃ᵀ`` of the shared-gate gadget system, in a whitened basis.
+
+    Rows of M̃ are ``[Σ_i ⊗ K̃_i, 1]``. With W_s = Cov(Σ)^(-1/2) and W_p = Cov(K̃)^(-1/2),
+    ``M̃' = [ΣW_s ⊗ K̃W_p, 1]`` spans the same space, so it fits the same targets, but
+    its Gram ``(ΣW_s²Σᵀ) ∘ (K̃W_p²K̃ᵀ) + 1 1ᵀ`` is ~30x better conditioned (it removes
+    the mean of σ and the anisotropy of the features). That matters for CG iterations
+    and float32 accuracy; the unknowns map back by θ = (W_s ⊗ W_p) θ'.
+
+    gate_features: (F, h̃) Σ W_s;  keys_aug: (F, d+1) K̃ W_p;  transforms (h̃, h̃), (d+1, d+1).
+    """
+
+    gate_features: torch.Tensor
+    keys_aug: torch.Tensor
+    feature_transform: torch.Tensor
+    key_transform: torch.Tensor
+    backend: str = "auto"
+
+    @classmethod
+    def whitened(cls, gate_features: torch.Tensor, keys_aug: torch.Tensor, backend: str = "auto") -> "GadgetOperator":
+        """Operator for raw features Σ (F, h̃) and augmented keys K̃ (F, d+1)."""
+        ws, wp = _inverse_sqrt(gate_features), _inverse_sqrt(keys_aug)
+        return cls(gate_features @ ws, keys_aug @ wp, ws, wp, backend)
+
+    @property
+    def size(self) -> int:
+        return self.gate_features.shape[0]
+
+    def dense(self) -> torch.Tensor:
+        """(F, F) Gram, formed by the fused Hadamard-Gram kernel."""
+        gram = _ops.hadamard_gram(self.gate_features, self.keys_aug, backend=self.backend)
+        return gram.add_(1.0)  # the output-bias column of M̃
+
+    def diagonal(self) -> torch.Tensor:
+        """(F,) diagonal ||Σ'_i||² ||K̃'_i||² + 1, the Jacobi preconditioner."""
+        return self.gate_features.square().sum(1) * self.keys_aug.square().sum(1) + 1.0
+
+    def transpose_matmul(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``M̃'ᵀ y`` for m columns: y (F, m) -> (coefficients (m, h̃, d+1), output bias (m,))."""
+        coef = _ops.gadget_rmatvec(self.gate_features, self.keys_aug, y, backend=self.backend)
+        return coef, y.sum(0)
+
+    def matmul(self, y: torch.Tensor) -> torch.Tensor:
+        """Matrix-free ``M̃' M̃'ᵀ y``: y (F, m) -> (F, m)."""
+        coef, out_bias = self.transpose_matmul(y)
+        return _ops.gadget_matvec(self.gate_features, self.keys_aug, coef, backend=self.backend) + out_bias
+
+    def unknowns(self, alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weights from dual variables α (F, m): up-projection coefficients (m, h̃, d+1) in the
+        original basis, A_j = W_s (M̃'ᵀα_j) W_p, and output biases (m,)."""
+        coef, out_bias = self.transpose_matmul(alpha)
+        return self.feature_transform @ coef @ self.key_transform, out_bias
+
+
+@dataclass
+class SolveInfo:
+    """How a gadget system was solved."""
+
+    solver: str
+    precision: str
+    residual: float
+    iterations: int = 0
+
+
+def relative_residual(op: GadgetOperator, alpha: torch.Tensor, targets: torch.Tensor,
+                      gram: Optional[torch.Tensor] = None) -> float:
+    """||M̃ M̃ᵀ α − O|| / ||O||, with the dense Gram when given (in its own precision)."""
+    if gram is not None:
+        r = targets - gram @ alpha.to(gram.dtype)
+    else:
+        r = targets - op.matmul(alpha)
+    return float(r.norm() / targets.norm().clamp_min(1e-300))
+
+
+def solve_cholesky(op: GadgetOperator, targets: torch.Tensor, *, tol: float = RESIDUAL_TOL) -> tuple[torch.Tensor, SolveInfo]:
+    """One Cholesky of the (F, F) Gram, m right-hand sides.
+
+    targets: (F, m) codes o_j as columns -> α (F, m). In float32, a residual
+    above ``tol`` is refined against the float64 residual and, if still too
+    large (or the factorization fails), the solve is redone in float64.
+    """
+    gram = op.dense()
+    precision = str(gram.dtype).replace("torch.", "")
+    factor, info = torch.linalg.cholesky_ex(gram)
+    alpha = None
+    if int(info) == 0:
+        alpha = torch.cholesky_solve(targets, factor)
+        residual = relative_residual(op, alpha, targets, gram)
+        if residual > tol and gram.dtype == torch.float32:
+            for _ in range(3):  # iterative refinement: float32 factor, float64 residual
+                r = (targets.double() - gram.double() @ alpha.double()).to(gram.dtype)
+                alpha = alpha + torch.cholesky_solve(r, factor)
+                residual = relative_residual(op, alpha, targets, gram)
+                precision = "float32+refinement"
+                if residual <= tol:
+                    break
+        if residual <= tol or gram.dtype == torch.float64:
+            return alpha, SolveInfo("cholesky", precision, residual)
+    if gram.dtype == torch.float64:
+        raise RuntimeError(
+            "the gadget Gram is not positive definite even in float64: the keys are not in general "
+            "position (duplicate keys?) or the hidden width is too small; raise width_multiplier"
+        )
+    gram64 = gram.double()
+    factor64, info = torch.linalg.cholesky_ex(gram64)
+    if int(info) != 0:
+        raise RuntimeError(
+            "the gadget Gram is singular in float64: duplicate or degenerate keys, or width_multiplier "
+            "too close to 1; raise width_multiplier (1.25-2 is well conditioned)"
+        )
+    alpha64 = torch.cholesky_solve(targets.double(), factor64)
+    residual = relative_residual(op, alpha64, targets, gram64)
+    return alpha64.to(targets.dtype), SolveInfo("cholesky", "float64 (float32 fallback)", residual)
+
+
+def solve_cg(
+    op: GadgetOperator,
+    targets: torch.Tensor,
+    *,
+    tol: float = RESIDUAL_TOL,
+    max_iter: int = 1000,
+    progress: bool = True,
+) -> tuple[torch.Tensor, SolveInfo]:
+    """Batched Jacobi-preconditioned CG on the matrix-free Gram, all m columns at once.
+
+    targets: (F, m) -> α (F, m). Memory O(F (h̃ + d) + m h̃ d); no F×F matrix.
+    Stops when every column's relative residual is below ``tol``.
+    """
+    precond = op.diagonal().reciprocal().unsqueeze(1)
+    alpha = torch.zeros_like(targets)
+    r = targets.clone()
+    z = precond * r
+    p = z.clone()
+    rz = (r * z).sum(0)
+    bnorm = targets.norm(dim=0).clamp_min(1e-30)
+    bar = tqdm(total=max_iter, desc="cg", disable=not progress, leave=False)
+    it = 0
+    rel = (r.norm(dim=0) / bnorm).max()
+    while it < max_iter and rel > tol:
+        ap = op.matmul(p)
+        step = rz / (p * ap).sum(0).clamp_min(1e-300)
+        alpha.addcmul_(p, step)
+        r.addcmul_(ap, step, value=-1.0)
+        z = precond * r
+        rz_new = (r * z).sum(0)
+        p = z + p * (rz_new / rz.clamp_min(1e-300))
+        rz = rz_new
+        it += 1
+        rel = (r.norm(dim=0) / bnorm).max()
+        bar.update(1)
+        bar.set_postfix(residual=f"{float(rel):.1e}")
+    bar.close()
+    residual = relative_residual(op, alpha, targets)
+    if residual > tol * 10:
+        warnings.warn(
+            f"CG stopped after {it} iterations at relative residual {residual:.2e} > tol={tol:.0e}; "
+            "raise cg_max_iter, raise width_multiplier (better conditioned), or use solver='cholesky'",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return alpha, SolveInfo("cg", str(targets.dtype).replace("torch.", ""), residual, it)
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes of free memory on ``device`` (a conservative estimate)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 4 << 30
+
+
+def pick_solver(num_facts: int, device: torch.device) -> str:
+    """``cholesky`` while the F×F Gram (and a float64 fallback copy) fits comfortably, else ``cg``."""
+    dense_bytes = 3 * num_facts * num_facts * 8
+    if num_facts <= 16384 and dense_bytes < available_memory(device) // 2:
+        return "cholesky"
+    return "cg"
+
+
+def cg_iterations_hint(width_multiplier: float) -> int:
+    """Rough CG iteration budget from the Marchenko–Pastur condition number of the Gram."""
+    ratio = 1.0 / max(width_multiplier, 1.0 + 1e-3)
+    kappa = ((1 + math.sqrt(ratio)) / (1 - math.sqrt(ratio))) ** 2
+    return int(min(5000, max(200, 10 * math.sqrt(kappa) * math.log(1e7))))

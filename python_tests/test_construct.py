@@ -1,0 +1,182 @@
+"""construct(): storage with every solver, the Gram identity, whitening, verification, bad input."""
+
+import pytest
+import torch
+
+import factkernels
+from factkernels import FactStorageError, construct
+from factkernels.encoder import augment, sample_gate
+from factkernels.solvers import GadgetOperator
+from factkernels import _ops
+
+
+@pytest.mark.parametrize("solver", ["cholesky", "cg", "per_gadget"])
+@pytest.mark.parametrize("outputs", ["values", "margin_optimal"])
+def test_every_solver_stores_all_facts(small_facts, solver, outputs):
+    K, V, f = small_facts
+    mlp = construct(K, V, f, solver=solver, outputs=outputs, progress=False)
+    assert torch.equal(mlp.predict(K, V), f)
+    r = mlp.report
+    assert r.accuracy == 1.0 and r.failed == 0 and r.min_margin > 0
+    assert r.solver == solver and r.m_search.startswith("auto") and r.residual < 1e-3
+    assert mlp(K).shape == K.shape
+
+
+def test_float32_medium_with_auto_m(medium_facts):
+    K, V, f = medium_facts
+    mlp = construct(K, V, f, outputs="values", progress=False)
+    assert torch.equal(mlp.predict(K, V), f)
+    assert mlp.report.m_search.startswith("auto")
+    # the smallest verified m is far below the worst-case bound of Thm B.5.3
+    from factkernels.decoder import jl_bound
+    assert mlp.report.m < jl_bound(mlp.report.rho, V.shape[0]) / 10
+
+
+def test_kernels_and_torch_backends_build_the_same_mlp(small_facts):
+    K, V, f = small_facts
+    a = construct(K, V, f, m=64, solver="cholesky", backend="kernels", progress=False)
+    b = construct(K, V, f, m=64, solver="cholesky", backend="torch", progress=False)
+    assert torch.allclose(a(K), b(K), atol=1e-8)
+    c = construct(K, V, f, m=64, solver="cholesky", backend="kernels", progress=False)
+    assert torch.equal(a.up_weight, c.up_weight)  # same seed, same MLP
+
+
+def test_hadamard_gram_identity():
+    """M Mᵀ = (Σ Σᵀ) ∘ (K̃ K̃ᵀ) for the explicit face-splitting matrix M."""
+    gen = torch.Generator().manual_seed(0)
+    K = torch.randn(30, 5, generator=gen, dtype=torch.float64)
+    G, b = sample_gate(K, 7, gen)
+    S, P = _ops.activate(K @ G.T + b, "silu"), augment(K)
+    M = (S.unsqueeze(2) * P.unsqueeze(1)).reshape(30, -1)
+    assert torch.allclose(M @ M.T, _ops.hadamard_gram(S, P), atol=1e-10)
+    op = GadgetOperator(S, P, torch.eye(7, dtype=K.dtype), torch.eye(6, dtype=K.dtype))
+    y = torch.randn(30, 3, generator=gen, dtype=torch.float64)
+    assert torch.allclose(op.matmul(y), (M @ M.T + 1) @ y, atol=1e-9)
+    assert torch.allclose(op.dense(), M @ M.T + 1, atol=1e-10)
+
+
+def test_whitened_operator_fits_the_same_targets(small_facts):
+    K, _, _ = small_facts
+    gen = torch.Generator().manual_seed(1)
+    G, b = sample_gate(K, 8, gen)
+    S, P = _ops.activate(K @ G.T + b, "silu"), augment(K)
+    op = GadgetOperator.whitened(S, P)
+    targets = torch.randn(K.shape[0], 4, generator=gen, dtype=K.dtype)
+    alpha = torch.linalg.solve(op.dense(), targets)
+    coef, out_bias = op.unknowns(alpha)
+    fitted = torch.einsum("ir,ic,jrc->ij", S, P, coef) + out_bias
+    assert torch.allclose(fitted, targets, atol=1e-6)
+
+
+def test_whitening_is_folded_into_the_weights():
+    from factkernels.cli import random_fact_set
+
+    K, V, f = random_fact_set(128, 128, 16, seed=4, kappa=30.0, dtype=torch.float64)
+    mlp = construct(K, V, f, whiten=1.0, progress=False)
+    assert torch.equal(mlp.predict(K, V), f)  # raw embeddings in, raw values out
+    Kw, WK = factkernels.whiten(K, 1.0)
+    Vw, WV = factkernels.whiten(V, 1.0)
+    # the folded MLP on raw keys equals W_V · (MLP built for whitened embeddings)(K W_K)
+    inner = factkernels.FactMLP(mlp.gate_weight @ torch.linalg.inv(WK), mlp.gate_bias,
+                                mlp.up_weight @ torch.linalg.inv(WK), mlp.up_bias,
+                                torch.linalg.inv(WV) @ mlp.down_weight, torch.linalg.inv(WV) @ mlp.down_bias)
+    assert torch.allclose(mlp(K), (WV @ inner(Kw).T).T, atol=1e-6)
+    assert torch.equal(inner.predict(Kw, Vw), f)
+    assert mlp.report.whiten_alpha == 1.0
+
+
+def test_verification_raises_with_count_and_cause(medium_facts):
+    K, V, f = medium_facts
+    with pytest.raises(FactStorageError, match=r"of 256 facts are not stored.*m=2 is too small") as err:
+        construct(K, V, f, m=2, outputs="values", progress=False)
+    assert err.value.report.failed > 0
+    mlp = construct(K, V, f, m=2, outputs="values", verify="report", progress=False)
+    assert 0 < mlp.report.failed < 256 and mlp.report.accuracy < 1
+    unverified = construct(K, V, f, m=2, outputs="values", verify=False, progress=False)
+    assert unverified.report.accuracy is None
+
+
+def test_per_gadget_uses_one_gate_per_gadget(small_facts):
+    K, V, f = small_facts
+    mlp = construct(K, V, f, m=5, solver="per_gadget", verify=False, progress=False)
+    assert mlp.gate_weight.shape[0] == mlp.hidden_size
+    shared = construct(K, V, f, m=5, solver="cholesky", verify=False, progress=False)
+    assert shared.gate_weight.shape[0] * 5 == shared.hidden_size
+    assert shared.num_parameters == mlp.num_parameters
+
+
+def test_hidden_and_bound_options(small_facts):
+    K, V, f = small_facts
+    mlp = construct(K, V, f, m=48, hidden=48 * 8, progress=False)
+    assert mlp.hidden_size == 48 * 8 and torch.equal(mlp.predict(K, V), f)
+    bound = construct(K, V, f, m="bound", outputs="margin_optimal", verify=False, progress=False)
+    assert bound.report.m_search.startswith("Thm B.5.3") and bound.report.m > 100
+
+
+@pytest.mark.parametrize("activation", ["gelu", "tanh", "sigmoid", "softplus"])
+def test_other_analytic_activations(small_facts, activation):
+    K, V, f = small_facts
+    mlp = construct(K, V, f, activation=activation, progress=False)
+    assert mlp.report.accuracy == 1.0
+
+
+def _bad(**overrides):
+    K = torch.nn.functional.normalize(torch.randn(20, 6, dtype=torch.float64), dim=1)
+    V = torch.nn.functional.normalize(torch.randn(10, 6, dtype=torch.float64), dim=1)
+    f = torch.arange(20) % 10
+    args = {"K": K, "V": V, "f": f, "m": 4}
+    args.update(overrides)
+    return args
+
+
+@pytest.mark.parametrize(
+    "overrides, error, match",
+    [
+        ({"K": torch.randn(20, 6, 1, dtype=torch.float64)}, ValueError, "K must be a non-empty 2-D"),
+        ({"V": torch.randn(10, 5, dtype=torch.float64)}, None, None),  # different d_out is allowed
+        ({"f": torch.arange(19)}, ValueError, r"f must have shape \(20,\)"),
+        ({"f": torch.full((20,), 10)}, ValueError, r"f must index values in \[0, 10\)"),
+        ({"f": torch.zeros(20)}, TypeError, "f must be an integer tensor"),
+        ({"K": torch.randint(3, (20, 6))}, TypeError, "K must be float32 or float64"),
+        ({"V": torch.randn(10, 6)}, TypeError, "V has dtype torch.float32 but K has torch.float64"),
+        ({"K": torch.full((20, 6), float("nan"), dtype=torch.float64)}, ValueError, "K contains NaN or Inf"),
+        ({"V": torch.ones(10, 6, dtype=torch.float64)}, ValueError, "V has duplicate rows 0 and 1"),
+        ({"K": torch.zeros(20, 6, dtype=torch.float64)}, ValueError, "K has duplicate rows"),
+        ({"m": 0}, ValueError, "m must be >= 1"),
+        ({"m": 2.5}, TypeError, "m must be an int"),
+        ({"activation": "relu"}, ValueError, "ReLU is not analytic"),
+        ({"activation": "square"}, ValueError, "polynomial"),
+        ({"width_multiplier": 0.5}, ValueError, "too few hidden units"),
+        ({"hidden": 8}, ValueError, "too few hidden units for F=20"),
+        ({"solver": "lu"}, ValueError, "solver must be one of"),
+        ({"outputs": "codes"}, ValueError, "outputs must be one of"),
+        ({"whiten": 2.0}, ValueError, "whiten must be a strength alpha"),
+        ({"K": [[0.0] * 6] * 20}, TypeError, "K must be a torch.Tensor"),
+    ],
+)
+def test_bad_input_is_rejected(overrides, error, match):
+    args = _bad(**overrides)
+    if error is None:
+        construct(**args, progress=False, verify="report")
+        return
+    with pytest.raises(error, match=match):
+        construct(**args, progress=False)
+
+
+def test_values_inside_the_hull_are_rejected_for_value_outputs():
+    # v_1 = (v_0 + v_2)/2 lies between its neighbours: no u = v_1 decodes it
+    V = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]], dtype=torch.float64)
+    K = torch.randn(3, 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="not decodable"):
+        construct(K, V, torch.arange(3), m=2, outputs="values", progress=False)
+
+
+def test_cg_never_forms_an_f_by_f_matrix(small_facts, monkeypatch):
+    K, V, f = small_facts
+
+    def dense_gram(*args, **kwargs):
+        raise AssertionError("solver='cg' must stay matrix-free")
+
+    monkeypatch.setattr(_ops, "hadamard_gram", dense_gram)
+    mlp = construct(K, V, f, solver="cg", progress=False)
+    assert mlp.report.accuracy == 1.0 and mlp.report.cg_iterations > 0

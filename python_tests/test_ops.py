@@ -1,0 +1,154 @@
+"""Every compiled kernel against its pure-torch twin (float64 reference)."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from factkernels import _ops
+from helpers import DEVICES
+
+
+def test_extension_is_compiled():
+    # The suite must exercise the compiled kernels, not only the torch twins.
+    info = _ops.build_info()
+    assert info["compiled"], "factkernels._C is missing: install the package (pip install .) before testing"
+    assert info["cpu_threads"] >= 1
+
+
+def _rand(gen, *shape, dtype=torch.float32, device="cpu"):
+    return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
+
+
+def _wide(t):
+    """The same values with a leading dimension larger than the width (a column slice)."""
+    pad = torch.zeros(t.shape[0], t.shape[1] + 3, dtype=t.dtype, device=t.device)
+    pad[:, 1 : 1 + t.shape[1]] = t
+    return pad[:, 1 : 1 + t.shape[1]]
+
+
+def _close(kernel, reference, dtype):
+    """Max error relative to the largest reference entry: float32 sums of <= ~150 terms."""
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    scale = reference.abs().max().clamp_min(1.0)
+    assert kernel.shape == reference.shape
+    assert (kernel.double() - reference).abs().max() <= tol * scale
+
+
+dims = st.integers(1, 70)
+dtypes = st.sampled_from([torch.float32, torch.float64])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=25, deadline=None)
+@given(n=dims, k=dims, h=dims, dtype=dtypes, act=st.sampled_from(sorted(_ops.ACTIVATIONS)), bias=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_gate_features(device, n, k, h, dtype, act, bias, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x, w = _rand(gen, n, k, dtype=dtype, device=device), _rand(gen, h, k, dtype=dtype, device=device)
+    b = _rand(gen, h, dtype=dtype, device=device) if bias else None
+    out = _ops.gate_features(_wide(x), w, b, act, backend="kernels")
+    ref = _ops.gate_features(x.double(), w.double(), None if b is None else b.double(), act, backend="torch")
+    _close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 150), h=dims, q=dims, dtype=dtypes, seed=st.integers(0, 2**16))
+def test_hadamard_gram(device, n, h, q, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    s, p = _rand(gen, n, h, dtype=dtype, device=device), _rand(gen, n, q, dtype=dtype, device=device)
+    out = _ops.hadamard_gram(_wide(s), p, backend="kernels")
+    _close(out, _ops.hadamard_gram(s.double(), p.double(), backend="torch"), dtype)
+    assert torch.equal(out, out.T)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=25, deadline=None)
+@given(n=dims, h=st.integers(1, 30), q=dims, m=st.integers(1, 20), dtype=dtypes, seed=st.integers(0, 2**16))
+def test_gadget_products(device, n, h, q, m, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    s, p = _rand(gen, n, h, dtype=dtype, device=device), _rand(gen, n, q, dtype=dtype, device=device)
+    coef, y = _rand(gen, m, h, q, dtype=dtype, device=device), _rand(gen, n, m, dtype=dtype, device=device)
+    _close(_ops.gadget_matvec(s, _wide(p), coef, backend="kernels"),
+           torch.einsum("ir,ic,jrc->ij", s.double(), p.double(), coef.double()), dtype)
+    _close(_ops.gadget_rmatvec(_wide(s), p, _wide(y), backend="kernels"),
+           torch.einsum("ij,ir,ic->jrc", y.double(), s.double(), p.double()), dtype)
+    # the twins themselves agree with the einsum definitions
+    _close(_ops.gadget_matvec(s, p, coef, backend="torch"),
+           torch.einsum("ir,ic,jrc->ij", s.double(), p.double(), coef.double()), dtype)
+
+
+def test_gadget_products_are_adjoint():
+    gen = torch.Generator().manual_seed(0)
+    s, p = _rand(gen, 40, 7, dtype=torch.float64), _rand(gen, 40, 9, dtype=torch.float64)
+    coef, y = _rand(gen, 3, 7, 9, dtype=torch.float64), _rand(gen, 40, 3, dtype=torch.float64)
+    lhs = (_ops.gadget_matvec(s, p, coef, backend="kernels") * y).sum()
+    rhs = (_ops.gadget_rmatvec(s, p, y, backend="kernels") * coef).sum()
+    assert torch.allclose(lhs, rhs, rtol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=25, deadline=None)
+@given(n=dims, d_in=dims, groups=st.integers(1, 4), hg=st.integers(1, 24), d_out=dims, dtype=dtypes,
+       act=st.sampled_from(sorted(_ops.ACTIVATIONS)), bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_gated_forward(device, n, d_in, groups, hg, d_out, dtype, act, bias, seed):
+    gen = torch.Generator().manual_seed(seed)
+    h = groups * hg
+    r = lambda *shape: _rand(gen, *shape, dtype=dtype, device=device)  # noqa: E731
+    x, wg, wu, wd = r(n, d_in), r(hg, d_in), r(h, d_in), r(d_out, h)
+    bg, bu, bd = (r(hg), r(h), r(d_out)) if bias else (None, None, None)
+    out = _ops.gated_forward(_wide(x), wg, bg, wu, bu, wd, bd, act, backend="kernels")
+    dbl = lambda t: None if t is None else t.double()  # noqa: E731
+    ref = _ops.gated_forward(*(dbl(t) for t in (x, wg, bg, wu, bu, wd, bd)), act, backend="torch")
+    _close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 90), nv=st.integers(1, 300), d=dims, dtype=dtypes, with_target=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_decode(device, n, nv, d, dtype, with_target, seed):
+    gen = torch.Generator().manual_seed(seed)
+    y, v = _rand(gen, n, d, dtype=dtype, device=device), _rand(gen, nv, d, dtype=dtype, device=device)
+    target = torch.randint(nv, (n,), generator=gen).to(device) if with_target else None
+    index, margin = _ops.decode(_wide(y), v, target, backend="kernels")
+    scores = y.double() @ v.double().T
+    ref_index = scores.argmax(1)
+    # argmax may differ only on numerical near-ties
+    best = scores.max(1).values
+    assert (scores.gather(1, index[:, None]).squeeze(1) >= best - 1e-4 * best.abs().clamp_min(1)).all()
+    assert ((index == ref_index) | (scores.gather(1, index[:, None]).squeeze(1) - best).abs().lt(1e-4)).all()
+    t = ref_index if target is None else target
+    own = scores.gather(1, t[:, None]).squeeze(1)
+    others = scores.scatter(1, t[:, None], -math.inf).max(1).values
+    ref_margin = own - others
+    finite = torch.isfinite(ref_margin)
+    assert torch.equal(torch.isfinite(margin), finite)
+    assert torch.allclose(margin[finite].double(), ref_margin[finite], atol=1e-4 if dtype == torch.float32 else 1e-10)
+
+
+def test_decode_twin_streams_in_chunks():
+    gen = torch.Generator().manual_seed(3)
+    y, v = _rand(gen, 50, 8), _rand(gen, 70, 8)
+    full = _ops.decode(y, v, backend="torch", chunk=4096)
+    chunked = _ops.decode(y, v, backend="torch", chunk=7)
+    assert torch.equal(full[0], chunked[0]) and torch.allclose(full[1], chunked[1], atol=1e-5)
+
+
+def test_ops_reject_bad_input():
+    x = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="weight"):
+        _ops.gate_features(x, torch.randn(5, 4), None, "silu")
+    with pytest.raises(TypeError, match="dtype"):
+        _ops.hadamard_gram(x, torch.randn(4, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="activation"):
+        _ops.gate_features(x, torch.randn(5, 3), None, "relu")
+    with pytest.raises(ValueError, match="divide"):
+        _ops.gated_forward(x, torch.randn(3, 3), None, torch.randn(4, 3), None, torch.randn(2, 4), None, "silu")
+    with pytest.raises(ValueError, match="backend"):
+        _ops.decode(x, x, backend="fast")
+    with pytest.raises(RuntimeError, match="kernels"):
+        _ops.decode(x.half(), x.half(), backend="kernels")

@@ -1,0 +1,70 @@
+"""Solvers: CG agrees with Cholesky without an F×F matrix; per-gadget is Alg. 3 exactly."""
+
+import pytest
+import torch
+
+from factkernels import _ops
+from factkernels.encoder import augment, build_per_gadget, sample_gate
+from factkernels.solvers import GadgetOperator, pick_solver, solve_cg, solve_cholesky
+
+
+def _operator(num_facts=120, d=10, width=18, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    K = torch.nn.functional.normalize(torch.randn(num_facts, d, generator=gen, dtype=torch.float64), dim=1)
+    G, b = sample_gate(K, width, gen)
+    return GadgetOperator.whitened(_ops.activate(K @ G.T + b, "silu"), augment(K)), gen
+
+
+def test_cg_matches_cholesky():
+    op, gen = _operator()
+    targets = torch.randn(op.size, 5, generator=gen, dtype=torch.float64)
+    dense, info_dense = solve_cholesky(op, targets)
+    iterative, info_cg = solve_cg(op, targets, tol=1e-10, max_iter=2000, progress=False)
+    assert info_dense.residual < 1e-10 and info_cg.residual < 1e-9
+    assert torch.allclose(dense, iterative, rtol=1e-5, atol=1e-6)
+    assert 0 < info_cg.iterations < 2000
+
+
+def test_cg_warns_when_not_converged():
+    op, gen = _operator()
+    targets = torch.randn(op.size, 2, generator=gen, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match="raise cg_max_iter"):
+        solve_cg(op, targets, tol=1e-12, max_iter=3, progress=False)
+
+
+def test_float32_cholesky_reports_its_precision():
+    op, gen = _operator()
+    op32 = GadgetOperator(*(t.float() for t in (op.gate_features, op.keys_aug, op.feature_transform, op.key_transform)))
+    targets = torch.randn(op.size, 3, generator=gen)
+    alpha, info = solve_cholesky(op32, targets)
+    assert alpha.dtype == torch.float32
+    assert info.precision.startswith("float32") or info.precision.startswith("float64")
+    assert info.residual < 1e-4
+
+
+def test_singular_system_names_the_fix():
+    gen = torch.Generator().manual_seed(0)
+    K = torch.randn(40, 3, generator=gen, dtype=torch.float64)
+    G, b = sample_gate(K, 2, gen)  # 2 * (3 + 1) + 1 = 9 unknowns < 40 equations: rank deficient
+    op = GadgetOperator(_ops.activate(K @ G.T + b, "silu"), augment(K), torch.eye(2, dtype=K.dtype),
+                        torch.eye(4, dtype=K.dtype))
+    with pytest.raises(RuntimeError, match="width_multiplier"):
+        solve_cholesky(op, torch.randn(40, 1, generator=gen, dtype=torch.float64))
+
+
+def test_per_gadget_fits_each_gadget_with_its_own_gate():
+    gen = torch.Generator().manual_seed(1)
+    K = torch.nn.functional.normalize(torch.randn(60, 8, generator=gen, dtype=torch.float64), dim=1)
+    targets = torch.randn(60, 3, generator=gen, dtype=torch.float64)
+    enc = build_per_gadget(K, targets, width_multiplier=1.5, activation="tanh", generator=gen, progress=False)
+    width = enc.gadget_width
+    assert enc.gate_weight.shape == (3 * width, 8)
+    hidden = torch.tanh(K @ enc.gate_weight.T + enc.gate_bias) * (K @ enc.up_weight.T + enc.up_bias)
+    outputs = hidden.view(60, 3, width).sum(2) + enc.output_bias
+    assert torch.allclose(outputs, targets, atol=1e-8)
+    assert not torch.equal(enc.gate_weight[:width], enc.gate_weight[width : 2 * width])
+
+
+def test_auto_picks_cholesky_for_small_and_cg_for_huge():
+    assert pick_solver(1024, torch.device("cpu")) == "cholesky"
+    assert pick_solver(10**6, torch.device("cpu")) == "cg"
