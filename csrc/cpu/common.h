@@ -101,10 +101,10 @@ template <class F> __attribute__((target("avx2,fma"))) void run_task_avx2(const 
 }
 #endif
 
-// Below this many element operations a loop runs on the calling thread: a
-// parallel region costs a wake-up and a barrier, which hurts most when another
-// process holds the cores.
-constexpr int64_t kMinParallelWork = int64_t(1) << 20;
+// Below this many element operations (~0.1 ms on one core) a loop runs on the
+// calling thread: a parallel region costs a wake-up and a barrier, and up to a
+// scheduler time slice when other processes hold the cores.
+constexpr int64_t kMinParallelWork = int64_t(1) << 22;
 
 // Runs task(t, thread, isa) for t in [0, ntasks), dynamically scheduled since
 // tasks differ in cost (triangular tiles, ragged edges). thread < num_threads()
