@@ -1,0 +1,27 @@
+"""Baselines the construction is compared against (seed 000, A.1.3 and B.3.1).
+
+    baselines.ntk(K, V, f, hidden=4096)            # NTK MLP (Alg. 5), gated FactMLP
+    baselines.naive(K, V, f)                       # one ReLU unit per key (B.3.1)
+    baselines.gd_mlp(K, V, f, hidden=32)           # SwiGLU MLP trained with cross-entropy
+    baselines.encoder_decoder(K, V, f, m=32, encoder="gd", decoder="jl")   # GD+JL, Bin+GD, GD+GD
+
+Each returns a module with ``.predict(K, V)`` and ``.num_parameters``.
+"""
+
+from .gd import FitResult, encoder_decoder, fit, gd_decoder, gd_encoder, gd_mlp
+from .naive import NaiveMLP, naive
+from .ntk import hermite_coefficient, normalized_hermite, ntk
+
+__all__ = [
+    "ntk",
+    "naive",
+    "NaiveMLP",
+    "gd_mlp",
+    "gd_encoder",
+    "gd_decoder",
+    "encoder_decoder",
+    "fit",
+    "FitResult",
+    "hermite_coefficient",
+    "normalized_hermite",
+]

@@ -1,0 +1,256 @@
+"""Fact-storage cost (seed 000, A.1.1–A.1.2): the fewest parameters that store every fact.
+
+A method is a builder ``(K, V, f, size, seed) -> module`` (the module has ``.predict(K, V)``
+and ``.num_parameters``) and one integer size. :func:`fact_storage_cost` searches that size:
+it doubles from a start size until the MLP stores the facts, then bisects between the
+largest size that failed and the smallest that stored. A size stores the facts when the
+minimum accuracy over the seeds is at least 1 − eps_acc (eps_acc = 0 in the seed: every
+fact of every seed). Bisection assumes storage is monotone in size, which holds in
+expectation; for randomized methods the boundary is as noisy as the method.
+
+Sizes, and how the parameters are counted (``module.num_parameters``), per method:
+
+==========  ===============================  ===============================================
+name        size                             parameters
+==========  ===============================  ===============================================
+ours        m, code dimension (Bin+JL:       FactMLP in SwiGLU layout, gate expanded to h
+            construct, outputs U*)           rows: 2hd + dh + 2h + d with h = m·⌈1.5F/(d+1)⌉
+                                             (gate, up, down and their biases)
+ntk         hidden width h (Alg. 5, V)       3hd (gate, up, down; no biases)
+ntk_u*      hidden width h (Alg. 5, U*)      3hd
+gd          hidden width h                   3hd + 2h + d (SwiGLU with biases)
+gd+jl       m (GD encoder of width ⌈mF/d⌉)   3hd + 2h + d, down = D·E folded into (d, h)
+bin+gd      m (closed-form encoder)          as ours
+gd+gd       m (GD encoder of width ⌈mF/d⌉)   as gd+jl
+naive       none (hidden = F, evaluated      2dF + F (in weights, thresholds, out weights)
+            once)
+==========  ===============================  ===============================================
+
+d is the key/value dimension and F the number of facts. The seed's two-step search for the
+GD-encoder hybrids (first m, then the encoder width at that m, up to multiplier 2) is
+``fact_storage_cost(encoder_width_method("gd+jl", m), ..., max_size=...)`` after the search
+over m; see :func:`encoder_width_method`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .baselines import encoder_decoder, gd_mlp, naive, ntk
+from .construct import construct, validate_inputs
+
+Builder = Callable[..., nn.Module]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named builder ``(K, V, f, size, seed, **options) -> module`` and what its size means.
+
+    start: first size tried; fixed: the method has no size (built once at size = F).
+    """
+
+    name: str
+    build: Builder
+    size_name: str
+    start: int
+    fixed: bool = False
+
+    def __call__(self, K: torch.Tensor, V: torch.Tensor, f: torch.Tensor, size: int, seed: int, **options) -> nn.Module:
+        return self.build(K, V, f, size, seed, **options)
+
+
+def _ours(K, V, f, size, seed, **options) -> nn.Module:
+    return construct(K, V, f, m=size, outputs="margin_optimal", seed=seed, verify="report", progress=False, **options)
+
+
+def _ntk(K, V, f, size, seed, *, margin_optimal: bool, **options) -> nn.Module:
+    return ntk(K, V, f, hidden=size, margin_optimal=margin_optimal, seed=seed, **options)
+
+
+def _gd(K, V, f, size, seed, **options) -> nn.Module:
+    return gd_mlp(K, V, f, hidden=size, seed=seed, progress=False, **options)
+
+
+def _hybrid(K, V, f, size, seed, *, encoder: str, decoder: str, **options) -> nn.Module:
+    return encoder_decoder(K, V, f, m=size, encoder=encoder, decoder=decoder, seed=seed, progress=False, **options)
+
+
+def _naive(K, V, f, size, seed, **options) -> nn.Module:
+    return naive(K, V, f, **options)  # deterministic: no size, no seed
+
+
+methods: dict[str, Method] = {method.name: method for method in (
+    Method("ours", _ours, "m", start=8),
+    Method("ntk", functools.partial(_ntk, margin_optimal=False), "hidden", start=256),
+    Method("ntk_u*", functools.partial(_ntk, margin_optimal=True), "hidden", start=256),
+    Method("gd", _gd, "hidden", start=8),
+    Method("gd+jl", functools.partial(_hybrid, encoder="gd", decoder="jl"), "m", start=8),
+    Method("bin+gd", functools.partial(_hybrid, encoder="bin", decoder="gd"), "m", start=8),
+    Method("gd+gd", functools.partial(_hybrid, encoder="gd", decoder="gd"), "m", start=8),
+    Method("naive", _naive, "hidden", start=1, fixed=True),
+)}
+
+
+def encoder_width_method(name: str, m: int) -> Method:
+    """The second step of the seed's search for "gd+jl" / "gd+gd": m fixed, size = GD encoder width.
+
+    The default width is ⌈m F/d⌉ (multiplier 1) and the seed caps the multiplier at 2: pass
+    ``start=math.ceil(m * F / d), max_size=math.ceil(2 * m * F / d)`` to :func:`fact_storage_cost`.
+    """
+    if name not in ("gd+jl", "gd+gd"):
+        raise ValueError(f"name must be 'gd+jl' or 'gd+gd' (the hybrids with a GD encoder), got {name!r}")
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"m must be a positive int, got {m!r}")
+
+    def build(K, V, f, size, seed, **options) -> nn.Module:
+        return methods[name](K, V, f, m, seed, encoder_hidden=size, **options)
+
+    return Method(f"{name} encoder width at m={m}", build, "encoder hidden", start=1)
+
+
+@dataclass
+class Trial:
+    """One size tried: accuracy per seed (in seed order; stops at the first seed that fails)."""
+
+    size: int
+    accuracies: list[float]
+    parameters: int
+    stored: bool
+
+
+@dataclass
+class StorageCost:
+    """Result of :func:`fact_storage_cost`.
+
+    size / parameters: the smallest size that stores every fact for every seed and its
+    parameter count (None when no size up to ``max_size`` did); accuracies: per seed at that
+    size; trace: every size tried, in order.
+    """
+
+    method: str
+    size_name: str
+    size: Optional[int]
+    parameters: Optional[int]
+    accuracies: list[float]
+    seeds: list[int]
+    eps_acc: float
+    trace: list[Trial] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _resolve(method: Union[str, Method, Builder], options: dict) -> Method:
+    if isinstance(method, str):
+        if method not in methods:
+            raise ValueError(f"method must be one of {sorted(methods)} or a builder callable, got {method!r}")
+        return methods[method]
+    if isinstance(method, Method):
+        return method
+    if callable(method):
+        if options:
+            raise TypeError(f"options {sorted(options)} can only be passed with a named method or a Method")
+        return Method(getattr(method, "__name__", "builder"), method, "size", start=1)
+    raise TypeError(f"method must be a name, a Method or a callable (K, V, f, size, seed), got {type(method).__name__}")
+
+
+def _seed_list(seeds: Union[int, Sequence[int]]) -> list[int]:
+    if isinstance(seeds, bool):
+        raise TypeError("seeds must be a positive int or a sequence of ints, got a bool")
+    if isinstance(seeds, int):
+        if seeds < 1:
+            raise ValueError(f"seeds must be >= 1, got {seeds}")
+        return list(range(seeds))
+    seed_list = list(seeds)
+    if not seed_list or not all(isinstance(s, int) and not isinstance(s, bool) for s in seed_list):
+        raise ValueError(f"seeds must be a positive int or a non-empty sequence of ints, got {seeds!r}")
+    return seed_list
+
+
+def fact_storage_cost(
+    method: Union[str, Method, Builder],
+    K: torch.Tensor,
+    V: torch.Tensor,
+    f: torch.Tensor,
+    *,
+    seeds: Union[int, Sequence[int]] = 3,
+    start: Optional[int] = None,
+    max_size: int = 1 << 20,
+    eps_acc: float = 0.0,
+    progress: bool = True,
+    **options,
+) -> StorageCost:
+    """Smallest size (and its parameter count) at which ``method`` stores f for every seed.
+
+    Args:
+        method: a name in :data:`methods`, a :class:`Method`, or a callable
+            ``(K, V, f, size, seed) -> module`` with ``.predict`` and ``.num_parameters``.
+        K: (F, d_in) keys, V: (|V|, d_out) values, f: (F,) value indices.
+        seeds: number of seeds (0..n−1) or the seeds themselves; they seed the method's own
+            randomness (gates, projections, initializations) for the fixed K, V, f.
+        start: first size tried (default: the method's); max_size: the search gives up above it.
+        eps_acc: a size stores the facts when at most ⌊eps_acc·F⌋ facts fail for every seed.
+        options: passed to the method's builder (e.g. ``degree=4`` for "ntk", ``steps=5000`` for "gd").
+
+    Returns:
+        :class:`StorageCost` with the size, parameters, accuracy per seed and the search trace.
+    """
+    facts = validate_inputs(K, V, f)
+    spec = _resolve(method, options)
+    seed_list = _seed_list(seeds)
+    start = spec.start if start is None else start
+    for arg, value in (("start", start), ("max_size", max_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{arg} must be a positive int, got {value!r}")
+    if start > max_size:
+        raise ValueError(f"start={start} is above max_size={max_size}")
+    if not (isinstance(eps_acc, (int, float)) and 0.0 <= eps_acc < 1.0):
+        raise ValueError(f"eps_acc must be in [0, 1), got {eps_acc!r}")
+    num_facts = facts.shape[0]
+    allowed_failures = math.floor(eps_acc * num_facts)
+    trace: list[Trial] = []
+    bar = tqdm(desc=f"cost {spec.name}", unit="size", disable=not progress, leave=False)
+
+    def stores(size: int) -> bool:
+        failures, parameters = [], 0
+        for seed in seed_list:
+            module = spec(K, V, facts, size, seed, **options)
+            parameters = module.num_parameters
+            failures.append(int((module.predict(K, V) != facts).sum()))
+            if failures[-1] > allowed_failures:
+                break
+        stored = len(failures) == len(seed_list) and max(failures) <= allowed_failures
+        accuracies = [1.0 - x / num_facts for x in failures]
+        trace.append(Trial(size, accuracies, parameters, stored))
+        bar.update(1)
+        bar.set_postfix({spec.size_name: size, "stored": stored})
+        return stored
+
+    def result(trial: Optional[Trial]) -> StorageCost:
+        bar.close()
+        return StorageCost(spec.name, spec.size_name, None if trial is None else trial.size,
+                           None if trial is None else trial.parameters, [] if trial is None else trial.accuracies,
+                           seed_list, float(eps_acc), trace)
+
+    if spec.fixed:
+        return result(trace[-1] if stores(num_facts) else None)
+    failing, size = 0, start  # size 0 (no MLP) stores nothing
+    while not stores(size):
+        if size >= max_size:
+            return result(None)
+        failing, size = size, min(2 * size, max_size)
+    storing = size
+    while storing - failing > 1:
+        middle = (failing + storing) // 2
+        if stores(middle):
+            storing = middle
+        else:
+            failing = middle
+    return result(next(t for t in trace if t.size == storing))

@@ -1,0 +1,250 @@
+"""Baselines: NTK (Alg. 5), naïve (B.3.1), GD MLP, GD encoder/decoder hybrids, the training loop."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from factkernels import FactMLP, baselines
+from factkernels.baselines.gd import fit
+from factkernels.baselines.ntk import hermite_coefficient, normalized_hermite
+from factkernels.cli import random_fact_set
+
+# Fast GD settings for tests: a larger learning rate than the seed's 1e-3 reaches 100% in ~100 steps.
+FAST_GD = dict(lr=1e-2, final_lr=1e-4, steps=2000)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The GD problems here are tiny: single-threaded GEMMs are faster than thread hand-offs,
+    which dominate (10x and more) on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def tiny():
+    """d=16, F=|V|=24, tied spherical keys and values, random bijection (float32)."""
+    return random_fact_set(24, 24, 16, seed=3, tied=True)
+
+
+def accuracy(module, K, V, f) -> float:
+    return float((module.predict(K, V) == f).float().mean())
+
+
+# ----------------------------------------------------------------------------- NTK
+
+
+def test_normalized_hermite_is_orthonormal():
+    nodes, weights = np.polynomial.hermite_e.hermegauss(40)
+    z = torch.from_numpy(nodes)
+    basis = torch.stack([normalized_hermite(z, k) for k in range(7)]).numpy()  # (7, nodes)
+    gram = (basis * weights) @ basis.T / math.sqrt(2 * math.pi)
+    assert np.allclose(gram, np.eye(7), atol=1e-10)
+
+
+def test_silu_hermite_coefficients():
+    # SiLU(z) − z/2 = (z/2) tanh(z/2) is even: c_1 = 1/2 and every higher odd coefficient vanishes.
+    assert hermite_coefficient("silu", 1) == pytest.approx(0.5, abs=1e-12)
+    assert abs(hermite_coefficient("silu", 3)) < 1e-12 and abs(hermite_coefficient("silu", 5)) < 1e-12
+    assert hermite_coefficient("silu", 2) > 0.2 and hermite_coefficient("silu", 4) < 0
+
+
+@pytest.mark.parametrize("margin_optimal", [False, True])
+def test_ntk_stores_every_fact(tiny, margin_optimal):
+    K, V, f = tiny
+    mlp = baselines.ntk(K, V, f, hidden=2048, margin_optimal=margin_optimal)
+    assert isinstance(mlp, FactMLP) and accuracy(mlp, K, V, f) == 1.0
+    assert mlp.num_parameters == 3 * 2048 * 16  # gate, up, down; no biases
+    assert mlp.gate_bias is None and mlp.up_bias is None and mlp.down_bias is None
+
+
+def test_ntk_follows_algorithm_5(tiny):
+    K, V, f = tiny
+    h = 300
+    mlp = baselines.ntk(K, V, f, hidden=h, degree=2)
+    P = mlp.down_weight  # (d, h) with unit-norm columns
+    assert torch.allclose(P.norm(dim=0), torch.ones(h), atol=1e-6)
+    H = normalized_hermite(K @ mlp.gate_weight.T, 2)  # (F, h)
+    A = V[f] @ P  # (F, h)
+    up = torch.einsum("ir,ir,ic->rc", H, A, K) / h  # W_up[r] = (1/h) Σ_i H_ir A_ir k_i
+    assert torch.allclose(mlp.up_weight, up, atol=1e-6)
+    assert mlp.activation == "silu"
+    # same seed, same MLP; another seed, another gate
+    assert torch.equal(baselines.ntk(K, V, f, hidden=h, degree=2).up_weight, mlp.up_weight)
+    assert not torch.equal(baselines.ntk(K, V, f, hidden=h, seed=1).gate_weight, mlp.gate_weight)
+
+
+def test_ntk_negative_hermite_coefficient_keeps_the_sign(tiny):
+    """For c_4 < 0 the output still points at the value (W_up carries sign(c_k))."""
+    K, V, f = tiny
+    mlp = baselines.ntk(K, V, f, hidden=4096, degree=4)
+    assert float((mlp(K) * V[f]).sum(1).mean()) > 0
+
+
+def test_ntk_rejects_bad_options(tiny):
+    K, V, f = tiny
+    with pytest.raises(ValueError, match=r"degree=3 .*silu.*\[1, 2, 4"):
+        baselines.ntk(K, V, f, hidden=64, degree=3)
+    with pytest.raises(ValueError, match="hidden must be a positive int"):
+        baselines.ntk(K, V, f, hidden=0)
+    with pytest.raises(ValueError, match="degree must be a non-negative int"):
+        baselines.ntk(K, V, f, hidden=64, degree=-1)
+    with pytest.raises(ValueError, match="ReLU is not analytic"):
+        baselines.ntk(K, V, f, hidden=64, activation="relu")
+    with pytest.raises(ValueError, match="f must have shape"):
+        baselines.ntk(K, V, f[:-1], hidden=64)
+
+
+# ----------------------------------------------------------------------------- naïve
+
+
+def test_naive_retrieves_values_exactly(tiny):
+    K, V, f = tiny
+    mlp = baselines.naive(K, V, f)
+    assert torch.allclose(mlp(K), V[f], atol=1e-5)  # g(k_i) = v_f(i)
+    assert accuracy(mlp, K, V, f) == 1.0 and bool((mlp.margins(K, V, f) > 0).all())
+    F, d = K.shape
+    assert mlp.hidden_size == F and mlp.num_parameters == 2 * d * F + F
+
+
+def test_naive_margin_optimal_outputs_store_anisotropic_values():
+    K, V, f = random_fact_set(32, 32, 8, seed=3, kappa=10)  # values not unit norm
+    assert accuracy(baselines.naive(K, V, f), K, V, f) < 1.0  # some v_j is not its own best match
+    assert accuracy(baselines.naive(K, V, f, outputs="margin_optimal"), K, V, f) == 1.0
+
+
+def test_naive_rejects_dominated_keys_and_bad_outputs(tiny):
+    K = torch.tensor([[1.0, 0.0], [2.0, 0.0], [0.0, 1.0]])
+    V = torch.eye(3, 2) + torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    with pytest.raises(ValueError, match="K row 0 is not its own best match"):
+        baselines.naive(K, V, torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="outputs must be one of"):
+        baselines.naive(*tiny, outputs="u*")
+
+
+# ----------------------------------------------------------------------------- the training loop
+
+
+def test_fit_stops_before_the_step_that_would_follow_success():
+    x = torch.tensor([2.0], requires_grad=True)
+    seen = []
+
+    def objective():
+        seen.append(float(x.detach()))
+        return (x - 1).square().sum(), seen[-1] < 1.5
+
+    result = fit([x], objective, steps=1000, lr=0.1, final_lr=0.1, progress=False)
+    assert result.solved and 0 < result.steps < 1000
+    assert len(seen) == result.steps + 1 and float(x.detach()) == seen[-1] < 1.5  # no update after success
+
+    y = torch.tensor([5.0], requires_grad=True)
+    result = fit([y], lambda: ((y.square().sum()), False), steps=50, lr=0.1, final_lr=1e-3, progress=False)
+    assert not result.solved and result.steps == 50 and result.loss < 25.0
+
+
+# ----------------------------------------------------------------------------- GD MLP
+
+
+def test_gd_mlp_stores_and_stops_early(tiny):
+    K, V, f = tiny
+    mlp = baselines.gd_mlp(K, V, f, hidden=8, progress=False, **FAST_GD)
+    assert isinstance(mlp, FactMLP) and accuracy(mlp, K, V, f) == 1.0
+    result = mlp.fit_results["mlp"]
+    assert result.solved and result.steps < FAST_GD["steps"]
+    d = K.shape[1]
+    assert mlp.num_parameters == 3 * 8 * d + 2 * 8 + d
+    assert not any(p.requires_grad for p in mlp.parameters())
+
+
+def test_gd_mlp_is_seeded_and_follows_the_input_dtype(tiny):
+    K, V, f = (t.double() if t.is_floating_point() else t for t in tiny)
+    a, b, c = (baselines.gd_mlp(K, V, f, hidden=8, steps=5, seed=s, progress=False) for s in (0, 0, 1))
+    assert torch.equal(a.up_weight, b.up_weight) and not torch.equal(a.up_weight, c.up_weight)
+    assert a.up_weight.dtype == torch.float64 and a.fit_results["mlp"].steps == 5
+
+
+@pytest.mark.cuda
+def test_gd_mlp_runs_on_the_inputs_device(tiny):
+    K, V, f = (t.cuda() for t in tiny)
+    mlp = baselines.gd_mlp(K, V, f, hidden=8, progress=False, **FAST_GD)
+    assert mlp.up_weight.is_cuda and accuracy(mlp, K, V, f) == 1.0
+
+
+def test_gd_rejects_bad_options(tiny):
+    K, V, f = tiny
+    with pytest.raises(ValueError, match="hidden must be a positive int"):
+        baselines.gd_mlp(K, V, f, hidden=0)
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        baselines.gd_mlp(K, V, f, hidden=4, steps=0)
+    with pytest.raises(ValueError, match="final_lr must be in"):
+        baselines.gd_mlp(K, V, f, hidden=4, lr=1e-3, final_lr=1e-2)
+    with pytest.raises(ValueError, match="K contains NaN"):
+        baselines.gd_mlp(torch.full_like(K, math.nan), V, f, hidden=4)
+    with pytest.raises(ValueError, match=r"targets must be a \(24, m\) tensor"):
+        baselines.gd_encoder(K, torch.zeros(23, 4), hidden=4)
+    with pytest.raises(ValueError, match="key_noise must be a non-negative number"):
+        baselines.gd_encoder(K, torch.zeros(24, 4), hidden=4, key_noise=-1.0)
+    with pytest.raises(ValueError, match=r"used must be a non-empty 1-D tensor of value indices in \[0, 24\)"):
+        baselines.gd_decoder(V, torch.tensor([0, 24]), 4)
+
+
+# ----------------------------------------------------------------------------- GD encoder / decoder
+
+
+def test_gd_decoder_decodes_every_used_value(tiny):
+    _, V, f = tiny
+    used = torch.unique(f)
+    decoder, result = baselines.gd_decoder(V, used, 4, steps=100, progress=False)
+    assert decoder.projection.shape == (16, 4) and decoder.codes.shape == (24, 4)
+    assert torch.allclose(decoder.codes.norm(dim=1), torch.ones(24), atol=1e-5)
+    decoded = (decoder.codes[used] @ decoder.projection.T @ V.T).argmax(1)
+    assert torch.equal(decoded, used) and result.steps == 100
+
+
+def test_gd_encoder_fits_codes(tiny):
+    K, _, _ = tiny
+    targets = torch.randn(24, 3, generator=torch.Generator().manual_seed(0))
+    encoder, result = baselines.gd_encoder(K, targets, hidden=32, steps=200, progress=False)
+    assert encoder(K).shape == (24, 3) and result.steps == 200 and not result.solved
+    assert float((encoder(K) - targets).square().sum(1).mean()) < 1e-3 * float(targets.square().sum(1).mean())
+
+
+@pytest.mark.parametrize("encoder,decoder,m", [("bin", "jl", 24), ("gd", "jl", 24), ("bin", "gd", 6),
+                                               ("gd", "gd", 6)])
+def test_hybrids_store_every_fact(tiny, encoder, decoder, m):
+    K, V, f = tiny
+    mlp = baselines.encoder_decoder(K, V, f, m, encoder=encoder, decoder=decoder, decoder_steps=100, progress=False)
+    assert isinstance(mlp, FactMLP) and accuracy(mlp, K, V, f) == 1.0
+    F, d = K.shape
+    if encoder == "gd":  # h = ⌈m F/d⌉, down = D·E folded into (d, h)
+        h = math.ceil(m * F / d)
+        assert mlp.hidden_size == h and mlp.num_parameters == 3 * h * d + 2 * h + d
+        assert mlp.fit_results["encoder"].solved
+    if decoder == "gd":
+        assert mlp.fit_results["decoder"].steps == 100
+
+
+def test_hybrid_encoder_width(tiny):
+    K, V, f = tiny
+    mlp = baselines.encoder_decoder(K, V, f, 6, encoder_hidden=20, encoder_steps=5, progress=False)
+    assert mlp.hidden_size == 20
+    mlp = baselines.encoder_decoder(K, V, f, 6, width_multiplier=2.0, encoder_steps=5, progress=False)
+    assert mlp.hidden_size == math.ceil(2.0 * 6 * 24 / 16)
+
+
+def test_hybrids_reject_bad_options(tiny):
+    K, V, f = tiny
+    with pytest.raises(ValueError, match="encoder must be one of"):
+        baselines.encoder_decoder(K, V, f, 8, encoder="ntk")
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        baselines.encoder_decoder(K, V, f, 8, decoder="bin")
+    with pytest.raises(ValueError, match="m must be a positive int"):
+        baselines.encoder_decoder(K, V, f, 0)
+    with pytest.raises(ValueError, match="encoder_hidden sets the GD encoder's width"):
+        baselines.encoder_decoder(K, V, f, 8, encoder="bin", encoder_hidden=10)
+    with pytest.raises(ValueError, match="width_multiplier must be a positive number"):
+        baselines.encoder_decoder(K, V, f, 8, width_multiplier=-1.0)
