@@ -113,8 +113,8 @@ def _check_matrix(x: object, name: str, *, min_rows: int = 1, finite: bool = Tru
     if x.dim() != 2:
         raise ValueError(f"{name} must be a 2-D tensor of shape (n, d), got shape {tuple(x.shape)}")
     if x.shape[0] < min_rows:
-        what = "values" if min_rows >= 2 else "rows"
-        raise ValueError(f"{name} must have at least {min_rows} rows ({what}), got {x.shape[0]}")
+        what = f"{min_rows} rows (values)" if min_rows >= 2 else "one row"
+        raise ValueError(f"{name} must have at least {what}, got shape {tuple(x.shape)}")
     if x.shape[1] < 1:
         raise ValueError(f"{name} must have at least one column (d >= 1), got shape {tuple(x.shape)}")
     if finite and not bool(torch.isfinite(x).all()):
@@ -551,12 +551,18 @@ def margin_optimal_outputs(
 ) -> Union[Tuple[Tensor, float], Tuple[Tensor, float, Tensor]]:
     """Margin-optimal output embeddings ``U*`` (Definition 3.2.1).
 
+    ``u_i* = argmax_{||u|| = 1} min_{j != i} <v_i - v_j, u> / ||v_i - v_j||``, solved
+    for all values at once by the batched minimum-norm-point method described
+    in the module docstring (float64 internally; about 8 batched iterations
+    for ``n = 1024, d = 64`` random values).
+
     Args:
         V: (n, d) floating tensor of value embeddings, n >= 2, finite.
-        tol: relative duality-gap tolerance per value: a row stops when
+        tol: relative duality-gap tolerance per value: a value is done when
             ``(||p||^2 - min_j <x_ij, p>) / ||p||^2 <= tol`` for its hull point
-            ``p``; then ``rho_i`` is within a relative ``tol`` of the optimum.
-        max_iter: maximum number of (batched) outer iterations.
+            ``p``, so its radius is within a relative ``tol`` of the optimum
+            (in practice the solve is exact up to ~1e-12).
+        max_iter: maximum number of batched outer iterations.
         return_radii: also return the per-value radii.
 
     Returns:
@@ -565,7 +571,10 @@ def margin_optimal_outputs(
         ``radii[i] = min_{j != i} <v_i - v_j, u_i> / ||v_i - v_j||`` (the margin
         achieved by the returned ``u_i``; ``<= 0`` when value ``i`` cannot be
         decoded, exactly 0 for duplicated values) and ``rho = min(radii)``
-        (a Python float, the decodability ``rho(V)``).
+        (a Python float, the decodability ``rho(V)``).  The radii equal
+        ``output_margins(V, U)``.  For a value with ``rho_i <= 0`` the returned
+        ``u_i`` is the best direction the solver met (the problem on the
+        sphere is not convex there); only ``rho <= 0`` itself is guaranteed.
     """
     V = _check_matrix(V, "V", min_rows=2)
     _check_tol(tol, max_iter)
@@ -625,8 +634,7 @@ def output_margins(V: Tensor, U: Tensor) -> Tensor:
         if bool((un == 0).any()):
             raise ValueError("U has an all-zero row; every output needs a direction")
         Ud = Ud / un[:, None]
-        W = V.detach().to(torch.float64)
-        W = W - W.mean(dim=0, keepdim=True)
+        W = _normalize_values(V)  # margins are invariant to translation and scale
         n = W.shape[0]
         sq = (W * W).sum(dim=1)
         out = torch.empty(n, dtype=torch.float64, device=W.device)
@@ -667,15 +675,15 @@ def whitening_transform(E: Tensor, alpha: float = 1.0, eps: float = 1e-6) -> Ten
     """
     E = _check_matrix(E, "E", min_rows=1)
     _check_alpha_eps(alpha, eps)
+    if float(alpha) == 0.0:
+        return torch.eye(E.shape[1], dtype=E.dtype, device=E.device)
     with torch.no_grad():
         Ed = E.detach().to(torch.float64)
-        F, d = Ed.shape
+        F = Ed.shape[0]
         S = Ed.T @ Ed / F
         S.diagonal().add_(float(eps))
         S = 0.5 * (S + S.T)
         lam, Q = torch.linalg.eigh(S)
-        if float(alpha) == 0.0:
-            return torch.eye(d, dtype=E.dtype, device=E.device)
         if bool((lam <= 0).any()):
             raise ValueError(
                 "E has a singular second-moment matrix (rank < d) and eps=0; pass eps > 0"
