@@ -197,6 +197,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default="construct,kernels,outputs,cg")
+    parser.add_argument("--per-gadget-max-f", type=int, default=1024,
+                        help="time the faithful per_gadget construction up to this F (it is slow)")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<device>.json)")
     parser.add_argument("--cg-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -210,7 +212,7 @@ def main() -> None:
         report["kernels"] = bench_kernels(device, args.quick)
     if "construct" in parts:
         sizes = [(64, 1024, 64), (128, 4096, 96)] if not args.quick else [(32, 256, 32)]
-        report["construct"] = bench_construct(device, sizes, per_gadget_max_f=1024)
+        report["construct"] = bench_construct(device, sizes, per_gadget_max_f=args.per_gadget_max_f)
     if "outputs" in parts:
         report["margin_optimal_outputs"] = bench_outputs(device, [(1024, 64)] if args.quick else [(1024, 64), (4096, 128)])
     if "cg" in parts and device.type == "cpu":

@@ -1,4 +1,4 @@
-"""Command line: ``factkernels demo | construct | info``."""
+"""Command line: ``factkernels demo | construct | info | rgr-train | experiment NAME``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 import torch
 
 from . import _ops, geometry
+from .attention.cli import add_subcommands as add_attention_commands
 from .construct import OUTPUTS, FactStorageError, construct
 from .solvers import SOLVERS
 
@@ -93,6 +94,11 @@ def _add_construct_options(p: argparse.ArgumentParser, *, d: int, facts: int) ->
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def _run_info(args: argparse.Namespace) -> int:
+    print(json.dumps(_environment(), indent=2))
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="factkernels", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -100,12 +106,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _add_construct_options(demo, d=64, facts=1024)
     cons = sub.add_parser("construct", help="build and verify a fact MLP on random spherical embeddings")
     _add_construct_options(cons, d=64, facts=1024)
-    sub.add_parser("info", help="print what was compiled")
+    for p in (demo, cons):
+        p.set_defaults(handler=_run_construct)
+    sub.add_parser("info", help="print what was compiled").set_defaults(handler=_run_info)
+    experiments = sub.add_parser("experiment", help="run a named experiment; writes JSON and PNG")
+    experiment_names = experiments.add_subparsers(dest="experiment", required=True)
+    add_attention_commands(sub, experiment_names)
     args = parser.parse_args(argv)
-    if args.command == "info":
-        print(json.dumps(_environment(), indent=2))
-        return 0
-    return _run_construct(args)
+    return args.handler(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -120,9 +120,13 @@ def test_other_analytic_activations(small_facts, activation):
     assert mlp.report.accuracy == 1.0
 
 
+def _sphere(n, d, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.nn.functional.normalize(torch.randn(n, d, generator=gen, dtype=torch.float64), dim=1)
+
+
 def _bad(**overrides):
-    K = torch.nn.functional.normalize(torch.randn(20, 6, dtype=torch.float64), dim=1)
-    V = torch.nn.functional.normalize(torch.randn(10, 6, dtype=torch.float64), dim=1)
+    K, V = _sphere(20, 6, seed=0), _sphere(10, 6, seed=1)
     f = torch.arange(20) % 10
     args = {"K": K, "V": V, "f": f, "m": 4}
     args.update(overrides)
@@ -133,7 +137,7 @@ def _bad(**overrides):
     "overrides, error, match",
     [
         ({"K": torch.randn(20, 6, 1, dtype=torch.float64)}, ValueError, "K must be a non-empty 2-D"),
-        ({"V": torch.randn(10, 5, dtype=torch.float64)}, None, None),  # different d_out is allowed
+        ({"V": _sphere(10, 5, seed=2)}, None, None),  # different d_out is allowed
         ({"f": torch.arange(19)}, ValueError, r"f must have shape \(20,\)"),
         ({"f": torch.full((20,), 10)}, ValueError, r"f must index values in \[0, 10\)"),
         ({"f": torch.zeros(20)}, TypeError, "f must be an integer tensor"),

@@ -1,0 +1,96 @@
+"""Relational graph recognition with multi-head QK attention (seed 002).
+
+    from factkernels import attention
+    g = attention.random_graph(m=1024, kind="permutation", seed=0)
+    X = attention.gaussian_unit_norm(1024, 512, seed=1)
+    heads = attention.construct(g, X, method="compressive")   # d_k, h from the seed's theorems
+    attention.f1(heads, g, X)                                 # micro-F1 over all ordered pairs: 1.0
+    heads.key_budget                                          # D_K = h d_k
+    attention.lower_bound(m=1024, m_edges=1024, d_model=512)
+    runs = attention.train_runs(128, 32, num_heads=4, head_dims=[8], seeds=[0, 1, 2])
+    point = attention.search_budget(64, 16, head_counts=[1, 2, 4, 8], seeds=[0, 1, 2])
+
+Modules: ``graphs`` (RelationGraph, random families, König colouring), ``constructions``
+(Constructions I-IV and the softmax variant, evaluation), ``scores`` (max-over-heads and
+softmax-sum scores: the one place they are computed), ``training`` (the seed's training
+protocol, budget search, fits, lower bound), ``cli`` (``rgr-train``, ``experiment rgr-budget``).
+"""
+
+from .constructions import (
+    AttentionHeads,
+    EdgeCounts,
+    construct,
+    default_block_size,
+    default_head_dim,
+    edge_counts,
+    f1,
+    gaussian_unit_norm,
+)
+from .graphs import RelationGraph, konig_edge_coloring, matching_head_bound, pack_matchings, random_graph
+from .scores import max_head_scores, softmax_head_scores
+from .training import (
+    QUICK_GRID,
+    SEED_GRID,
+    BudgetGrid,
+    BudgetPoint,
+    ConfigResult,
+    LinearFit,
+    RunData,
+    RunResult,
+    TrainingConfig,
+    budget_experiment,
+    fit_head_count,
+    fit_key_budget,
+    head_dim_ladder,
+    lower_bound,
+    sample_contexts,
+    search_budget,
+    seed_law,
+    step_cutoff,
+    summarize_budget,
+    t_interval,
+    train_runs,
+)
+
+__all__ = [
+    # graphs
+    "RelationGraph",
+    "random_graph",
+    "konig_edge_coloring",
+    "pack_matchings",
+    "matching_head_bound",
+    # constructions and evaluation
+    "AttentionHeads",
+    "construct",
+    "default_head_dim",
+    "default_block_size",
+    "gaussian_unit_norm",
+    "EdgeCounts",
+    "edge_counts",
+    "f1",
+    # scores
+    "max_head_scores",
+    "softmax_head_scores",
+    # training and budget search
+    "TrainingConfig",
+    "RunData",
+    "RunResult",
+    "train_runs",
+    "sample_contexts",
+    "step_cutoff",
+    "ConfigResult",
+    "BudgetPoint",
+    "BudgetGrid",
+    "SEED_GRID",
+    "QUICK_GRID",
+    "head_dim_ladder",
+    "seed_law",
+    "search_budget",
+    "summarize_budget",
+    "budget_experiment",
+    "t_interval",
+    "LinearFit",
+    "fit_key_budget",
+    "fit_head_count",
+    "lower_bound",
+]
