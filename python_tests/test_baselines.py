@@ -15,20 +15,7 @@ from factkernels.cli import random_fact_set
 FAST_GD = dict(lr=1e-2, final_lr=1e-4, steps=2000)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The GD problems here are tiny: single-threaded GEMMs are faster than thread hand-offs,
-    which dominate (10x and more) on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture
-def tiny():
-    """d=16, F=|V|=24, tied spherical keys and values, random bijection (float32)."""
-    return random_fact_set(24, 24, 16, seed=3, tied=True)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def accuracy(module, K, V, f) -> float:
