@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -13,6 +12,7 @@ import torch
 
 from . import _ops, geometry
 from .attention.cli import add_subcommands as add_attention_commands
+from .environment import environment
 from .construct import OUTPUTS, FactStorageError, construct
 from .solvers import SOLVERS
 
@@ -41,11 +41,6 @@ def random_fact_set(num_facts: int, num_values: int, dim: int, *, seed: int, tie
     return keys, values, facts
 
 
-def _environment() -> dict:
-    return {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
-            "build": _ops.build_info()}
-
-
 def _run_construct(args: argparse.Namespace) -> int:
     dtype = torch.float64 if args.float64 else torch.float32
     device = torch.device(args.device)
@@ -63,7 +58,7 @@ def _run_construct(args: argparse.Namespace) -> int:
     print(report)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        payload = {"config": vars(args), "report": report.to_dict(), "environment": _environment()}
+        payload = {"config": vars(args), "report": report.to_dict(), "environment": environment()}
         Path(args.json).write_text(json.dumps(payload, indent=2, default=str))
         print(f"wrote {args.json}")
     if args.save and mlp is not None:
@@ -95,7 +90,7 @@ def _add_construct_options(p: argparse.ArgumentParser, *, d: int, facts: int) ->
 
 
 def _run_info(args: argparse.Namespace) -> int:
-    print(json.dumps(_environment(), indent=2))
+    print(json.dumps(environment(), indent=2))
     return 0
 
 

@@ -11,28 +11,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Optional
 
-import networkx
 import numpy as np
-import scipy
-import torch
 
+from ..environment import environment
 from .training import QUICK_GRID, SEED_GRID, BudgetGrid, TrainingConfig, budget_experiment, t_interval, train_runs
 
 REPORT_NAME = "rgr_budget"
-
-
-def environment() -> dict:
-    """Versions, platform and threads, recorded beside every result."""
-    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-            "scipy": scipy.__version__, "networkx": networkx.__version__, "platform": platform.platform(),
-            "processor": platform.processor(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
 
 
 def _ints(text: str) -> list[int]:
