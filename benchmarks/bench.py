@@ -2,7 +2,8 @@
 
     python benchmarks/bench.py                 # CPU (and CUDA when present), writes benchmarks/results/<device>.json
     python benchmarks/bench.py --quick         # smaller sizes, for a smoke run
-    python benchmarks/bench.py --only construct,kernels,outputs,cg
+    python benchmarks/bench.py --only construct,kernels,outputs,cg,attention
+    python benchmarks/bench.py --only attention --out benchmarks/results/attention/bench_cpu.json
 
 Construction is timed three ways with the same algorithm inputs:
   per_gadget   Alg. 3 verbatim: one gate, explicit M and least squares per gadget (pure torch)
@@ -143,6 +144,35 @@ def bench_kernels(device: torch.device, quick: bool) -> list[dict]:
     return rows
 
 
+def bench_attention(device: torch.device, quick: bool) -> list[dict]:
+    """Fused max-over-heads scores + threshold (seed 002) against the torch twin, which forms (B, h, Lq, Lk).
+
+    Shapes: the harness's evaluation of 2,000 test contexts of ell = 16 for 8 runs at once, and
+    all-pairs evaluation of a construction (one context holding every item). ``*_bytes`` are the
+    intermediate sizes implied by the shapes: the twin's per-head scores, the kernel's packed keys.
+    """
+    gen = torch.Generator().manual_seed(0)
+    sizes = [(16_000, 8, 16, 16, 8), (1, 8, 2048, 2048, 64), (4, 32, 1024, 1024, 16)]
+    if quick:
+        sizes = [(2_000, 4, 16, 16, 8), (1, 4, 1024, 1024, 32)]
+    rows = []
+    for batch, h, lq, lk, dk in sizes:
+        q = torch.randn(batch, h, lq, dk, generator=gen).to(device)
+        k = torch.randn(batch, h, lk, dk, generator=gen).to(device)
+        tau = torch.zeros(batch, device=device)
+        shape = {"batch": batch, "h": h, "ell_q": lq, "ell_k": lk, "d_k": dk}
+        item = q.element_size()
+        memory = {"twin_per_head_scores_bytes": batch * h * lq * lk * item,
+                  "kernel_packed_keys_bytes": batch * h * -(-lk // (64 // item)) * (64 // item) * dk * item,
+                  "output_scores_bytes": batch * lq * lk * item}
+        for mode, decision_only in (("scores+decision", False), ("decision_only", True)):
+            rows.append(race(f"max_heads {mode}", shape, device,
+                             lambda: _ops.max_head_scores(q, k, tau, decision_only=decision_only, backend="kernels"),
+                             lambda: _ops.max_head_scores(q, k, tau, decision_only=decision_only, backend="torch"))
+                        | memory)
+    return rows
+
+
 def race(name: str, shape: dict, device: torch.device, kernel: Callable, twin: Callable) -> dict:
     k, t = timeit(kernel, device), timeit(twin, device)
     print(f"{name:<15} {json.dumps(shape):<48} kernel {k*1e3:8.2f} ms  torch {t*1e3:8.2f} ms  x{t/k:5.2f}", flush=True)
@@ -210,6 +240,8 @@ def main() -> None:
     report = {"environment": device_info(device), "quick": args.quick}
     if "kernels" in parts:
         report["kernels"] = bench_kernels(device, args.quick)
+    if "attention" in parts:
+        report["attention"] = bench_attention(device, args.quick)
     if "construct" in parts:
         sizes = [(64, 1024, 64), (128, 4096, 96)] if not args.quick else [(32, 256, 32)]
         report["construct"] = bench_construct(device, sizes, per_gadget_max_f=args.per_gadget_max_f)

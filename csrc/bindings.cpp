@@ -143,6 +143,20 @@ PYBIND11_MODULE(_C, m) {
           });
         });
 
+  m.def("max_head_scores",
+        [](const std::string& device, const std::string& dtype, uintptr_t q, uintptr_t k, uintptr_t tau,
+           uintptr_t scores, uintptr_t decision, int64_t batch, int64_t h, int64_t lq, int64_t lk, int64_t dk,
+           uintptr_t stream) {
+          const bool on_cuda = is_cuda(device);
+          dispatch_dtype(dtype, [&](auto tag) {
+            using T = decltype(tag);
+            MaxHeadScoresArgs<T> a{cptr<T>(q), cptr<T>(k), cptr<T>(tau), mptr<T>(scores),
+                                   reinterpret_cast<uint8_t*>(decision), batch, h, lq, lk, dk};
+            py::gil_scoped_release nogil;
+            FK_LAUNCH(max_head_scores, a, on_cuda, stream);
+          });
+        });
+
   m.def("build_info", []() {
     py::dict info;
 #ifdef FACTKERNELS_CUDA

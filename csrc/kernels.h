@@ -86,6 +86,22 @@ struct DecodeArgs {
   int64_t n, nv, d;
 };
 
+// Fused max-over-heads attention scores (seed 002, Sec. 3), never forming (batch, h, lq, lk):
+//   scores[b, p, q]   = max_k <q[b, k, p, :], k[b, k, q, :]>
+//   decision[b, p, q] = scores[b, p, q] > tau[b]
+//   q: (batch, h, lq, dk), k: (batch, h, lk, dk), both contiguous; scores: (batch, lq, lk)
+//   contiguous, or null (decision only); decision: (batch, lq, lk) uint8 (0/1), or null;
+//   tau: (batch,) thresholds, null exactly when decision is null. A NaN score wins the max.
+template <typename T>
+struct MaxHeadScoresArgs {
+  const T* q;
+  const T* k;
+  const T* tau;
+  T* scores;
+  uint8_t* decision;
+  int64_t batch, h, lq, lk, dk;
+};
+
 namespace cpu {
 template <typename T> void gate_features(const GateFeaturesArgs<T>& a);
 template <typename T> void hadamard_gram(const HadamardGramArgs<T>& a);
@@ -93,6 +109,7 @@ template <typename T> void gadget_matvec(const GadgetProductArgs<T>& a);
 template <typename T> void gadget_rmatvec(const GadgetProductArgs<T>& a);
 template <typename T> void gated_forward(const GatedForwardArgs<T>& a);
 template <typename T> void decode(const DecodeArgs<T>& a);
+template <typename T> void max_head_scores(const MaxHeadScoresArgs<T>& a);
 int num_threads();
 }  // namespace cpu
 
@@ -104,6 +121,7 @@ template <typename T> void gadget_matvec(const GadgetProductArgs<T>& a, uintptr_
 template <typename T> void gadget_rmatvec(const GadgetProductArgs<T>& a, uintptr_t stream);
 template <typename T> void gated_forward(const GatedForwardArgs<T>& a, uintptr_t stream);
 template <typename T> void decode(const DecodeArgs<T>& a, uintptr_t stream);
+template <typename T> void max_head_scores(const MaxHeadScoresArgs<T>& a, uintptr_t stream);
 int device_count();
 }  // namespace cuda
 #endif

@@ -323,3 +323,85 @@ def decode(
     _C.decode(*_launch_args(y), _ptr(y), _ld(y), _ptr(values), _ld(values), _ptr(target), _ptr(index),
               _ptr(margin), n, nv, y.shape[1], _stream(y))
     return index, margin
+
+
+# ----------------------------------------------------------------------------- attention scores
+
+
+def check_head_projections(queries: torch.Tensor, keys: torch.Tensor) -> None:
+    """Validate per-head queries Q (batch, h, ell_q, d_k) and keys K (batch, h, ell_k, d_k)."""
+    for name, t in (("Q", queries), ("K", keys)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape (batch, h, ell, d_k), got {tuple(t.shape)}")
+    if keys.dtype != queries.dtype or keys.device != queries.device:
+        raise TypeError(f"Q ({queries.dtype}, {queries.device}) and K ({keys.dtype}, {keys.device}) "
+                        "must share dtype and device")
+    (b, h, _, d), (bk, hk, _, dk) = queries.shape, keys.shape
+    if (b, h, d) != (bk, hk, dk):
+        raise ValueError(f"Q (batch, h, ell_q, d_k) = {tuple(queries.shape)} and K (batch, h, ell_k, d_k) = "
+                         f"{tuple(keys.shape)} must agree in batch, h and d_k")
+    if h == 0 or d == 0:
+        raise ValueError(f"need at least one head and d_k >= 1, got h={h}, d_k={d}")
+
+
+def batch_thresholds(tau, batch: int, like: torch.Tensor) -> torch.Tensor:
+    """tau (a finite number, a 0-d tensor or one threshold per batch row) as a (batch,) tensor like ``like``."""
+    if isinstance(tau, torch.Tensor):
+        if tau.dim() == 0 or (tau.dim() == 1 and tau.shape[0] == batch):
+            if not bool(torch.isfinite(tau).all()):
+                raise ValueError("tau must be finite")
+            return tau.to(dtype=like.dtype, device=like.device).expand(batch)
+        raise ValueError(f"tau must be a number, a 0-d tensor or have shape ({batch},), got {tuple(tau.shape)}")
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau):
+        raise TypeError(f"tau must be a finite number or a tensor, got {tau!r}")
+    return torch.full((batch,), float(tau), dtype=like.dtype, device=like.device)
+
+
+def max_head_scores(queries: torch.Tensor, keys: torch.Tensor, tau=None, *, decision_only: bool = False,
+                    backend: str = "auto"):
+    """Max-over-heads scores S[b, p, q] = max_k Q[b, k, p] . K[b, k, q] (seed 002, Sec. 3), fused with S > tau.
+
+    Args:
+        queries: Q (batch, h, ell_q, d_k), one query per source p and head k.
+        keys:    K (batch, h, ell_k, d_k), one key per target q and head k.
+        tau:     None, a finite number, a 0-d tensor, or one threshold per batch row (batch,).
+        decision_only: return only the decision (needs tau); the kernel then writes no scores.
+
+    Returns:
+        S (batch, ell_q, ell_k) when tau is None; (S, S > tau) otherwise, the decision a bool
+        tensor of the same shape; only S > tau with ``decision_only``. The compiled kernel never
+        forms the (batch, h, ell_q, ell_k) per-head scores; the torch twin (also the path with
+        gradients) does. A NaN score wins the max, as in ``torch.amax``.
+    """
+    check_head_projections(queries, keys)
+    if decision_only and tau is None:
+        raise ValueError("decision_only=True needs a threshold tau")
+    batch, h, lq, dk = queries.shape
+    lk = keys.shape[2]
+    thresholds = None if tau is None else batch_thresholds(tau, batch, queries)
+    use_kernel = _use_kernel(backend, queries, keys)
+    kernel = getattr(_C, "max_head_scores", None)  # absent from builds older than this op
+    if use_kernel and kernel is None:
+        if backend == "kernels":
+            raise RuntimeError("backend='kernels' but this build of factkernels._C has no max_head_scores; "
+                               "rebuild the extension or use backend='auto' or 'torch'")
+        use_kernel = False
+    if not use_kernel:
+        scores = torch.matmul(queries, keys.transpose(-1, -2)).amax(dim=1)
+        if thresholds is None:
+            return scores
+        decision = scores > thresholds.view(-1, 1, 1)
+        return decision if decision_only else (scores, decision)
+    queries, keys = queries.contiguous(), keys.contiguous()
+    scores = None if decision_only else torch.empty(batch, lq, lk, dtype=queries.dtype, device=queries.device)
+    decision = None if thresholds is None else torch.empty(batch, lq, lk, dtype=torch.bool, device=queries.device)
+    thresholds = None if thresholds is None else thresholds.contiguous()
+    kernel(*_launch_args(queries), _ptr(queries), _ptr(keys), _ptr(thresholds), _ptr(scores), _ptr(decision),
+           batch, h, lq, lk, dk, _stream(queries))
+    if decision is None:
+        return scores
+    return decision if decision_only else (scores, decision)

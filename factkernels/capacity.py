@@ -22,6 +22,8 @@ gd          hidden width h                   3hd + 2h + d (SwiGLU with biases)
 gd+jl       m (GD encoder of width ⌈mF/d⌉)   3hd + 2h + d, down = D·E folded into (d, h)
 bin+gd      m (closed-form encoder)          as ours
 gd+gd       m (GD encoder of width ⌈mF/d⌉)   as gd+jl
+nongated    m (Alg. 8 gadgets + JL,          2hd + h + d (up, down and their biases) with
+            outputs U*)                      h = 2m·⌈1.5F/(d+1)⌉
 naive       none (hidden = F, evaluated      2dF + F (in weights, thresholds, out weights)
             once)
 ==========  ===============================  ===============================================
@@ -37,7 +39,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -45,6 +47,9 @@ from tqdm.auto import tqdm
 
 from .baselines import encoder_decoder, gd_mlp, naive, ntk
 from .construct import construct, validate_inputs
+from .embeddings import FactSet
+from .geometry import margin_optimal_outputs, whiten
+from .nongated import construct_nongated
 
 Builder = Callable[..., nn.Module]
 
@@ -53,7 +58,9 @@ Builder = Callable[..., nn.Module]
 class Method:
     """A named builder ``(K, V, f, size, seed, **options) -> module`` and what its size means.
 
-    start: first size tried; fixed: the method has no size (built once at size = F).
+    start: first size tried; fixed: the method has no size (built once at size = F);
+    prepare: ``(K, V, f, options) -> extra options`` computed once per fact set and passed to
+    every build (work that depends on neither the size nor the seed, e.g. the outputs U*).
     """
 
     name: str
@@ -61,13 +68,27 @@ class Method:
     size_name: str
     start: int
     fixed: bool = False
+    prepare: Optional[Callable[[torch.Tensor, torch.Tensor, torch.Tensor, dict], dict]] = None
 
     def __call__(self, K: torch.Tensor, V: torch.Tensor, f: torch.Tensor, size: int, seed: int, **options) -> nn.Module:
         return self.build(K, V, f, size, seed, **options)
 
+    def prepared(self, K: torch.Tensor, V: torch.Tensor, f: torch.Tensor, options: dict) -> dict:
+        """``options`` plus what :attr:`prepare` computes for this fact set (given options win)."""
+        return {**(self.prepare(K, V, f, options) if self.prepare else {}), **options}
+
+
+def _margin_optimal(K, V, f, options: dict) -> dict:
+    """U* of the values construct() sees: whitened with strength ``whiten`` when it is > 0."""
+    if "outputs" in options:
+        return {}
+    alpha = options.get("whiten", 0.0)
+    return {"outputs": margin_optimal_outputs(whiten(V, alpha)[0] if alpha > 0 else V)[0]}
+
 
 def _ours(K, V, f, size, seed, **options) -> nn.Module:
-    return construct(K, V, f, m=size, outputs="margin_optimal", seed=seed, verify="report", progress=False, **options)
+    options = {"outputs": "margin_optimal", **options}
+    return construct(K, V, f, m=size, seed=seed, verify="report", progress=False, **options)
 
 
 def _ntk(K, V, f, size, seed, *, margin_optimal: bool, **options) -> nn.Module:
@@ -82,18 +103,23 @@ def _hybrid(K, V, f, size, seed, *, encoder: str, decoder: str, **options) -> nn
     return encoder_decoder(K, V, f, m=size, encoder=encoder, decoder=decoder, seed=seed, progress=False, **options)
 
 
+def _nongated(K, V, f, size, seed, **options) -> nn.Module:
+    return construct_nongated(K, V, f, m=size, seed=seed, **options)
+
+
 def _naive(K, V, f, size, seed, **options) -> nn.Module:
     return naive(K, V, f, **options)  # deterministic: no size, no seed
 
 
 methods: dict[str, Method] = {method.name: method for method in (
-    Method("ours", _ours, "m", start=8),
+    Method("ours", _ours, "m", start=8, prepare=_margin_optimal),
     Method("ntk", functools.partial(_ntk, margin_optimal=False), "hidden", start=256),
     Method("ntk_u*", functools.partial(_ntk, margin_optimal=True), "hidden", start=256),
     Method("gd", _gd, "hidden", start=8),
     Method("gd+jl", functools.partial(_hybrid, encoder="gd", decoder="jl"), "m", start=8),
     Method("bin+gd", functools.partial(_hybrid, encoder="bin", decoder="gd"), "m", start=8),
     Method("gd+gd", functools.partial(_hybrid, encoder="gd", decoder="gd"), "m", start=8),
+    Method("nongated", _nongated, "m", start=8),
     Method("naive", _naive, "hidden", start=1, fixed=True),
 )}
 
@@ -174,38 +200,7 @@ def _seed_list(seeds: Union[int, Sequence[int]]) -> list[int]:
     return seed_list
 
 
-def fact_storage_cost(
-    method: Union[str, Method, Builder],
-    K: torch.Tensor,
-    V: torch.Tensor,
-    f: torch.Tensor,
-    *,
-    seeds: Union[int, Sequence[int]] = 3,
-    start: Optional[int] = None,
-    max_size: int = 1 << 20,
-    eps_acc: float = 0.0,
-    progress: bool = True,
-    **options,
-) -> StorageCost:
-    """Smallest size (and its parameter count) at which ``method`` stores f for every seed.
-
-    Args:
-        method: a name in :data:`methods`, a :class:`Method`, or a callable
-            ``(K, V, f, size, seed) -> module`` with ``.predict`` and ``.num_parameters``.
-        K: (F, d_in) keys, V: (|V|, d_out) values, f: (F,) value indices.
-        seeds: number of seeds (0..n−1) or the seeds themselves; they seed the method's own
-            randomness (gates, projections, initializations) for the fixed K, V, f.
-        start: first size tried (default: the method's); max_size: the search gives up above it.
-        eps_acc: a size stores the facts when at most ⌊eps_acc·F⌋ facts fail for every seed.
-        options: passed to the method's builder (e.g. ``degree=4`` for "ntk", ``steps=5000`` for "gd").
-
-    Returns:
-        :class:`StorageCost` with the size, parameters, accuracy per seed and the search trace.
-    """
-    facts = validate_inputs(K, V, f)
-    spec = _resolve(method, options)
-    seed_list = _seed_list(seeds)
-    start = spec.start if start is None else start
+def _check_search(start: int, max_size: int, eps_acc: float) -> None:
     for arg, value in (("start", start), ("max_size", max_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{arg} must be a positive int, got {value!r}")
@@ -213,17 +208,23 @@ def fact_storage_cost(
         raise ValueError(f"start={start} is above max_size={max_size}")
     if not (isinstance(eps_acc, (int, float)) and 0.0 <= eps_acc < 1.0):
         raise ValueError(f"eps_acc must be in [0, 1), got {eps_acc!r}")
-    num_facts = facts.shape[0]
+
+
+def _search(spec: Method, cases: Callable[[], Iterator[tuple[FactSet, int, dict]]], seed_list: list[int],
+            num_facts: int, start: Optional[int], max_size: int, eps_acc: float, progress: bool) -> StorageCost:
+    """Doubling then bisection over the size; ``cases()`` yields (fact set, seed, build options) per seed."""
+    start = spec.start if start is None else start
+    _check_search(start, max_size, eps_acc)
     allowed_failures = math.floor(eps_acc * num_facts)
     trace: list[Trial] = []
     bar = tqdm(desc=f"cost {spec.name}", unit="size", disable=not progress, leave=False)
 
     def stores(size: int) -> bool:
         failures, parameters = [], 0
-        for seed in seed_list:
-            module = spec(K, V, facts, size, seed, **options)
+        for (K, V, f), seed, options in cases():
+            module = spec(K, V, f, size, seed, **options)
             parameters = module.num_parameters
-            failures.append(int((module.predict(K, V) != facts).sum()))
+            failures.append(int((module.predict(K, V) != f).sum()))
             if failures[-1] > allowed_failures:
                 break
         stored = len(failures) == len(seed_list) and max(failures) <= allowed_failures
@@ -254,3 +255,77 @@ def fact_storage_cost(
         else:
             failing = middle
     return result(next(t for t in trace if t.size == storing))
+
+
+def fact_storage_cost(
+    method: Union[str, Method, Builder],
+    K: torch.Tensor,
+    V: torch.Tensor,
+    f: torch.Tensor,
+    *,
+    seeds: Union[int, Sequence[int]] = 3,
+    start: Optional[int] = None,
+    max_size: int = 1 << 20,
+    eps_acc: float = 0.0,
+    progress: bool = True,
+    **options,
+) -> StorageCost:
+    """Smallest size (and its parameter count) at which ``method`` stores f for every seed.
+
+    Args:
+        method: a name in :data:`methods`, a :class:`Method`, or a callable
+            ``(K, V, f, size, seed) -> module`` with ``.predict`` and ``.num_parameters``.
+        K: (F, d_in) keys, V: (|V|, d_out) values, f: (F,) value indices.
+        seeds: number of seeds (0..n−1) or the seeds themselves; they seed the method's own
+            randomness (gates, projections, initializations) for the fixed K, V, f.
+            :func:`sampled_storage_cost` also draws a new fact set per seed (the seed's protocol).
+        start: first size tried (default: the method's); max_size: the search gives up above it.
+        eps_acc: a size stores the facts when at most ⌊eps_acc·F⌋ facts fail for every seed.
+        options: passed to the method's builder (e.g. ``degree=4`` for "ntk", ``steps=5000`` for "gd").
+
+    Returns:
+        :class:`StorageCost` with the size, parameters, accuracy per seed and the search trace.
+    """
+    facts = validate_inputs(K, V, f)
+    spec = _resolve(method, options)
+    seed_list = _seed_list(seeds)
+    _check_search(spec.start if start is None else start, max_size, eps_acc)
+    prepared = spec.prepared(K, V, facts, options)
+
+    def cases() -> Iterator[tuple[FactSet, int, dict]]:
+        return ((FactSet(K, V, facts), seed, prepared) for seed in seed_list)
+
+    return _search(spec, cases, seed_list, facts.shape[0], start, max_size, eps_acc, progress)
+
+
+def sampled_storage_cost(
+    method: Union[str, Method, Builder],
+    sample: Callable[[int], FactSet],
+    *,
+    seeds: Union[int, Sequence[int]] = 3,
+    start: Optional[int] = None,
+    max_size: int = 1 << 20,
+    eps_acc: float = 0.0,
+    progress: bool = True,
+    **options,
+) -> StorageCost:
+    """Fact-storage cost over sampled fact sets (seed 000, A.1.2): seed s draws ``sample(s)``
+    (embeddings and map) and seeds the method; a size stores when the minimum accuracy over
+    the seeds is at least 1 − eps_acc. Arguments as in :func:`fact_storage_cost`;
+    ``sample(seed) -> FactSet`` must return fact sets of one size F, e.g.
+    ``functools.partial(embeddings.family_fact_set, "spherical", 256, 32)`` (keyword ``seed``).
+    """
+    if not callable(sample):
+        raise TypeError(f"sample must be a callable seed -> FactSet, got {type(sample).__name__}")
+    spec = _resolve(method, options)
+    seed_list = _seed_list(seeds)
+    _check_search(spec.start if start is None else start, max_size, eps_acc)
+    fact_sets = []
+    for seed in seed_list:
+        K, V, f = sample(seed=seed)
+        facts = validate_inputs(K, V, f)
+        fact_sets.append((FactSet(K, V, facts), seed, spec.prepared(K, V, facts, options)))
+    sizes = {fs.K.shape[0] for fs, _, _ in fact_sets}
+    if len(sizes) != 1:
+        raise ValueError(f"sample must return fact sets of one size F, got sizes {sorted(sizes)}")
+    return _search(spec, lambda: iter(fact_sets), seed_list, sizes.pop(), start, max_size, eps_acc, progress)

@@ -10,35 +10,15 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import _ops, geometry
+from . import _ops
 from .attention.cli import add_subcommands as add_attention_commands
+from .capacity_experiments import add_subcommands as add_capacity_commands
 from .environment import environment
 from .construct import OUTPUTS, FactStorageError, construct
+from .embeddings import random_fact_set
 from .solvers import SOLVERS
-
-
-def random_fact_set(num_facts: int, num_values: int, dim: int, *, seed: int, tied: bool = False,
-                    kappa: float = 1.0, dtype: torch.dtype = torch.float32):
-    """Spherical keys and values and a random map f (a bijection when |V| = F).
-
-    Returns K (F, d), V (|V|, d), f (F,). ``tied`` uses K = V (needs F = |V|);
-    ``kappa`` > 1 makes the values anisotropic with that condition number.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    values = geometry.spherical(num_values, dim, generator=gen, dtype=dtype)
-    if kappa > 1:
-        values = geometry.anisotropic(values, kappa)
-    if tied:
-        if num_facts != num_values:
-            raise ValueError(f"tied keys need facts == values, got {num_facts} and {num_values}")
-        keys = values.clone()
-    else:
-        keys = geometry.spherical(num_facts, dim, generator=gen, dtype=dtype)
-    if num_facts == num_values:
-        facts = torch.randperm(num_values, generator=gen)
-    else:
-        facts = torch.randint(num_values, (num_facts,), generator=gen)
-    return keys, values, facts
+from .transformer.cli import add_subcommands as add_transformer_commands
+from .transformer.lm_cli import add_subcommands as add_lm_commands
 
 
 def _run_construct(args: argparse.Namespace) -> int:
@@ -107,6 +87,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     experiments = sub.add_parser("experiment", help="run a named experiment; writes JSON and PNG")
     experiment_names = experiments.add_subparsers(dest="experiment", required=True)
     add_attention_commands(sub, experiment_names)
+    add_capacity_commands(sub, experiment_names)
+    add_transformer_commands(sub, experiment_names)
+    add_lm_commands(sub, experiment_names)
     args = parser.parse_args(argv)
     return args.handler(args)
 

@@ -18,7 +18,7 @@ import torch
 
 from . import _ops, geometry
 from .decoder import JLDecoder, decoder_failures, initial_m, jl_bound, jl_decoder
-from .encoder import build_per_gadget, build_shared_gate
+from .encoder import assemble, build_per_gadget, build_shared_gate
 from .mlp import FactMLP
 from .report import ConstructionReport
 from .solvers import SOLVERS, pick_solver
@@ -125,7 +125,7 @@ def _choose_m(m: Union[int, str, None], outputs: torch.Tensor, values: torch.Ten
         current = max(current + 1, math.ceil(current * M_GROWTH))
 
 
-def _check_options(m, solver, outputs, activation, width_multiplier, hidden, whiten, verify, backend) -> None:
+def _check_options(m, solver, outputs, values, activation, width_multiplier, hidden, whiten, verify, backend) -> None:
     if m is not None and not (isinstance(m, str) and m == "bound"):
         if isinstance(m, bool) or not isinstance(m, int):
             raise TypeError(f"m must be an int, None (smallest m that verifies) or 'bound', got {m!r}")
@@ -133,8 +133,14 @@ def _check_options(m, solver, outputs, activation, width_multiplier, hidden, whi
             raise ValueError(f"m must be >= 1, got {m}")
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
-    if outputs not in OUTPUTS:
-        raise ValueError(f"outputs must be one of {OUTPUTS}, got {outputs!r}")
+    if isinstance(outputs, torch.Tensor):
+        if outputs.shape != values.shape or outputs.dtype != values.dtype or outputs.device != values.device:
+            raise ValueError(f"outputs given as a tensor must match V: shape {tuple(values.shape)}, {values.dtype}, "
+                             f"{values.device}; got {tuple(outputs.shape)}, {outputs.dtype}, {outputs.device}")
+        if not torch.isfinite(outputs).all():
+            raise ValueError("outputs contains NaN or Inf")
+    elif not isinstance(outputs, str) or outputs not in OUTPUTS:
+        raise ValueError(f"outputs must be one of {OUTPUTS} or a (|V|, d_out) tensor of output embeddings, got {outputs!r}")
     _ops.check_activation(activation)
     if backend not in _ops.BACKENDS:
         raise ValueError(f"backend must be one of {_ops.BACKENDS}, got {backend!r}")
@@ -161,7 +167,7 @@ def construct(
     f: torch.Tensor,
     m: Union[int, str, None] = None,
     *,
-    outputs: str = "margin_optimal",
+    outputs: Union[str, torch.Tensor] = "margin_optimal",
     solver: str = "auto",
     activation: str = "silu",
     width_multiplier: float = 1.5,
@@ -181,7 +187,10 @@ def construct(
         K: (F, d_in) keys, distinct. V: (|V|, d_out) values, distinct. f: (F,) long, f[i] ∈ [0, |V|).
         m: code dimension; None picks the smallest m whose JL decoder decodes every used
             value (search from ρ⁻² ln|V| upward by x1.25), "bound" uses Thm B.5.3.
-        outputs: "margin_optimal" (u_j = U*_j, the spherical Chebyshev centres) or "values" (u_j = v_j).
+        outputs: "margin_optimal" (u_j = U*_j, the spherical Chebyshev centres), "values" (u_j = v_j),
+            or precomputed output embeddings U (|V|, d_out), e.g. U* from
+            :func:`factkernels.geometry.margin_optimal_outputs` reused across seeds. With
+            ``whiten`` > 0, U must be the outputs of the whitened values.
         solver: "cholesky" (one factorization of the F×F Gram), "cg" (matrix-free batched
             PCG, no F×F matrix), "per_gadget" (Alg. 3 verbatim, slow reference) or "auto".
         activation: analytic non-polynomial gate activation ("silu", "gelu", "tanh", "sigmoid", "softplus").
@@ -198,7 +207,7 @@ def construct(
     """
     timings: dict = {}
     facts = validate_inputs(K, V, f)
-    _check_options(m, solver, outputs, activation, width_multiplier, hidden, whiten, verify, backend)
+    _check_options(m, solver, outputs, V, activation, width_multiplier, hidden, whiten, verify, backend)
     num_facts, d_in = K.shape
     device = K.device
     generator = torch.Generator().manual_seed(seed)
@@ -214,14 +223,17 @@ def construct(
 
     used = torch.unique(facts)
     with _timed(timings, "outputs", device):
-        if outputs == "margin_optimal":
+        if isinstance(outputs, torch.Tensor):
+            out_embed, rho = outputs, float(geometry.output_margins(values, outputs).min())
+        elif outputs == "margin_optimal":
             out_embed, rho = geometry.margin_optimal_outputs(values)
         else:
             out_embed = values
             rho = float(geometry.output_margins(values, values).min())
         if not rho > 0:
-            hint = " (try outputs='margin_optimal')" if outputs == "values" else ""
-            raise ValueError(f"V is not decodable with outputs={outputs!r}: rho = {rho:.3g} <= 0{hint}")
+            hint = " (try outputs='margin_optimal')" if isinstance(outputs, str) and outputs == "values" else ""
+            label = "the given outputs" if isinstance(outputs, torch.Tensor) else f"outputs={outputs!r}"
+            raise ValueError(f"V is not decodable with {label}: rho = {rho:.3g} <= 0{hint}")
 
     if hidden is not None:
         m_fixed = m if isinstance(m, int) else None
@@ -251,19 +263,12 @@ def construct(
 
     with _timed(timings, "assemble", device):
         width = encoder.gadget_width
-        gate_weight, up_weight = encoder.gate_weight, encoder.up_weight
-        down_weight = decoder.projection.repeat_interleave(width, dim=1)  # D·E, E = block ones (Alg. 2)
-        down_bias = decoder.projection @ encoder.output_bias
-        if key_transform is not None:  # g(x) = g̃(W_K x): fold W_K (symmetric) into gate and up
-            gate_weight, up_weight = gate_weight @ key_transform, up_weight @ key_transform
-        if value_transform is not None:  # <g̃, W_V v> = <W_V g̃, v>: fold W_V into down
-            down_weight, down_bias = value_transform @ down_weight, value_transform @ down_bias
-        mlp = FactMLP(gate_weight, encoder.gate_bias, up_weight, encoder.up_bias, down_weight, down_bias,
-                      activation=activation, backend=backend)
+        mlp = assemble(encoder, decoder.projection, activation=activation, backend=backend,
+                       key_transform=key_transform, value_transform=value_transform)
 
     report = ConstructionReport(
         num_facts=num_facts, num_values=V.shape[0], d_in=d_in, d_out=V.shape[1], m=decoder.m, m_search=m_search,
-        rho=rho, outputs=outputs, hidden=mlp.hidden_size, gadget_width=width,
+        rho=rho, outputs=outputs if isinstance(outputs, str) else "given", hidden=mlp.hidden_size, gadget_width=width,
         width_multiplier=round(width_multiplier, 4), params=mlp.num_parameters, activation=activation,
         solver=encoder.solve.solver, precision=encoder.solve.precision, residual=encoder.solve.residual,
         cg_iterations=encoder.solve.iterations, whiten_alpha=alpha, backend=backend, device=str(device),

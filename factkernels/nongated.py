@@ -24,8 +24,7 @@ from torch import nn
 from . import _ops, geometry
 from .construct import OUTPUTS, validate_inputs
 from .decoder import jl_decoder
-from .encoder import augment, gadget_width, sample_gate
-from .solvers import GadgetOperator, solve_cholesky
+from .encoder import augment, build_shared_gate, gadget_width, sample_gate
 
 FIRST_STEP = 0.1  # largest |ε_r a_r(k_i)| tried: a tenth of the gate pre-activations' scale
 MAX_HALVINGS = 40
@@ -102,9 +101,10 @@ def nongated_encoder(
     width = gadget_width(num_facts, d, width_multiplier)
     gate, gate_bias = sample_gate(keys, width, generator)  # (h̃, d), (h̃,)
     features = activation_derivative(keys @ gate.T + gate_bias, activation)  # σ'(G K + b_G): (F, h̃)
-    op = GadgetOperator.whitened(features, augment(keys))
-    alpha, _ = solve_cholesky(op, targets)
-    coef, out_bias = op.unknowns(alpha)  # (m, h̃, d+1), (m,)
+    solved = build_shared_gate(keys, targets, width_multiplier=width_multiplier, activation=activation,
+                               solver="cholesky", generator=generator, gate=(gate, gate_bias), features=features,
+                               progress=False)
+    coef, out_bias = solved.coefficients, solved.output_bias  # (m, h̃, d+1), (m,)
     gated = _ops.gadget_matvec(features, augment(keys), coef) + out_bias  # enc'(k_i): (F, m)
 
     slopes = torch.einsum("ic,jrc->ijr", augment(keys), coef)  # a_{j,r}(k_i): (F, m, h̃)

@@ -1,12 +1,14 @@
 """Fact-storage cost: the search finds the boundary, the registry, per-method parameter counts, bad input."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
 
-from factkernels import construct
-from factkernels.capacity import Method, encoder_width_method, fact_storage_cost, methods
-from factkernels.cli import random_fact_set
+from factkernels import construct, geometry
+from factkernels.capacity import Method, encoder_width_method, fact_storage_cost, methods, sampled_storage_cost
+from factkernels.embeddings import family_fact_set, random_fact_set
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -103,8 +105,9 @@ def test_naive_is_evaluated_once(tiny):
 
 def test_registry_builders_return_storing_modules(tiny):
     K, V, f = tiny
-    assert set(methods) == {"ours", "ntk", "ntk_u*", "gd", "gd+jl", "bin+gd", "gd+gd", "naive"}
-    sizes = {"ours": 24, "ntk": 2048, "ntk_u*": 2048, "gd": 8, "gd+jl": 24, "bin+gd": 6, "gd+gd": 6, "naive": 0}
+    assert set(methods) == {"ours", "ntk", "ntk_u*", "gd", "gd+jl", "bin+gd", "gd+gd", "nongated", "naive"}
+    sizes = {"ours": 24, "ntk": 2048, "ntk_u*": 2048, "gd": 8, "gd+jl": 24, "bin+gd": 6, "gd+gd": 6, "nongated": 24,
+             "naive": 0}
     options = {"gd": dict(lr=1e-2, final_lr=1e-4, steps=2000), "bin+gd": dict(decoder_steps=100),
                "gd+gd": dict(decoder_steps=100)}
     for name, method in methods.items():
@@ -150,3 +153,67 @@ def test_bad_arguments_are_rejected(tiny):
     with pytest.raises(ValueError, match="m must be a positive int"):
         encoder_width_method("gd+jl", 0)
     assert isinstance(methods["gd"], Method)
+
+
+def test_sampled_cost_draws_one_fact_set_per_seed_and_takes_the_minimum():
+    seen = []
+
+    def build(K, V, f, size, seed):
+        seen.append((seed, float(K[0, 0])))
+        return toy_method({0: 5, 1: 9, 2: 7})(K, V, f, size, seed)
+
+    def sample(seed):
+        return random_fact_set(12, 12, 4, seed=seed, tied=True)
+
+    cost = sampled_storage_cost(build, sample, seeds=3, progress=False)
+    assert cost.size == 9 and cost.accuracies == [1.0, 1.0, 1.0]
+    first_key = {seed: key for seed, key in seen}
+    assert len(set(first_key.values())) == 3  # each seed built on its own fact set
+    assert first_key[1] == float(sample(1).K[0, 0])
+
+
+def test_prepare_runs_once_per_fact_set_and_given_options_win(tiny):
+    K, V, f = tiny
+    calls = []
+
+    def prepare(K, V, f, options):
+        calls.append(options)
+        return {"scale": 2}
+
+    def build(K, V, f, size, seed, scale):
+        return toy_method({seed: 4 * scale})(K, V, f, size, seed)
+
+    method = Method("toy", build, "size", start=1, prepare=prepare)
+    assert fact_storage_cost(method, K, V, f, seeds=2, progress=False).size == 8 and len(calls) == 1
+    assert fact_storage_cost(method, K, V, f, seeds=2, progress=False, scale=3).size == 12
+    calls.clear()
+    sampled_storage_cost(method, lambda seed: random_fact_set(8, 8, 4, seed=seed), seeds=3, progress=False)
+    assert len(calls) == 3
+
+
+def test_ours_prepares_the_outputs_of_the_whitened_values():
+    K, V, f = family_fact_set("anisotropic-256", 48, 8, seed=0, dtype=torch.float64)
+    prepared = methods["ours"].prepared(K, V, f, {"whiten": 1.0})
+    torch.testing.assert_close(prepared["outputs"], geometry.margin_optimal_outputs(geometry.whiten(V, 1.0)[0])[0])
+    plain = fact_storage_cost("ours", K, V, f, seeds=1, progress=False)
+    whitened = fact_storage_cost("ours", K, V, f, seeds=1, whiten=1.0, progress=False)
+    assert whitened.parameters < plain.parameters  # kappa = 256: whitening lowers the cost
+    for cost, alpha in ((plain, 0.0), (whitened, 1.0)):
+        mlp = construct(K, V, f, m=cost.size, whiten=alpha, seed=0, verify="report", progress=False)
+        assert mlp.report.accuracy == 1.0 and mlp.num_parameters == cost.parameters
+
+
+def test_sampled_cost_rejects_bad_samplers():
+    with pytest.raises(TypeError, match="sample must be a callable"):
+        sampled_storage_cost("ours", "spherical")
+    with pytest.raises(ValueError, match="one size F"):
+        sampled_storage_cost(toy_method({0: 1, 1: 1}), lambda seed: random_fact_set(8 + seed, 8 + seed, 4, seed=seed),
+                             seeds=2, progress=False)
+
+
+def test_nongated_cost_and_its_parameter_count(tiny):
+    K, V, f = tiny
+    cost = fact_storage_cost("nongated", K, V, f, seeds=1, progress=False)
+    hidden = 2 * cost.size * math.ceil(1.5 * 24 / 17)
+    assert cost.size_name == "m" and cost.parameters == 2 * hidden * 16 + hidden + 16
+    assert not next(t for t in cost.trace if t.size == cost.size - 1).stored

@@ -154,6 +154,9 @@ def _bad(**overrides):
         ({"hidden": 8}, ValueError, "too few hidden units for F=20"),
         ({"solver": "lu"}, ValueError, "solver must be one of"),
         ({"outputs": "codes"}, ValueError, "outputs must be one of"),
+        ({"outputs": _sphere(10, 5, seed=3)}, ValueError, r"outputs given as a tensor must match V: shape \(10, 6\)"),
+        ({"outputs": torch.full((10, 6), float("inf"), dtype=torch.float64)}, ValueError, "outputs contains NaN"),
+        ({"outputs": -_sphere(10, 6, seed=1)}, ValueError, "not decodable with the given outputs"),
         ({"whiten": 2.0}, ValueError, "whiten must be a strength alpha"),
         ({"K": [[0.0] * 6] * 20}, TypeError, "K must be a torch.Tensor"),
     ],
@@ -184,3 +187,13 @@ def test_cg_never_forms_an_f_by_f_matrix(small_facts, monkeypatch):
     monkeypatch.setattr(_ops, "hadamard_gram", dense_gram)
     mlp = construct(K, V, f, solver="cg", progress=False)
     assert mlp.report.accuracy == 1.0 and mlp.report.cg_iterations > 0
+
+
+def test_precomputed_outputs_build_the_same_mlp(small_facts):
+    K, V, f = small_facts
+    built = construct(K, V, f, seed=5, progress=False)
+    outputs, rho = factkernels.geometry.margin_optimal_outputs(V)
+    given = construct(K, V, f, outputs=outputs, seed=5, progress=False)
+    assert given.report.outputs == "given" and given.report.rho == pytest.approx(rho) and given.report.m == built.report.m
+    for name, param in built.named_parameters():
+        torch.testing.assert_close(param, dict(given.named_parameters())[name])

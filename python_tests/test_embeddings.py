@@ -3,7 +3,7 @@ import importlib.util
 import pytest
 import torch
 
-from factkernels import embeddings
+from factkernels import embeddings, geometry
 
 
 def test_shipped_slice_has_real_tokens_and_shapes():
@@ -35,3 +35,58 @@ def test_shipped_slice_matches_the_full_model():
     full, full_tokens = embeddings.token_embeddings(embeddings.SHIPPED_TOKENS, source="minilm")
     assert shipped_tokens == full_tokens
     torch.testing.assert_close(shipped, full.half().float())
+
+
+# ----------------------------------------------------------------------------- fact-set families
+
+
+def test_random_fact_set_families_have_their_geometry():
+    K, V, f = embeddings.random_fact_set(40, 40, 8, seed=0, tied=True)
+    assert torch.equal(K, V) and torch.equal(f.sort().values, torch.arange(40))  # tied, bijective
+    torch.testing.assert_close(V.norm(dim=1), torch.ones(40))
+    _, V_aniso, _ = embeddings.random_fact_set(40, 40, 8, seed=0, kappa=50.0, dtype=torch.float64)
+    s = torch.linalg.svdvals(V_aniso)
+    assert float(s[0] / s[-1]) == pytest.approx(50.0, rel=1e-9)
+    K, V, f = embeddings.random_fact_set(30, 10, 8, seed=1, fact_map="random")
+    assert K.shape == (30, 8) and V.shape == (10, 8) and int(f.max()) < 10 and len(f.unique()) < 30
+
+
+def test_token_fact_sets_are_real_seeded_and_distinct():
+    K, V, f = embeddings.random_fact_set(64, 64, 16, seed=2, source="tokens")
+    K2, V2, f2 = embeddings.random_fact_set(64, 64, 16, seed=2, source="tokens")
+    assert torch.equal(K, K2) and torch.equal(V, V2) and torch.equal(f, f2)
+    torch.testing.assert_close(V.norm(dim=1), torch.ones(64))
+    points = torch.cat([K, V])
+    assert (points @ points.T - torch.eye(128)).max() < 0.9999  # 128 distinct tokens, keys apart from values
+    # projection on the principal directions keeps the real, anisotropic spectrum
+    s = torch.linalg.svdvals(V.double())
+    assert float(s[0] / s[-1]) > 2.0
+    assert not torch.equal(V, embeddings.random_fact_set(64, 64, 16, seed=3, source="tokens").V)
+
+
+def test_named_families_decode_with_falling_rho_as_kappa_grows():
+    rhos = {}
+    for family in embeddings.FAMILIES:
+        K, V, f = embeddings.family_fact_set(family, 32, 8, seed=0)
+        assert torch.equal(K, V) and K.shape == (32, 8)
+        rhos[family] = geometry.decodability(V)
+    assert rhos["anisotropic-256"] < rhos["anisotropic-16"] < rhos["spherical"]
+
+
+def test_fact_set_requests_are_checked():
+    with pytest.raises(ValueError, match="bijective map needs facts == values"):
+        embeddings.random_fact_set(30, 20, 8, seed=0, fact_map="bijective")
+    with pytest.raises(ValueError, match="tied keys need facts == values"):
+        embeddings.random_fact_set(30, 20, 8, seed=0, tied=True)
+    with pytest.raises(ValueError, match="source must be one of"):
+        embeddings.random_fact_set(8, 8, 4, seed=0, source="glove")
+    with pytest.raises(ValueError, match="fact_map must be one of"):
+        embeddings.random_fact_set(8, 8, 4, seed=0, fact_map="injective")
+    with pytest.raises(ValueError, match="dim must be a positive int"):
+        embeddings.random_fact_set(8, 8, 0, seed=0)
+    with pytest.raises(ValueError, match="dim must be <= 384"):
+        embeddings.random_fact_set(8, 8, 400, seed=0, source="tokens")
+    with pytest.raises(ValueError, match="package ships 4096"):
+        embeddings.random_fact_set(3000, 3000, 8, seed=0, source="tokens")
+    with pytest.raises(ValueError, match="family must be one of"):
+        embeddings.family_fact_set("gaussian", 8, 4, seed=0)

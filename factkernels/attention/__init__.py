@@ -9,11 +9,16 @@
     attention.lower_bound(m=1024, m_edges=1024, d_model=512)
     runs = attention.train_runs(128, 32, num_heads=4, head_dims=[8], seeds=[0, 1, 2])
     point = attention.search_budget(64, 16, head_counts=[1, 2, 4, 8], seeds=[0, 1, 2])
+    attention.train_runs(128, 32, 4, [8], [0], attention.TrainingConfig(degree=4))           # r-regular (App. A.3)
+    attention.train_runs(64, 16, 4, [8], [0], attention.TrainingConfig(objective="messages"))  # value channel (7.2)
+    attention.train_block(512, 4, 64, seed=0, config=attention.BlockConfig(max_steps=2_000))  # pre-LN block (7.3)
 
 Modules: ``graphs`` (RelationGraph, random families, König colouring), ``constructions``
-(Constructions I-IV and the softmax variant, evaluation), ``scores`` (max-over-heads and
-softmax-sum scores: the one place they are computed), ``training`` (the seed's training
-protocol, budget search, fits, lower bound), ``cli`` (``rgr-train``, ``experiment rgr-budget``).
+(Constructions I-IV and the softmax variant, evaluation), ``scores`` (max-over-heads scores from
+the fused kernel in ``factkernels._ops``, softmax-sum scores), ``training`` (the seed's training
+protocol on permutation and r-regular graphs, edge or message objective, budget search, fits,
+lower bound), ``block`` (pre-LN Transformer block on frozen real token embeddings), ``cli``
+(``rgr-train``, ``experiment rgr-budget | rgr-value | rgr-regular | rgr-block``).
 """
 
 from .constructions import (
@@ -26,9 +31,11 @@ from .constructions import (
     f1,
     gaussian_unit_norm,
 )
+from .block import BlockConfig, BlockRun, PreLNBlock, RetrievalBatch, block_experiment, sample_retrieval, train_block
 from .graphs import RelationGraph, konig_edge_coloring, matching_head_bound, pack_matchings, random_graph
 from .scores import max_head_scores, softmax_head_scores
 from .training import (
+    OBJECTIVES,
     QUICK_GRID,
     SEED_GRID,
     BudgetGrid,
@@ -41,8 +48,10 @@ from .training import (
     budget_experiment,
     fit_head_count,
     fit_key_budget,
+    fit_through_origin,
     head_dim_ladder,
     lower_bound,
+    regular_experiment,
     sample_contexts,
     search_budget,
     seed_law,
@@ -50,6 +59,7 @@ from .training import (
     summarize_budget,
     t_interval,
     train_runs,
+    value_experiment,
 )
 
 __all__ = [
@@ -92,5 +102,17 @@ __all__ = [
     "LinearFit",
     "fit_key_budget",
     "fit_head_count",
+    "fit_through_origin",
     "lower_bound",
+    # extensions: r-regular graphs, value channel, pre-LN block
+    "OBJECTIVES",
+    "regular_experiment",
+    "value_experiment",
+    "BlockConfig",
+    "BlockRun",
+    "PreLNBlock",
+    "RetrievalBatch",
+    "sample_retrieval",
+    "train_block",
+    "block_experiment",
 ]

@@ -1,16 +1,21 @@
 """Command line for relational graph recognition (seed 002).
 
     factkernels rgr-train --m 128 --d-model 32 --heads 4 --d-k 8 --seeds 3 --json out.json
+    factkernels rgr-train --degree 4 ...              # r-regular graph (App. A.3)
+    factkernels rgr-train --objective messages ...    # value channel, message-retrieval MSE (Sec. 7.2)
     factkernels experiment rgr-budget --quick --out results/
+    factkernels experiment rgr-value --quick          # Fig. 6: MSE vs D_K per h
+    factkernels experiment rgr-regular --quick        # App. A.3: D_K* vs r m log2(m) / d_model
+    factkernels experiment rgr-block --quick          # Sec. 7.3: pre-LN block on frozen MiniLM tokens
 
-``add_subcommands(subparsers)`` registers both; every parser sets ``handler``, so the
-top-level ``main`` runs ``args.handler(args)`` and returns its exit status.
+``add_subcommands(subparsers)`` registers them; every parser sets ``handler``, so the
+top-level ``main`` runs ``args.handler(args)`` and returns its exit status. Every report is
+written through ``factkernels.results`` (JSON with the environment, PNG figures).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -18,8 +23,10 @@ from typing import Optional
 
 import numpy as np
 
-from ..environment import environment
-from .training import QUICK_GRID, SEED_GRID, BudgetGrid, TrainingConfig, budget_experiment, t_interval, train_runs
+from ..results import save_figure, write_json
+from .block import BlockConfig, block_experiment
+from .training import (OBJECTIVES, QUICK_GRID, SEED_GRID, BudgetGrid, TrainingConfig, budget_experiment,
+                       regular_experiment, t_interval, train_runs, value_experiment)
 
 REPORT_NAME = "rgr_budget"
 
@@ -62,8 +69,18 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
 
 
 def _training_config(args: argparse.Namespace) -> TrainingConfig:
+    extra = {k: getattr(args, k) for k in ("degree", "objective", "message_dim") if hasattr(args, k)}
     return TrainingConfig(context_length=args.context_length, target_rate=args.target_rate, lr=args.lr,
-                          max_steps=args.steps, threads=args.threads)
+                          max_steps=args.steps, threads=args.threads, **extra)
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def add_subcommands(subparsers, experiment_subparsers=None) -> None:
@@ -78,6 +95,10 @@ def add_subcommands(subparsers, experiment_subparsers=None) -> None:
     train.add_argument("--d-k", type=_ints, default=[8], help="per-head width(s) d_k, e.g. 8 or 4,8,16")
     train.add_argument("--seeds", type=int, default=3, help="number of seeds (runs per d_k)")
     train.add_argument("--first-seed", type=int, default=0)
+    train.add_argument("--degree", type=int, default=1, help="out-degree r: 1 permutation graph, > 1 r-regular")
+    train.add_argument("--objective", choices=OBJECTIVES, default="edges",
+                       help="edges: edge classification (F1); messages: value channel retrieval (MSE)")
+    train.add_argument("--message-dim", type=int, default=None, help="d_msg of the value channel (default d_model)")
     train.add_argument("--json", help="write config, per-run results and environment to this JSON file")
     _add_training_options(train)
     train.set_defaults(handler=run_rgr_train)
@@ -98,9 +119,38 @@ def add_subcommands(subparsers, experiment_subparsers=None) -> None:
     _add_training_options(budget)
     budget.set_defaults(handler=run_rgr_budget)
 
+    value = experiment_subparsers.add_parser("rgr-value", help="value channel: message-retrieval MSE vs D_K per h "
+                                             "(Sec. 7.2, Fig. 6)")
+    _add_experiment_options(value, "results/rgr-value", "m = 64, d_model 16 and 32, h in 1,4,8, D_K 16..128, "
+                            "10,000-step cut-off")
+    value.add_argument("--message-dim", type=int, default=None, help="d_msg (default d_model)")
+    _add_training_options(value)
+    value.set_defaults(handler=run_rgr_value)
+
+    regular = experiment_subparsers.add_parser("rgr-regular", help="D_K* on r-regular graphs vs r m log2(m) / "
+                                               "d_model (App. A.3)")
+    _add_experiment_options(regular, "results/rgr-regular", "m = 64, d_model = 32, r in 1,2,4, h in 2,8, "
+                            "10,000-step cut-off")
+    _add_training_options(regular)
+    regular.set_defaults(handler=run_rgr_regular)
+
+    block = experiment_subparsers.add_parser("rgr-block", help="pre-LN Transformer block on frozen MiniLM token "
+                                             "embeddings, accuracy vs D_K per h (Sec. 7.3)")
+    _add_experiment_options(block, "results/rgr-block", "m = 256, ell = 8, D_K 16 and 64, h 1 and 4, 1,500 steps")
+    block.add_argument("--steps", type=int, default=None, help="training steps (default 100,000; quick 1,500)")
+    block.add_argument("--threads", type=int, default=1, help="torch CPU threads while training")
+    block.add_argument("--quiet", action="store_true", help="no progress bars")
+    block.set_defaults(handler=run_rgr_block)
+
+
+def _add_experiment_options(p: argparse.ArgumentParser, out: str, quick: str) -> None:
+    p.add_argument("--quick", action="store_true", help=f"a grid for 2 CPU cores: {quick} (default: the seed's)")
+    p.add_argument("--out", default=out, help="output folder for JSON and PNG")
+    p.add_argument("--seeds", type=int, default=None, help="override the number of seeds")
+
 
 def run_rgr_train(args: argparse.Namespace) -> int:
-    """Handler of ``rgr-train``: print per-run test F1 and the mean with a 95% t-interval per d_k."""
+    """Handler of ``rgr-train``: per-run test F1 (or MSE) and the mean with a 95% t-interval per d_k."""
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     config = _training_config(args)
     start = time.perf_counter()
@@ -108,25 +158,24 @@ def run_rgr_train(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     print(f"m={args.m} d_model={args.d_model} h={args.heads} steps<={config.steps_for(args.m, args.d_model)} "
           f"({elapsed:.1f}s)")
-    print(f"{'d_k':>5} {'D_K':>6} {'seed':>5} {'test F1':>8} {'val F1':>7} {'steps':>7} {'tau':>8}")
+    metric = "f1" if config.objective == "edges" else "mse"
+    label = metric.upper()
+    print(f"{'d_k':>5} {'D_K':>6} {'seed':>5} {'test ' + label:>8} {'val ' + label:>7} {'steps':>7} {'tau':>8}")
     for r in runs:
-        print(f"{r.head_dim:>5} {r.key_budget:>6} {r.seed:>5} {r.test_f1:>8.4f} {r.val_f1:>7.4f} {r.steps:>7} "
-              f"{r.heads.threshold:>8.3f}")
+        print(f"{r.head_dim:>5} {r.key_budget:>6} {r.seed:>5} {getattr(r, 'test_' + metric):>8.4f} "
+              f"{getattr(r, 'val_' + metric):>7.4f} {r.steps:>7} {r.heads.threshold:>8.3f}")
     summary = []
     for d_k in args.d_k:
-        mean, low, high = t_interval([r.test_f1 for r in runs if r.head_dim == d_k])
-        summary.append({"head_dim": d_k, "key_budget": d_k * args.heads, "mean_f1": mean, "ci_low": low,
+        mean, low, high = t_interval([getattr(r, "test_" + metric) for r in runs if r.head_dim == d_k])
+        summary.append({"head_dim": d_k, "key_budget": d_k * args.heads, f"mean_{metric}": mean, "ci_low": low,
                         "ci_high": high})
-        print(f"d_k={d_k} D_K={d_k * args.heads}: mean test F1 {mean:.4f}  95% CI [{low:.4f}, {high:.4f}]")
+        print(f"d_k={d_k} D_K={d_k * args.heads}: mean test {label} {mean:.4f}  95% CI [{low:.4f}, {high:.4f}]")
     if args.json:
         path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"config": {"m": args.m, "d_model": args.d_model, "heads": args.heads, "head_dims": args.d_k,
                               "seeds": seeds, "training": asdict(config)},
-                   "runs": [r.to_dict() for r in runs], "summary": summary,
-                   "elapsed_s": elapsed, "environment": environment()}
-        path.write_text(json.dumps(payload, indent=2))
-        print(f"wrote {path}")
+                   "runs": [r.to_dict() for r in runs], "summary": summary, "elapsed_s": elapsed}
+        print(f"wrote {write_json(path.parent, path.stem, payload)}")
     return 0
 
 
@@ -147,19 +196,143 @@ def _grid(args: argparse.Namespace) -> BudgetGrid:
 
 def run_rgr_budget(args: argparse.Namespace) -> int:
     """Handler of ``experiment rgr-budget``: budget search, fits, JSON and PNG into ``--out``."""
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     report = budget_experiment(_grid(args), _training_config(args), quiet=args.quiet)
     report["elapsed_s"] = time.perf_counter() - start
-    report["environment"] = environment()
-    json_path = out / f"{REPORT_NAME}.json"
-    json_path.write_text(json.dumps(report, indent=2))
     print(format_budget_report(report))
-    for path in plot_budget_report(report, out):
-        print(f"wrote {path}")
-    print(f"wrote {json_path}")
+    return _write(args.out, REPORT_NAME, report, plot_budget_report(report))
+
+
+def _write(out: str, name: str, report: dict, figures: dict) -> int:
+    """Write ``report`` as out/name.json and each figure as out/<key>.png; print the paths."""
+    for key, fig in figures.items():
+        print(f"wrote {save_figure(fig, out, key)}")
+    print(f"wrote {write_json(out, name, report)}")
     return 0
+
+
+def _seeds(args: argparse.Namespace, default: int) -> list[int]:
+    return list(range(args.seeds if args.seeds else default))
+
+
+def run_rgr_value(args: argparse.Namespace) -> int:
+    """Handler of ``experiment rgr-value`` (Sec. 7.2)."""
+    config = _training_config(args)
+    config = replace(config, max_steps=config.max_steps or (10_000 if args.quick else None))
+    grid = ((64, (16, 32), (1, 4, 8), (16, 32, 64, 128), 3) if args.quick else
+            (64, (16, 32), (1, 2, 4, 8, 16), (16, 32, 64, 128, 256), 3))
+    m, dims, heads, budgets, seeds = grid
+    start = time.perf_counter()
+    report = value_experiment(m, dims, heads, budgets, _seeds(args, seeds), config, quiet=args.quiet)
+    report["elapsed_s"] = time.perf_counter() - start
+    print(f"{'d_model':>7} {'h':>3} {'D_K':>5} {'mean MSE':>9} {'95% CI':>18}")
+    for row in report["summary"]:
+        print(f"{row['d_model']:>7} {row['num_heads']:>3} {row['key_budget']:>5} {row['mean_mse']:>9.4f} "
+              f"[{row['ci_low']:.4f}, {row['ci_high']:.4f}]")
+    return _write(args.out, "rgr_value", report,
+                  {"rgr_value_mse": _curves(report["summary"], "d_model", "mean_mse", "test MSE", log_y=True)})
+
+
+def run_rgr_regular(args: argparse.Namespace) -> int:
+    """Handler of ``experiment rgr-regular`` (App. A.3)."""
+    config = _training_config(args)
+    config = replace(config, max_steps=config.max_steps or (10_000 if args.quick else None))
+    m, d_model, degrees, heads, seeds = ((64, 32, (1, 2, 4), (2, 8), 3) if args.quick else
+                                         (128, 32, (1, 2, 4, 8, 16), (1, 2, 4, 8, 16, 32), 10))
+    start = time.perf_counter()
+    report = regular_experiment(m, d_model, degrees, heads, _seeds(args, seeds), config, quiet=args.quiet)
+    report["elapsed_s"] = time.perf_counter() - start
+    print(f"{'r':>3} {'x=r m log2 m/d':>14} {'D_K* lo':>8} {'D_K*':>6} {'D_K* up':>8} {'h*':>4}")
+    for p in report["points"]:
+        print(f"{p['degree']:>3} {p['edge_scaling_x']:>14.1f} {_dash(p['key_budget_lower']):>8} "
+              f"{_dash(p['key_budget']):>6} {_dash(p['key_budget_upper']):>8} {_dash(p['best_heads']):>4}")
+    fit = report["fit"]
+    print("D_K* ~ c r m log2(m) / d_model: " + ("no point passed" if fit is None else
+          f"c = {fit['slope']:.3f} (R^2 = {fit['r2']:.3f}, {fit['points']} points)") +
+          f"   seed: c = {report['seed_fit']['slope']}")
+    return _write(args.out, "rgr_regular", report, {"rgr_regular_scaling": _regular_figure(report)})
+
+
+def run_rgr_block(args: argparse.Namespace) -> int:
+    """Handler of ``experiment rgr-block`` (Sec. 7.3)."""
+    if args.quick:
+        m, budgets, heads, seeds = 256, (16, 64), (1, 4), 2
+        config = BlockConfig(context_pairs=8, max_steps=1_500, check_every=250, val_examples=500,
+                             test_examples=1000, threads=args.threads)
+    else:
+        m, budgets, heads, seeds = 6144, (64, 128, 256, 512), (1, 2, 4, 8), 7
+        config = BlockConfig(threads=args.threads)
+    if args.steps:
+        config = replace(config, max_steps=args.steps)
+    start = time.perf_counter()
+    report = block_experiment(m, budgets, heads, _seeds(args, seeds), config, quiet=args.quiet)
+    report["elapsed_s"] = time.perf_counter() - start
+    summary = []
+    for budget in budgets:
+        for h in heads:
+            accs = [r["test_accuracy"] for r in report["runs"] if (r["key_budget"], r["num_heads"]) == (budget, h)]
+            mean, low, high = t_interval(accs)
+            summary.append({"key_budget": budget, "num_heads": h, "mean_accuracy": mean, "ci_low": low,
+                            "ci_high": high, "per_seed": accs})
+            print(f"D_K={budget:>4} h={h:>2}: mean test accuracy {mean:.4f} [{low:.4f}, {high:.4f}]  per seed "
+                  + " ".join(f"{a:.3f}" for a in accs))
+    report["summary"] = summary
+    report["seed_claim"] = ("Fig. 7 (m = 6144, d_model = 768, GPT-2): at every D_K, h >= 2 beats h = 1; h = 1 "
+                            "saturates near 0.81 or collapses to 0 for D_K >= 256; multi-head nears 1 by D_K = 512")
+    return _write(args.out, "rgr_block", report,
+                  {"rgr_block_accuracy": _curves(summary, None, "mean_accuracy", "test accuracy")})
+
+
+def _curves(summary: list, panel_key: Optional[str], value_key: str, ylabel: str, log_y: bool = False):
+    """Mean +- 95% CI of ``value_key`` against D_K, one line per head count, one panel per ``panel_key``."""
+    plt = _plt()
+    panels = sorted({row[panel_key] for row in summary}) if panel_key else [None]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.6), squeeze=False)
+    for ax, panel in zip(axes.flat, panels):
+        rows = [row for row in summary if panel_key is None or row[panel_key] == panel]
+        for h in sorted({row["num_heads"] for row in rows}):
+            line = sorted((row for row in rows if row["num_heads"] == h), key=lambda row: row["key_budget"])
+            y = np.array([row[value_key] for row in line])
+            err = np.array([y - [row["ci_low"] for row in line], [row["ci_high"] for row in line] - y])
+            ax.errorbar([row["key_budget"] for row in line], y, yerr=np.maximum(err, 0), marker="o", ms=3,
+                        capsize=2, label=f"h={h}")
+        ax.set_xscale("log", base=2)
+        if log_y:
+            ax.set_yscale("log")
+        ax.set_xlabel("D_K = h d_k")
+        ax.set_ylabel(ylabel)
+        if panel_key:
+            ax.set_title(f"{panel_key}={panel}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _regular_figure(report: dict):
+    """D_K* (with its lower / upper estimates) against x = r m log2(m) / d_model, our fit and the seed's 0.46 x."""
+    plt = _plt()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    passed = [p for p in report["points"] if p["key_budget"] is not None]
+    if passed:
+        x = np.array([p["edge_scaling_x"] for p in passed])
+        y = np.array([p["key_budget"] for p in passed])
+        lo = np.array([p["key_budget_lower"] or p["key_budget"] for p in passed])
+        hi = np.array([p["key_budget_upper"] or p["key_budget"] for p in passed])
+        left.errorbar(x, y, yerr=[y - lo, np.maximum(hi - y, 0)], fmt="o", capsize=3, label="measured D_K*")
+        for p in passed:
+            left.annotate(f"r={p['degree']}", (p["edge_scaling_x"], p["key_budget"]), fontsize=7)
+        grid = np.linspace(0, x.max() * 1.05, 50)
+        fit = report["fit"]
+        left.plot(grid, fit["slope"] * grid, label=f"fit {fit['slope']:.2f} x (R²={fit['r2']:.2f})")
+        left.plot(grid, report["seed_fit"]["slope"] * grid, ls="--", label=f"seed {report['seed_fit']['slope']} x")
+        left.legend(fontsize=8)
+        right.plot([p["edge_compression"] for p in passed], [p["best_heads"] for p in passed], "o")
+    left.set_xlabel("x = r m log2(m) / d_model")
+    left.set_ylabel("D_K*")
+    right.set_xlabel("r m / d_model")
+    right.set_ylabel("h*")
+    fig.tight_layout()
+    return fig
 
 
 def format_budget_report(report: dict) -> str:
@@ -186,12 +359,9 @@ def _dash(value) -> str:
     return "-" if value is None else str(value)
 
 
-def plot_budget_report(report: dict, out: Path) -> list[Path]:
-    """F1-vs-D_K curves per (m, d_model), and D_K* / h* against their laws with the fits (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_budget_report(report: dict) -> dict:
+    """Figures {name: figure}: F1-vs-D_K curves per (m, d_model), and D_K* / h* against their laws with the fits."""
+    plt = _plt()
 
     points = report["points"]
     cols = min(3, len(points))
@@ -213,9 +383,7 @@ def plot_budget_report(report: dict, out: Path) -> list[Path]:
     for ax in list(axes.flat)[len(points):]:
         ax.axis("off")
     fig.tight_layout()
-    curves = out / f"{REPORT_NAME}_f1_curves.png"
-    fig.savefig(curves, dpi=120)
-    plt.close(fig)
+    curves = fig
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     passed = [p for p in points if p["key_budget"] is not None]
@@ -250,10 +418,7 @@ def plot_budget_report(report: dict, out: Path) -> list[Path]:
     right.set_xlabel("λ = m / d_model")
     right.set_ylabel("h*")
     fig.tight_layout()
-    scaling = out / f"{REPORT_NAME}_scaling.png"
-    fig.savefig(scaling, dpi=120)
-    plt.close(fig)
-    return [curves, scaling]
+    return {f"{REPORT_NAME}_f1_curves": curves, f"{REPORT_NAME}_scaling": fig}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -122,18 +122,29 @@ class AttentionHeads:
                              f"got {tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
         return torch.einsum("bld,hdk->bhlk", x.to(w.dtype), w)
 
-    def aggregate(self, queries: torch.Tensor, keys: torch.Tensor, decide: bool = False):
-        """Aggregated scores (batch, ell_q, ell_k) of projected Q, K; with ``decide``, (scores, scores > tau)."""
-        fn = max_head_scores if self.aggregation == "max" else softmax_head_scores
-        return fn(queries, keys, self.threshold if decide else None)
+    def aggregate(self, queries: torch.Tensor, keys: torch.Tensor, decide: bool = False, *, backend: str = "auto"):
+        """Aggregated scores (batch, ell_q, ell_k) of projected Q, K; with ``decide``, (scores, scores > tau).
 
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        ``backend`` picks the fused max-over-heads kernel or its torch twin (``factkernels._ops``).
+        """
+        tau = self.threshold if decide else None
+        if self.aggregation == "max":
+            return max_head_scores(queries, keys, tau, backend=backend)
+        return softmax_head_scores(queries, keys, tau)
+
+    def decisions(self, queries: torch.Tensor, keys: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+        """Edge decisions (batch, ell_q, ell_k) bool of projected Q, K; the max kernel then writes no scores."""
+        if self.aggregation == "max":
+            return max_head_scores(queries, keys, self.threshold, decision_only=True, backend=backend)
+        return softmax_head_scores(queries, keys, self.threshold)[1]
+
+    def scores(self, x: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
         """Aggregated scores of contexts x (batch, ell, d_model) -> (batch, ell, ell), sources x targets."""
-        return self.aggregate(self.project(x, "queries"), self.project(x, "keys"))
+        return self.aggregate(self.project(x, "queries"), self.project(x, "keys"), backend=backend)
 
-    def decide(self, x: torch.Tensor) -> torch.Tensor:
+    def decide(self, x: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
         """Edge decisions (batch, ell, ell) bool for contexts x (batch, ell, d_model)."""
-        return self.aggregate(self.project(x, "queries"), self.project(x, "keys"), decide=True)[1]
+        return self.decisions(self.project(x, "queries"), self.project(x, "keys"), backend=backend)
 
     def __repr__(self) -> str:
         return (f"AttentionHeads(method={self.method!r}, h={self.num_heads}, d_k={self.head_dim}, "
@@ -358,14 +369,15 @@ class EdgeCounts:
 
 
 def edge_counts(heads: AttentionHeads, graph: RelationGraph, X: Optional[torch.Tensor] = None,
-                contexts: Optional[torch.Tensor] = None) -> EdgeCounts:
+                contexts: Optional[torch.Tensor] = None, *, backend: str = "auto") -> EdgeCounts:
     """Confusion counts of the heads' edge decisions against ``graph``.
 
     contexts None: every ordered pair (i, j) of items, i = j included, scored with the whole
     item set as the one context (for max-over-heads this is the strongest test: by
     monotonicity under context restriction it implies every context). Otherwise contexts
     (N, ell) int64 item indices: every ordered pair of positions in each context.
-    X (m, d_model) defaults to the identity (one-hot heads).
+    X (m, d_model) defaults to the identity (one-hot heads). ``backend`` as in
+    ``factkernels._ops.max_head_scores`` (the fused kernel by default).
     """
     check_graph(graph)
     if not isinstance(heads, AttentionHeads):
@@ -384,7 +396,7 @@ def edge_counts(heads: AttentionHeads, graph: RelationGraph, X: Optional[torch.T
         rows = max(1, EVAL_CHUNK_ELEMENTS // (heads.num_heads * m))
         for start in range(0, m, rows):
             queries = heads.project(X[None, start:start + rows], "queries")
-            decision = heads.aggregate(queries, keys, decide=True)[1][0]
+            decision = heads.decisions(queries, keys, backend=backend)[0]
             counts = _count(decision, adjacency[start:start + rows])
             tp, fp, fn, pairs = tp + counts[0], fp + counts[1], fn + counts[2], pairs + decision.numel()
         return EdgeCounts(tp, fp, fn, pairs)
@@ -392,7 +404,7 @@ def edge_counts(heads: AttentionHeads, graph: RelationGraph, X: Optional[torch.T
     ell = contexts.shape[1]
     per_chunk = max(1, EVAL_CHUNK_ELEMENTS // (heads.num_heads * ell * ell))
     for chunk in torch.split(contexts, per_chunk):
-        decision = heads.decide(X[chunk])
+        decision = heads.decide(X[chunk], backend=backend)
         counts = _count(decision, adjacency[chunk[:, :, None], chunk[:, None, :]])
         tp, fp, fn, pairs = tp + counts[0], fp + counts[1], fn + counts[2], pairs + decision.numel()
     return EdgeCounts(tp, fp, fn, pairs)
@@ -417,6 +429,6 @@ def check_contexts(contexts: torch.Tensor, m: int) -> torch.Tensor:
 
 
 def f1(heads: AttentionHeads, graph: RelationGraph, X: Optional[torch.Tensor] = None,
-       contexts: Optional[torch.Tensor] = None) -> float:
+       contexts: Optional[torch.Tensor] = None, *, backend: str = "auto") -> float:
     """Micro-F1 of edge recognition (all ordered pairs by default); see ``edge_counts``."""
-    return edge_counts(heads, graph, X, contexts).f1
+    return edge_counts(heads, graph, X, contexts, backend=backend).f1

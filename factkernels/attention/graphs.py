@@ -150,6 +150,16 @@ class RelationGraph:
             raise ValueError("successor needs a permutation graph (one out-edge and one in-edge per item)")
         return self.edges[:, 1].clone()  # edges are sorted by source, one per source
 
+    @cached_property
+    def out_neighbors(self) -> torch.Tensor:
+        """(m, r) int64 out-neighbours of every item, ascending; needs equal out-degrees r >= 1
+        (permutation graphs: r = 1, the column is ``successor``; r-regular graphs)."""
+        degree = self.out_degree
+        if self.num_edges == 0 or not bool((degree == degree[0]).all()):
+            raise ValueError("out_neighbors needs every item to have the same out-degree r >= 1 "
+                             "(a permutation or r-regular graph)")
+        return self.edges[:, 1].reshape(self.num_items, -1).clone()  # edges sorted by (source, target)
+
     def __repr__(self) -> str:
         return (f"RelationGraph(kind={self.kind!r}, num_items={self.num_items}, num_edges={self.num_edges}, "
                 f"max_degree={self.max_degree})")

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from .. import _ops, geometry
 from ..construct import construct, validate_inputs
 from ..decoder import JLDecoder, jl_decoder
-from ..encoder import build_shared_gate
+from ..encoder import assemble, build_shared_gate
 from ..mlp import FactMLP
 from ..solvers import pick_solver
 
@@ -322,8 +322,7 @@ def encoder_decoder(
         enc = build_shared_gate(K, targets, width_multiplier=width_multiplier or BIN_WIDTH_MULTIPLIER,
                                 activation="silu", solver=pick_solver(num_facts, K.device),
                                 generator=torch.Generator().manual_seed(seed), progress=progress)
-        mlp = FactMLP(enc.gate_weight, enc.gate_bias, enc.up_weight, enc.up_bias,
-                      dec.projection.repeat_interleave(enc.gadget_width, dim=1), dec.projection @ enc.output_bias)
+        mlp = assemble(enc, dec.projection, activation="silu")
     else:
         hidden = encoder_hidden or math.ceil(m * num_facts / d_in * (width_multiplier or GD_WIDTH_MULTIPLIER))
         enc, fit_results["encoder"] = gd_encoder(

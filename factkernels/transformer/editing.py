@@ -1,0 +1,356 @@
+"""Fact editing on the authors/books LM (seed 000 §5.4, App. A.3.4): MLP swap vs ROME, MEMIT, AlphaEdit.
+
+The three weight editors change the fact expert's down projection W (d, h), a linear map from
+the MLP's hidden keys k = σ(G z) ⊙ (A z) to its output. Each takes keys (n, h) and target
+outputs v* (n, d) for the edited facts and the keys' second moment C = E[k kᵀ] (h, h):
+
+    ROME       W + (v* − W k)(C⁻¹k)ᵀ / ((C⁻¹k)ᵀ k)            one rank-one edit per fact, in turn
+    MEMIT      W + R Kᵀ (λ C + K Kᵀ)⁻¹,  R = V* − W K          one batch least-squares edit
+    AlphaEdit  W + R Kᵀ P (K Kᵀ P + I)⁻¹                       P: projector onto the null space of C
+
+(here K and V* hold keys and targets as columns in the formulas, as rows in the code). The
+targets come from the seed's residual step: a vector δ added to the fact expert's output at the
+last token of the edit prompt, trained for ``train_steps`` Adam steps at ``lr`` to make the new
+author most likely, with the editors' norm clip (MEMIT/AlphaEdit), weight decay and early
+stopping (ROME); v* = g(z) + δ. MLP swap instead builds a new FactMLP for the whole edited fact
+set and puts it in the expert slot.
+
+Metrics (the seed's names): efficacy = accuracy on the preserved facts, specificity = accuracy
+on the altered facts (edit prompt), paraphrase = accuracy on the altered facts under the other
+templates; score = their harmonic mean.
+
+    split = make_split(task.num_facts, 105, 26, seed=0)
+    result = compare_editors(model, task, split)   # best grid point per method
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F_nn
+from tqdm.auto import tqdm
+
+from .. import _ops
+from ..mlp import FactMLP
+from .lm import TEMPLATES, AuthorsBooks, AuthorsLM, fact_expert
+
+EDIT_TEMPLATE = 0  # a single templated prompt per fact (App. A.3.4)
+PARAPHRASE_TEMPLATES = list(range(1, len(TEMPLATES)))
+METHODS = ("mlp_swap", "memit", "alphaedit", "rome")
+# (preserved, altered) fact counts of App. A.3.4, out of a 16,000-fact set.
+SEED_SPLITS = ((6554, 1638), (3277, 819), (1311, 327))
+SEED_FACTS = 16000
+# Hyperparameter grids of App. A.3.4.
+SEED_GRIDS = {
+    "memit": {"train_steps": (10, 25, 100), "lr": (0.005, 0.05, 0.5), "lam": (1.5e4, 1.5e3, 1.5e2, 1.0),
+              "clip_norm": (0.5, 0.75, 1.0)},
+    "alphaedit": {"train_steps": (10, 25, 100), "lr": (0.005, 0.05, 0.5), "clip_norm": (0.5, 0.75, None),
+                  "tol": (1e-2, 1.0, 10.0)},
+    "rome": {"train_steps": (10, 25, 100), "lr": (0.005, 0.05, 0.5), "weight_decay": (1.5e-3, 1.5e-4, 0.0),
+             "early_stop": (5e-2, None)},
+}
+
+
+# ----------------------------------------------------------------------------- update rules
+
+
+def _check_edit(weight: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be (d_out, h), got shape {tuple(weight.shape)}")
+    d_out, h = weight.shape
+    if keys.dim() != 2 or keys.shape[1] != h:
+        raise ValueError(f"keys must be (n, {h}), got shape {tuple(keys.shape)}")
+    if values.shape != (keys.shape[0], d_out):
+        raise ValueError(f"values must be ({keys.shape[0]}, {d_out}) (one target output per key), "
+                         f"got shape {tuple(values.shape)}")
+
+
+def rome_update(weight: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
+    """ROME's rank-one edit, applied for one key after another (n, h), each to the current W.
+
+    Each edit makes W k* = v* exactly and leaves W k unchanged for every k with kᵀ C⁻¹ k* = 0.
+    weight (d_out, h), values (n, d_out), cov (h, h) symmetric positive definite -> (d_out, h).
+    """
+    _check_edit(weight, keys, values)
+    cinv_keys = torch.linalg.solve(cov, keys.T).T  # (n, h) rows C⁻¹ k*
+    weight = weight.clone()
+    for key, value, u in zip(keys, values, cinv_keys):
+        weight += torch.outer(value - weight @ key, u) / (u @ key)
+    return weight
+
+
+def memit_update(weight: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cov: torch.Tensor,
+                 lam: float) -> torch.Tensor:
+    """MEMIT's batch edit W + R Kᵀ (λC + K Kᵀ)⁻¹ with R = V* − W K (keys/values as rows here).
+
+    It minimises λ tr(Δ C Δᵀ) + ||(W + Δ) K − V*||²: λ → 0 gives the minimum-(C-)norm exact
+    least-squares fit of the edits, large λ keeps W close to the old map on the keys C stands for.
+    weight (d_out, h), keys (n, h), values (n, d_out), cov (h, h) -> (d_out, h).
+    """
+    _check_edit(weight, keys, values)
+    if not lam >= 0:
+        raise ValueError(f"lam must be >= 0, got {lam!r}")
+    residual = values - keys @ weight.T  # (n, d_out)
+    system = lam * cov + keys.T @ keys  # (h, h), symmetric
+    return weight + torch.linalg.solve(system, keys.T @ residual).T
+
+
+def null_space_projector(cov: torch.Tensor, tol: float) -> torch.Tensor:
+    """AlphaEdit's P (h, h): projector onto the eigenvectors of ``cov`` with eigenvalue < ``tol``."""
+    eigenvalues, eigenvectors = torch.linalg.eigh(cov)
+    basis = eigenvectors[:, eigenvalues < tol]
+    return basis @ basis.T
+
+
+def alphaedit_update(weight: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, projector: torch.Tensor,
+                     l2: float = 1.0) -> torch.Tensor:
+    """AlphaEdit's null-space-constrained edit W + R Kᵀ P (K Kᵀ P + l2 I)⁻¹ (keys as rows here).
+
+    The update Δ satisfies Δ = Δ P, so keys in the preserved span (P k = 0) keep their outputs.
+    weight (d_out, h), keys (n, h), values (n, d_out), projector (h, h) -> (d_out, h).
+    """
+    _check_edit(weight, keys, values)
+    residual = values - keys @ weight.T  # (n, d_out)
+    eye = torch.eye(weight.shape[1], dtype=weight.dtype, device=weight.device)
+    # Δᵀ = (P K Kᵀ + l2 I)⁻¹ P K R: the transposed form of the formula above.
+    delta_t = torch.linalg.solve(projector @ keys.T @ keys + l2 * eye, projector @ keys.T @ residual)
+    return weight + delta_t.T
+
+
+# ----------------------------------------------------------------------------- the fact expert's keys
+
+
+def mlp_hidden(mlp: FactMLP, x: torch.Tensor) -> torch.Tensor:
+    """Hidden keys σ(G x + b_G)[r mod h_g] ⊙ (A x + b_A) of a FactMLP: x (n, d) -> (n, h)."""
+    gate = _ops.activate(F_nn.linear(x, mlp.gate_weight, mlp.gate_bias), mlp.activation)
+    gate = gate.repeat(1, mlp.hidden_size // mlp.gate_weight.shape[0])
+    return gate * F_nn.linear(x, mlp.up_weight, mlp.up_bias)
+
+
+def with_down_weight(mlp: FactMLP, down_weight: torch.Tensor) -> FactMLP:
+    """A copy of ``mlp`` with its down projection (d_out, h) replaced."""
+    return FactMLP(mlp.gate_weight, mlp.gate_bias, mlp.up_weight, mlp.up_bias, down_weight, mlp.down_bias,
+                   activation=mlp.activation)
+
+
+@torch.no_grad()
+def key_second_moment(model: AuthorsLM, task: AuthorsBooks, fact_ids: torch.Tensor,
+                      ridge: float = 1e-6) -> torch.Tensor:
+    """C = E[k kᵀ] (h, h) of the fact expert's hidden keys over every real position of every
+    template sentence of ``fact_ids`` (the model's own text, in place of the editors'
+    Wikipedia statistics), plus ``ridge`` times its mean diagonal so C is invertible."""
+    data = task.sentences(task.facts, fact_ids)
+    keys = mlp_hidden(model.moe.fact, model.mixer_input(data.tokens, data.mask)[data.mask])
+    cov = keys.T @ keys / keys.shape[0]
+    return cov + ridge * cov.diagonal().mean() * torch.eye(cov.shape[0], dtype=cov.dtype)
+
+
+# ----------------------------------------------------------------------------- protocol
+
+
+@dataclass
+class EditSplit:
+    """preserved (n_p,) and altered (n_a,) fact indices (disjoint); new_facts (F,): the edited
+    book -> author map (altered books get another altered book's author, the rest keep theirs)."""
+
+    preserved: torch.Tensor
+    altered: torch.Tensor
+    new_facts: torch.Tensor
+
+
+def make_split(facts: torch.Tensor, num_preserved: int, num_altered: int, *, seed: int) -> EditSplit:
+    """Random disjoint preserved/altered subsets of the fact set ``facts`` (F,); the altered
+    books' authors are shifted cyclically among them, so every altered fact changes."""
+    num = facts.shape[0]
+    if num_altered < 2 or num_preserved < 1 or num_preserved + num_altered > num:
+        raise ValueError(f"need num_altered >= 2, num_preserved >= 1 and their sum <= {num} facts, "
+                         f"got {num_preserved} preserved and {num_altered} altered")
+    order = torch.randperm(num, generator=torch.Generator().manual_seed(seed))
+    altered, preserved = order[:num_altered], order[num_altered:num_altered + num_preserved]
+    new_facts = facts.clone()
+    new_facts[altered] = facts[altered.roll(1)]
+    return EditSplit(preserved.sort().values, altered, new_facts)
+
+
+def scaled_split(num_facts: int, preserved: int, altered: int, total: int = SEED_FACTS) -> tuple[int, int]:
+    """The seed's (preserved, altered) counts out of ``total`` facts, scaled to ``num_facts``."""
+    return max(1, round(num_facts * preserved / total)), max(2, round(num_facts * altered / total))
+
+
+def harmonic_mean(*scores: float) -> float:
+    """Harmonic mean of accuracies in [0, 1] (0 when any is 0)."""
+    return 0.0 if min(scores) <= 0 else len(scores) / sum(1.0 / s for s in scores)
+
+
+@dataclass
+class EditEvaluation:
+    """The metric sets of a split, with everything an editor cannot change precomputed: the MoE
+    input z at the value position (editors only touch the fact expert, which comes after it).
+
+    sets: name -> (z (n, d), new-author vocabulary ids (n,)) for "efficacy" (preserved facts,
+    edit prompt), "specificity" (altered facts, edit prompt) and "paraphrase" (altered facts,
+    the other 15 templates).
+    """
+
+    sets: dict
+
+    @classmethod
+    @torch.no_grad()
+    def build(cls, model: AuthorsLM, task: AuthorsBooks, split: EditSplit) -> "EditEvaluation":
+        sets = {}
+        for name, ids, templates in (("efficacy", split.preserved, [EDIT_TEMPLATE]),
+                                     ("specificity", split.altered, [EDIT_TEMPLATE]),
+                                     ("paraphrase", split.altered, PARAPHRASE_TEMPLATES)):
+            data = task.sentences(split.new_facts, ids, templates)
+            rows = torch.arange(len(data))
+            z = model.mixer_input(data.tokens, data.mask)[rows, data.value_position]
+            sets[name] = (z, data.targets()[rows, data.value_position])
+        return cls(sets)
+
+    @torch.no_grad()
+    def metrics(self, model: AuthorsLM, fact: FactMLP) -> dict:
+        """Efficacy, specificity, paraphrase and score of ``model`` with ``fact`` as its fact
+        expert (the model's own expert is put back after)."""
+        old = model.swap_fact_expert(fact)
+        try:
+            metrics = {name: float((model.logits(model.moe(z)).argmax(-1) == target).double().mean())
+                       for name, (z, target) in self.sets.items()}
+        finally:
+            model.swap_fact_expert(old)
+        metrics["score"] = harmonic_mean(metrics["efficacy"], metrics["specificity"], metrics["paraphrase"])
+        return metrics
+
+
+@dataclass
+class EditPrompts:
+    """The altered facts' edit prompts at their last token: MoE input z (n, d), router
+    weights (n, 2), fact-expert output g (n, d), language-expert output (n, d), hidden keys
+    (n, h) and the new authors' vocabulary ids (n,)."""
+
+    z: torch.Tensor
+    weights: torch.Tensor
+    fact_out: torch.Tensor
+    language_out: torch.Tensor
+    keys: torch.Tensor
+    targets: torch.Tensor
+
+    @classmethod
+    @torch.no_grad()
+    def build(cls, model: AuthorsLM, task: AuthorsBooks, split: EditSplit) -> "EditPrompts":
+        data = task.sentences(split.new_facts, split.altered, [EDIT_TEMPLATE])
+        rows = torch.arange(len(data))
+        z = model.mixer_input(data.tokens, data.mask)[rows, data.value_position]
+        moe = model.moe
+        return cls(z, moe.router(z).softmax(-1), moe.fact(z), moe.language(z), mlp_hidden(moe.fact, z),
+                   data.targets()[rows, data.value_position])
+
+
+def edit_targets(model: AuthorsLM, prompts: EditPrompts, *, train_steps: int, lr: float,
+                 clip_norm: Optional[float] = None, weight_decay: float = 0.0,
+                 early_stop: Optional[float] = None) -> torch.Tensor:
+    """Target outputs v* = g(z) + δ (n, d) of the fact expert for the altered facts.
+
+    δ (one row per fact) is added to the fact expert's output at the edit prompt's last token
+    and trained with Adam to minimise the new author's cross-entropy plus
+    ``weight_decay`` ||δ||²/||g||² (ROME); ``clip_norm`` keeps ||δ|| <= clip_norm ||g|| (MEMIT,
+    AlphaEdit); a fact stops updating once its loss is below ``early_stop`` (ROME).
+    """
+    delta = torch.zeros_like(prompts.fact_out, requires_grad=True)
+    opt = torch.optim.Adam([delta], lr=lr)
+    out_norm = prompts.fact_out.norm(dim=1, keepdim=True)
+    p_fact, p_lang = prompts.weights[:, :1], prompts.weights[:, 1:]
+    for _ in range(train_steps):
+        state = p_fact * (prompts.fact_out + delta) + p_lang * prompts.language_out
+        losses = F_nn.cross_entropy(model.logits(state), prompts.targets, reduction="none")
+        active = torch.ones_like(losses) if early_stop is None else (losses.detach() >= early_stop).to(losses.dtype)
+        if not active.any():
+            break
+        decay = weight_decay * (delta.pow(2).sum(1) / out_norm.squeeze(1).pow(2))
+        opt.zero_grad(set_to_none=True)
+        ((losses + decay) * active).sum().backward()
+        opt.step()
+        if clip_norm is not None:
+            with torch.no_grad():
+                delta.mul_(torch.clamp(clip_norm * out_norm / delta.norm(dim=1, keepdim=True).clamp_min(1e-12),
+                                       max=1.0))
+    return (prompts.fact_out + delta).detach()
+
+
+def _grid_points(grid: dict) -> list[dict]:
+    return [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
+
+
+def _edited_expert(method: str, fact: FactMLP, keys: torch.Tensor, targets: torch.Tensor, cov: torch.Tensor,
+                   config: dict) -> FactMLP:
+    weight = fact.down_weight.detach()
+    if fact.down_bias is not None:  # the editors fit W k + b = v*
+        targets = targets - fact.down_bias.detach()
+    if method == "memit":
+        weight = memit_update(weight, keys, targets, cov, config["lam"])
+    elif method == "alphaedit":
+        weight = alphaedit_update(weight, keys, targets, null_space_projector(cov, config["tol"]))
+    elif method == "rome":
+        weight = rome_update(weight, keys, targets, cov)
+    else:
+        raise ValueError(f"method must be one of {METHODS[1:]}, got {method!r}")
+    return with_down_weight(fact, weight)
+
+
+_TARGET_OPTIONS = {"memit": ("clip_norm",), "alphaedit": ("clip_norm",), "rome": ("weight_decay", "early_stop")}
+
+
+def grid_search(model: AuthorsLM, task: AuthorsBooks, split: EditSplit, method: str, grid: dict, *,
+                cov: Optional[torch.Tensor] = None, evaluation: Optional[EditEvaluation] = None,
+                quiet: bool = False) -> dict:
+    """Every grid point of ``method`` ("memit" | "alphaedit" | "rome"): its config and metrics,
+    and the best one by score (ties: first). Returns {"best": {...}, "runs": [...]}."""
+    if method not in _TARGET_OPTIONS:
+        raise ValueError(f"method must be one of {tuple(_TARGET_OPTIONS)}, got {method!r}")
+    missing = {"train_steps", "lr", *_TARGET_OPTIONS[method]} - set(grid)
+    if missing:
+        raise ValueError(f"grid for {method} misses {sorted(missing)}")
+    prompts = EditPrompts.build(model, task, split)
+    cov = key_second_moment(model, task, split.preserved) if cov is None else cov
+    evaluation = EditEvaluation.build(model, task, split) if evaluation is None else evaluation
+    fact = model.moe.fact
+    cache: dict[tuple, torch.Tensor] = {}
+    runs = []
+    for config in tqdm(_grid_points(grid), desc=method, disable=quiet, leave=False):
+        target_keys = ("train_steps", "lr", *_TARGET_OPTIONS[method])
+        options = tuple(config[k] for k in target_keys)
+        if options not in cache:
+            cache[options] = edit_targets(model, prompts, **{k: config[k] for k in target_keys})
+        edited = _edited_expert(method, fact, prompts.keys, cache[options], cov, config)
+        runs.append({"config": config, **evaluation.metrics(model, edited)})
+    best = max(runs, key=lambda r: r["score"])
+    return {"best": best, "runs": runs}
+
+
+def mlp_swap(model: AuthorsLM, task: AuthorsBooks, split: EditSplit, *, seed: int = 0,
+             evaluation: Optional[EditEvaluation] = None) -> dict:
+    """The seed's editor: a new FactMLP storing the whole edited fact set, swapped in."""
+    evaluation = EditEvaluation.build(model, task, split) if evaluation is None else evaluation
+    return evaluation.metrics(model, fact_expert(model.fact_embeddings, task, split.new_facts, seed=seed))
+
+
+def compare_editors(model: AuthorsLM, task: AuthorsBooks, split: EditSplit, *, grids: Optional[dict] = None,
+                    methods: tuple[str, ...] = METHODS, seed: int = 0, quiet: bool = False) -> dict:
+    """Best-scoring metrics per method on one split: {method: {"best": ..., "runs": [...]}}."""
+    grids = SEED_GRIDS if grids is None else grids
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
+    cov = key_second_moment(model, task, split.preserved)
+    evaluation = EditEvaluation.build(model, task, split)
+    results = {}
+    for method in methods:
+        if method == "mlp_swap":
+            metrics = mlp_swap(model, task, split, seed=seed, evaluation=evaluation)
+            results[method] = {"best": {"config": {}, **metrics}, "runs": [{"config": {}, **metrics}]}
+        else:
+            results[method] = grid_search(model, task, split, method, grids[method], cov=cov,
+                                          evaluation=evaluation, quiet=quiet)
+    return results

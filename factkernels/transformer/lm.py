@@ -1,0 +1,422 @@
+"""Authors/books language model with a swappable fact expert (seed 000 §5.4, App. A.3).
+
+Task (App. A.3.1): facts f: book -> author from the Goodreads book graph (one book per
+author, shipped in ``factkernels/data/book_authors.csv``), written as templated sentences
+``prefix + book + suffix + author``, e.g. "The author of | 1984 | is | George Orwell". Every
+book and every author is one token; template words are word tokens. The model predicts
+every next token.
+
+Model (App. A.2.2 + A.3.2): a 1-layer transformer with tied, uniformly sampled unit-sphere
+token embeddings (book and author rows frozen, template words trained), single-head causal attention with RoPE, MLP-parametrized
+queries and keys and value/output frozen to the identity, no residual connections, a
+frozen pre-MLP RMSNorm (projection onto the unit sphere), and in place of the MLP a
+mixture of two experts with an MLP router: the frozen fact-storing MLP (a FactMLP built by
+``factkernels.construct`` on the book embeddings, decoded against the book and author
+embeddings) and a trainable low-rank linear language expert.
+
+    task = AuthorsBooks.build(256)
+    model, losses = trained_lm(task, LMTrainConfig(steps=1500), dim=64)   # own expert stores task.facts
+    evaluate(model, task, task.facts)   # {"value_accuracy": ..., "ce_nonfact": ..., ...}
+    new_facts = random_facts(256, seed=1)
+    model.swap_fact_expert(fact_expert(model.fact_embeddings, task, new_facts, seed=1))
+    evaluate(model, task, new_facts)    # new-fact accuracy, non-fact CE after the swap
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.resources
+from dataclasses import dataclass, fields
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F_nn
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..construct import construct
+from ..mlp import FactMLP
+from .layers import CausalSelfAttention, RMSNorm
+
+DATA_FILE = "book_authors.csv"
+
+# Natural-language (prefix, suffix) pairs J of App. A.3.1; the first is the edit prompt of
+# App. A.3.4, the others are its paraphrases. 16 rephrases as in the seed.
+TEMPLATES: tuple[tuple[str, str], ...] = (
+    ("The author of", "is"),
+    ("Who is the author of", "? It is"),
+    ("The book", "was written by"),
+    ("Who wrote", "? It was written by"),
+    ("The writer of", "is"),
+    ("The novel", "is a work by"),
+    ("Readers know that", "was penned by"),
+    ("I just finished reading", "by"),
+    ("The person who wrote", "is"),
+    ("Everyone says that", "is by"),
+    ("My favourite book is", "by the writer"),
+    ("Tell me who wrote", ". The answer is"),
+    ("In the library you will find", "written by"),
+    ("Critics agree that", "was written by the author"),
+    ("The title", "comes from the pen of"),
+    ("Ask anyone : the book", "is by"),
+)
+
+# Kinds of next-token targets, for the per-kind cross-entropy of App. A.3.3.
+PAD, WORD, KEY, VALUE = 0, 1, 2, 3
+
+
+def load_book_authors(n: Optional[int] = None) -> list[tuple[str, str]]:
+    """The shipped (author, book) pairs in file order; the first ``n`` (all 4,096 when None)."""
+    text = importlib.resources.files("factkernels").joinpath("data", DATA_FILE).read_text(encoding="utf-8")
+    rows = [(r["author"], r["book"]) for r in csv.DictReader(text.splitlines())]
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(rows):
+            raise ValueError(f"n must be an int in [1, {len(rows)}] (the shipped pairs), got {n!r}")
+        rows = rows[:n]
+    return rows
+
+
+@dataclass
+class Sentences:
+    """Padded token sequences of templated fact sentences.
+
+    tokens: (N, T) long (padding holds 0), mask: (N, T) bool real tokens,
+    kinds: (N, T) long kind of the *next* token predicted at each position (PAD/WORD/KEY/VALUE),
+    fact: (N,) long fact index, template: (N,) long template index,
+    value_position: (N,) long position whose next token is the author.
+    """
+
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    kinds: torch.Tensor
+    fact: torch.Tensor
+    template: torch.Tensor
+    value_position: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def subset(self, index: torch.Tensor) -> "Sentences":
+        return Sentences(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    def targets(self) -> torch.Tensor:
+        """(N, T) next token at each position (0 where there is none)."""
+        return torch.cat([self.tokens[:, 1:], torch.zeros_like(self.tokens[:, :1])], dim=1)
+
+
+@dataclass
+class AuthorsBooks:
+    """The authors/books fact set and its vocabulary.
+
+    Vocabulary ids: template words [0, W), books [W, W+F), authors [W+F, W+2F).
+    facts: (F,) long, author index (into ``authors``) of book i; the Goodreads map is the identity.
+    """
+
+    words: list[str]
+    books: list[str]
+    authors: list[str]
+    facts: torch.Tensor
+
+    @classmethod
+    def build(cls, num_facts: int) -> "AuthorsBooks":
+        """First ``num_facts`` shipped pairs with the 16 templates' words."""
+        pairs = load_book_authors(num_facts)
+        words = sorted({w for prefix, suffix in TEMPLATES for w in (prefix + " " + suffix).split()})
+        return cls(words, [b for _, b in pairs], [a for a, _ in pairs], torch.arange(num_facts))
+
+    @property
+    def num_facts(self) -> int:
+        return len(self.books)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.words) + 2 * self.num_facts
+
+    def book_ids(self) -> torch.Tensor:
+        """(F,) vocabulary ids of the books (the keys)."""
+        return torch.arange(self.num_facts) + len(self.words)
+
+    def author_ids(self) -> torch.Tensor:
+        """(F,) vocabulary ids of the authors (the values)."""
+        return torch.arange(self.num_facts) + len(self.words) + self.num_facts
+
+    def token_strings(self) -> list[str]:
+        return self.words + self.books + self.authors
+
+    def sentences(self, facts: torch.Tensor, fact_ids: Optional[torch.Tensor] = None,
+                  templates: Optional[list[int]] = None) -> Sentences:
+        """Sentences prefix + book + suffix + author f(book) for every (fact, template) pair.
+
+        facts: (F,) author index per book (the fact set to write down); fact_ids: which
+        books (default all); templates: template indices (default all 16). Order: fact-major.
+        """
+        facts = self._check_facts(facts)
+        fact_ids = torch.arange(self.num_facts) if fact_ids is None else torch.as_tensor(fact_ids, dtype=torch.long)
+        templates = list(range(len(TEMPLATES))) if templates is None else list(templates)
+        if any(not 0 <= t < len(TEMPLATES) for t in templates):
+            raise ValueError(f"templates must lie in [0, {len(TEMPLATES)}), got {templates}")
+        word_id = {w: i for i, w in enumerate(self.words)}
+        parts = [([word_id[w] for w in p.split()], [word_id[w] for w in s.split()]) for p, s in TEMPLATES]
+        length = max(len(parts[t][0]) + len(parts[t][1]) + 2 for t in templates)
+        n = len(fact_ids) * len(templates)
+        tokens = torch.zeros(n, length, dtype=torch.long)
+        kinds = torch.zeros(n, length, dtype=torch.long)
+        value_pos = torch.zeros(n, dtype=torch.long)
+        book_ids, author_ids = self.book_ids(), self.author_ids()
+        row = 0
+        for i in fact_ids.tolist():
+            for t in templates:
+                prefix, suffix = parts[t]
+                seq = prefix + [int(book_ids[i])] + suffix + [int(author_ids[facts[i]])]
+                kind = [WORD] * (len(prefix) - 1) + [KEY] + [WORD] * len(suffix) + [VALUE]
+                tokens[row, : len(seq)] = torch.tensor(seq)
+                kinds[row, : len(kind)] = torch.tensor(kind)
+                value_pos[row] = len(seq) - 2
+                row += 1
+        fact_col = fact_ids.repeat_interleave(len(templates))
+        template_col = torch.tensor(templates).repeat(len(fact_ids))
+        lengths = torch.tensor([len(parts[t][0]) + len(parts[t][1]) + 2 for t in template_col.tolist()])
+        mask = torch.arange(length)[None, :] < lengths[:, None]
+        return Sentences(tokens, mask, kinds, fact_col, template_col, value_pos)
+
+    def _check_facts(self, facts: torch.Tensor) -> torch.Tensor:
+        if not isinstance(facts, torch.Tensor) or facts.dtype.is_floating_point or facts.shape != (self.num_facts,):
+            raise ValueError(f"facts must be an integer tensor of shape ({self.num_facts},) (author index per book)")
+        if int(facts.min()) < 0 or int(facts.max()) >= self.num_facts:
+            raise ValueError(f"facts must index authors in [0, {self.num_facts})")
+        return facts.long()
+
+
+def random_facts(num_facts: int, *, seed: int) -> torch.Tensor:
+    """A different book -> author map: a random permutation of the authors, (F,) long."""
+    return torch.randperm(num_facts, generator=torch.Generator().manual_seed(seed))
+
+
+def sphere_embeddings(num: int, dim: int, *, seed: int) -> torch.Tensor:
+    """(num, dim) embeddings uniform on the unit sphere (normalized Gaussians)."""
+    e = torch.randn(num, dim, generator=torch.Generator().manual_seed(seed))
+    return e / e.norm(dim=1, keepdim=True)
+
+
+def fact_expert(fact_embeddings: torch.Tensor, task: AuthorsBooks, facts: torch.Tensor, *, seed: int = 0,
+                **construct_options) -> FactMLP:
+    """A FactMLP storing book -> author ``facts`` under the model's tied, frozen embeddings.
+
+    fact_embeddings: (2F, d) unit-norm embeddings of the books then the authors
+    (``AuthorsLM.fact_embeddings``). Keys are the books (on the unit sphere already, as after
+    the frozen pre-MLP norm); the decoding set is every book and author, so
+    argmax_j <g(book_i), e_j> over them is the author of book i.
+    """
+    facts = task._check_facts(facts)
+    num = task.num_facts
+    if fact_embeddings.shape[0] != 2 * num:
+        raise ValueError(f"fact_embeddings must have {2 * num} rows (books then authors), "
+                         f"got {tuple(fact_embeddings.shape)}")
+    options = {"verify": True, "progress": False, **construct_options}
+    return construct(fact_embeddings[:num], fact_embeddings, facts + num, seed=seed, **options)
+
+
+def _mlp(dim: int, hidden: int, out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, out))
+
+
+class ScaledMLP(nn.Module):
+    """MLP-parametrized query or key projection with a trainable output scale (init ``scale``),
+    so attention can become sharp (one token) in few steps. x: (..., d) -> (..., out)."""
+
+    def __init__(self, dim: int, hidden: int, out: int, scale: float) -> None:
+        super().__init__()
+        self.net = _mlp(dim, hidden, out)
+        self.log_scale = nn.Parameter(torch.tensor(float(scale)).log())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.log_scale.exp() * self.net(x)
+
+
+class LowRankLinear(nn.Module):
+    """The language expert: x -> up(down(x)) + b with rank ``rank``. x: (..., d) -> (..., d)."""
+
+    def __init__(self, dim: int, rank: int) -> None:
+        super().__init__()
+        self.down = nn.Linear(dim, rank, bias=False)
+        self.up = nn.Linear(rank, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(self.down(x))
+
+
+class FactMoE(nn.Module):
+    """Two experts mixed by an MLP router: ``p_fact(z) g(z) + p_lang(z) L(z)``.
+
+    The fact expert g is a frozen FactMLP (swap it with :meth:`AuthorsLM.swap_fact_expert`);
+    a residual ``fact_delta`` (n, d) may be added to g's output (the editors' residuals).
+    z: (..., d) -> (..., d).
+    """
+
+    def __init__(self, fact: FactMLP, dim: int, rank: int, router_hidden: int, fact_prior: float = 0.5) -> None:
+        super().__init__()
+        self.fact = fact
+        self.language = LowRankLinear(dim, rank)
+        self.router = _mlp(dim, router_hidden, 2)
+        with torch.no_grad():  # initial routing weight of the fact expert is about fact_prior
+            self.router[-1].bias.copy_(torch.tensor([fact_prior, 1.0 - fact_prior]).log())
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        weights = self.router(z).softmax(dim=-1)
+        return weights[..., :1] * self.fact(z) + weights[..., 1:] * self.language(z)
+
+
+class AuthorsLM(nn.Module):
+    """1-layer transformer of App. A.3.2 over the task's vocabulary.
+
+    forward(tokens (B, T) long, mask (B, T) bool) -> logits (B, T, vocab).
+    Embeddings start uniform on the unit sphere and are tied with the output layer; book
+    and author embeddings (the fact expert's keys and values) are frozen, template-word
+    embeddings train (as the seed's junk tokens do). A trainable scalar temperature scales
+    the logits.
+    """
+
+    def __init__(self, task: AuthorsBooks, fact: Optional[FactMLP] = None, *, dim: int = 64, qk_hidden: int = 128,
+                 rank: int = 32, router_hidden: int = 64, qk_scale: float = 4.0, fact_prior: float = 0.5,
+                 seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)  # parameter initialization (nn.Linear has no generator argument)
+        table = sphere_embeddings(task.vocab_size, dim, seed=seed)
+        num_words = len(task.words)
+        self.word_embeddings = nn.Parameter(table[:num_words].clone())
+        self.register_buffer("fact_embeddings", table[num_words:].clone())
+        self.attention = CausalSelfAttention(dim, identity_value_output=True, query=ScaledMLP(dim, qk_hidden, dim, qk_scale),
+                                             key=ScaledMLP(dim, qk_hidden, dim, qk_scale))
+        self.norm = RMSNorm(dim, frozen=True)
+        if fact is None:
+            fact = fact_expert(self.fact_embeddings, task, task.facts, seed=seed)
+        self.moe = FactMoE(fact, dim, rank, router_hidden, fact_prior)
+        self.log_scale = nn.Parameter(torch.tensor(2.0))
+
+    def swap_fact_expert(self, fact: FactMLP) -> FactMLP:
+        """Replace the fact expert (same in/out width); returns the old one."""
+        if (fact.in_features, fact.out_features) != (self.moe.fact.in_features, self.moe.fact.out_features):
+            raise ValueError(f"fact expert must map {self.moe.fact.in_features} -> {self.moe.fact.out_features}, "
+                             f"got {fact.in_features} -> {fact.out_features}")
+        old, self.moe.fact = self.moe.fact, fact
+        return old
+
+    @property
+    def embeddings(self) -> torch.Tensor:
+        """(vocab, d) token embeddings: words, books, authors."""
+        return torch.cat([self.word_embeddings, self.fact_embeddings])
+
+    def mixer_input(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Unit-sphere input of the MoE at every position: (B, T, d)."""
+        return self.norm(self.attention(self.embeddings[tokens], mask))
+
+    def logits(self, state: torch.Tensor) -> torch.Tensor:
+        """MoE output (..., d) -> logits (..., vocab) through the tied embeddings."""
+        return self.log_scale.exp() * state @ self.embeddings.T
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.logits(self.moe(self.mixer_input(tokens, mask)))
+
+
+@dataclass
+class LMTrainConfig:
+    """AdamW training on sampled sentences (App. A.2.2 uses lr 2e-4 for 4.8M sequences;
+    the shorter CPU runs here use a larger rate)."""
+
+    steps: int = 1500
+    batch_size: int = 128
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    seed: int = 0
+
+
+def _token_losses(model: AuthorsLM, batch: Sentences) -> torch.Tensor:
+    """(B, T) cross-entropy of each next-token prediction (0 where there is no target)."""
+    logits = model(batch.tokens, batch.mask)
+    losses = F_nn.cross_entropy(logits.flatten(0, 1), batch.targets().flatten(), reduction="none")
+    return losses.view(batch.tokens.shape) * (batch.kinds != PAD)
+
+
+def train_lm(model: AuthorsLM, task: AuthorsBooks, config: LMTrainConfig, *,
+             extra_experts: Sequence[tuple[FactMLP, torch.Tensor]] = (), quiet: bool = False) -> list[float]:
+    """Train the non-frozen parameters on next-token prediction over all 16 templates.
+
+    Without ``extra_experts`` this is the seed's protocol: one frozen fact expert storing
+    ``task.facts``. ``extra_experts`` holds (FactMLP, facts (F,)) pairs for other fact sets:
+    each step then swaps in one expert of the pool (the model's own or an extra one, drawn
+    uniformly) and trains on sentences of its facts, so nothing but factual recall can be
+    learned from the expert's outputs. The model's own expert is in place afterwards.
+    Returns the loss per step.
+    """
+    pool = [(model.moe.fact, task.facts), *extra_experts]
+    data = [task.sentences(facts) for _, facts in pool]
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, config.steps)
+    gen = torch.Generator().manual_seed(config.seed)
+    history = []
+    model.train()
+    try:
+        for _ in tqdm(range(config.steps), desc="train LM", disable=quiet):
+            pick = int(torch.randint(len(pool), (1,), generator=gen)) if len(pool) > 1 else 0
+            model.moe.fact = pool[pick][0]
+            batch = data[pick].subset(torch.randint(len(data[pick]), (config.batch_size,), generator=gen))
+            losses = _token_losses(model, batch)
+            loss = losses.sum() / (batch.kinds != PAD).sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            history.append(loss.item())
+    finally:
+        model.moe.fact = pool[0][0]
+        model.eval()
+    return history
+
+
+def trained_lm(task: AuthorsBooks, config: LMTrainConfig, *, dim: int = 64, pool: int = 0, fact_prior: float = 0.5,
+               quiet: bool = False) -> tuple[AuthorsLM, list[float]]:
+    """An :class:`AuthorsLM` (seeded by ``config.seed``) trained on ``task``; ``pool`` > 0 adds
+    that many fact experts for random fact sets (seeds 1000 + seed*100 + j) to the training pool
+    (see :func:`train_lm`); ``fact_prior`` is the router's initial weight on the fact expert.
+    Returns the model (with its own expert) and the loss per step."""
+    if isinstance(pool, bool) or not isinstance(pool, int) or pool < 0:
+        raise ValueError(f"pool must be an int >= 0 (extra fact experts while training), got {pool!r}")
+    if not 0.0 < fact_prior < 1.0:
+        raise ValueError(f"fact_prior must be in (0, 1), got {fact_prior!r}")
+    model = AuthorsLM(task, dim=dim, fact_prior=fact_prior, seed=config.seed)
+    extra = []
+    for j in range(pool):
+        facts = random_facts(task.num_facts, seed=1000 + 100 * config.seed + j)
+        extra.append((fact_expert(model.fact_embeddings, task, facts, seed=1000 + j), facts))
+    return model, train_lm(model, task, config, extra_experts=extra, quiet=quiet)
+
+
+@torch.no_grad()
+def evaluate(model: AuthorsLM, task: AuthorsBooks, facts: torch.Tensor, *, batch_size: int = 1024,
+             fact_ids: Optional[torch.Tensor] = None, templates: Optional[list[int]] = None) -> dict:
+    """Accuracy and cross-entropy of ``model`` on the sentences of ``facts``.
+
+    Returns value_accuracy (argmax over the whole vocabulary is the author, at the value
+    position), ce_value, ce_nonfact (template-word targets: "The", "author", "of", ...),
+    ce_key (the book after the prefix: unpredictable, about ln F at best), and the counts.
+    """
+    data = task.sentences(facts, fact_ids, templates)
+    sums = {kind: 0.0 for kind in (WORD, KEY, VALUE)}
+    counts = {kind: 0 for kind in (WORD, KEY, VALUE)}
+    correct = 0
+    for lo in range(0, len(data), batch_size):
+        batch = data.subset(torch.arange(lo, min(lo + batch_size, len(data))))
+        logits = model(batch.tokens, batch.mask)
+        losses = F_nn.cross_entropy(logits.flatten(0, 1), batch.targets().flatten(), reduction="none")
+        losses = losses.view(batch.tokens.shape)
+        for kind in sums:
+            sel = batch.kinds == kind
+            sums[kind] += float(losses[sel].sum())
+            counts[kind] += int(sel.sum())
+        rows = torch.arange(len(batch))
+        predicted = logits[rows, batch.value_position].argmax(dim=-1)
+        correct += int((predicted == batch.targets()[rows, batch.value_position]).sum())
+    return {"value_accuracy": correct / len(data), "ce_value": sums[VALUE] / counts[VALUE],
+            "ce_nonfact": sums[WORD] / counts[WORD], "ce_key": sums[KEY] / counts[KEY],
+            "sentences": len(data), "nonfact_tokens": counts[WORD]}

@@ -1,0 +1,117 @@
+"""Authors/books LM (seed 000 §5.4, App. A.3): data, sentences, fact expert, MoE model, training."""
+
+import json
+
+import pytest
+import torch
+
+from factkernels.transformer import lm
+from factkernels.transformer.lm import KEY, PAD, TEMPLATES, VALUE, WORD, AuthorsBooks, AuthorsLM
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_shipped_pairs_are_distinct_and_ordered():
+    pairs = lm.load_book_authors()
+    assert len(pairs) == 4096
+    assert pairs[0] == ("Agatha Christie", "A Murder is Announced")
+    assert len({a.lower() for a, _ in pairs}) == len({b.lower() for _, b in pairs}) == 4096
+    assert all(a.isascii() and b.isascii() and len(b) <= 60 for a, b in pairs)
+    assert lm.load_book_authors(3) == pairs[:3]
+    with pytest.raises(ValueError, match="n must be"):
+        lm.load_book_authors(5000)
+
+
+def test_sentences_spell_out_the_facts():
+    task = AuthorsBooks.build(8)
+    assert len(TEMPLATES) == 16 and task.vocab_size == len(task.words) + 16
+    facts = torch.tensor([3, 1, 2, 0, 4, 5, 7, 6])
+    data = task.sentences(facts)
+    assert len(data) == 8 * 16
+    strings = task.token_strings()
+    row = 16 * 3 + 1  # book 3, template 1: "Who is the author of <book> ? It is <author>"
+    words = [strings[t] for t in data.tokens[row][data.mask[row]]]
+    assert words == "Who is the author of".split() + [task.books[3]] + "? It is".split() + [task.authors[0]]
+    pos = int(data.value_position[row])
+    assert data.targets()[row, pos] == task.author_ids()[0]
+    assert data.kinds[row, pos] == VALUE
+    assert data.kinds[row, 4] == KEY and data.kinds[row, 0] == WORD  # "of" -> book, "Who" -> "is"
+    assert (data.kinds[~data.mask] == PAD).all()
+    # one value target and one key target per sentence
+    assert ((data.kinds == VALUE).sum(1) == 1).all() and ((data.kinds == KEY).sum(1) == 1).all()
+    sub = task.sentences(facts, torch.tensor([2]), [0, 5])
+    assert sub.template.tolist() == [0, 5] and sub.fact.tolist() == [2, 2]
+    with pytest.raises(ValueError, match="facts must"):
+        task.sentences(torch.zeros(3, dtype=torch.long))
+
+
+def test_fact_expert_stores_the_facts_over_books_and_authors():
+    task = AuthorsBooks.build(64)
+    table = lm.sphere_embeddings(2 * 64, 32, seed=0)
+    facts = lm.random_facts(64, seed=3)
+    mlp = lm.fact_expert(table, task, facts, seed=0)
+    assert torch.equal(mlp.predict(table[:64], table), facts + 64)
+    with pytest.raises(ValueError, match="books then authors"):
+        lm.fact_expert(table[:100], task, facts)
+
+
+def test_model_shapes_swap_and_frozen_parts():
+    task = AuthorsBooks.build(16)
+    model = AuthorsLM(task, dim=16, seed=0)
+    data = task.sentences(task.facts, templates=[0, 1])
+    logits = model(data.tokens, data.mask)
+    assert logits.shape == (len(data), data.tokens.shape[1], task.vocab_size)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert "word_embeddings" in trainable and not any(n.startswith("moe.fact.") for n in trainable)
+    assert "fact_embeddings" in dict(model.named_buffers())
+    new = lm.fact_expert(model.fact_embeddings, task, lm.random_facts(16, seed=1), seed=1)
+    old = model.swap_fact_expert(new)
+    assert model.moe.fact is new and old is not new
+    bad = lm.fact_expert(lm.sphere_embeddings(32, 8, seed=0), task, task.facts)
+    with pytest.raises(ValueError, match="fact expert must map"):
+        model.swap_fact_expert(bad)
+
+
+def test_training_learns_the_template_words_and_keeps_own_expert():
+    torch.manual_seed(0)
+    task = AuthorsBooks.build(16)
+    config = lm.LMTrainConfig(steps=60, batch_size=32, lr=1e-2)
+    model = AuthorsLM(task, dim=16, seed=0)
+    before = lm.evaluate(model, task, task.facts)
+    own = model.moe.fact
+    extra = [(lm.fact_expert(model.fact_embeddings, task, lm.random_facts(16, seed=5), seed=5), lm.random_facts(16, seed=5))]
+    losses = lm.train_lm(model, task, config, extra_experts=extra, quiet=True)
+    after = lm.evaluate(model, task, task.facts)
+    assert len(losses) == 60 and sum(losses[-10:]) < 0.6 * sum(losses[:10])
+    assert after["ce_nonfact"] < 0.6 * before["ce_nonfact"]
+    assert after["sentences"] == 16 * 16 and 0 <= after["value_accuracy"] <= 1
+    assert model.moe.fact is own  # the pool's other expert was swapped out again
+    with pytest.raises(ValueError, match="pool"):
+        lm.trained_lm(task, config, pool=-1)
+
+
+def test_cli_experiments_write_json_and_png(tmp_path):
+    from factkernels.cli import main
+
+    out = tmp_path / "lm"
+    assert main(["experiment", "lm-facts", "--quick", "--facts", "24", "--dim", "16", "--steps", "30",
+                 "--pool", "0", "--batch-size", "16", "--threads", "1", "--quiet", "--out", str(out)]) == 0
+    payload = json.loads((out / "lm_facts.json").read_text())
+    run = payload["runs"][0]
+    assert run["facts"] == 24 and 0 <= run["new_fact_accuracy"] <= 1
+    assert run["nonfact_ce_rise"] == pytest.approx(run["swapped"]["ce_nonfact"] / run["train_facts"]["ce_nonfact"] - 1)
+    assert "seed_claim" in payload and "environment" in payload
+    assert (out / "lm_facts.png").stat().st_size > 0
+
+    out = tmp_path / "edit"
+    assert main(["experiment", "editing", "--quick", "--facts", "64", "--dim", "16", "--steps", "30",
+                 "--methods", "mlp_swap,rome", "--batch-size", "16", "--threads", "1", "--quiet",
+                 "--out", str(out)]) == 0
+    payload = json.loads((out / "editing.json").read_text())
+    assert [s["altered"] for s in payload["splits"]] == [7, 3, 2]
+    best = payload["splits"][0]["methods"]["rome"]["best"]
+    assert len(payload["splits"][0]["methods"]["rome"]["runs"]) == 54  # the seed's ROME grid
+    assert best["score"] == max(r["score"] for r in payload["splits"][0]["methods"]["rome"]["runs"])
+    swap = payload["splits"][0]["methods"]["mlp_swap"]["best"]
+    assert swap["specificity"] >= 0 and "seed_claim" in payload
+    assert (out / "editing.png").stat().st_size > 0

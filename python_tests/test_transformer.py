@@ -1,0 +1,250 @@
+"""Transformer building blocks, the SSFR task, the FactTransformer slot, fact-adaptive accuracy,
+the W-vs-F search, usability/Lipschitz and the two experiment commands (tiny sizes)."""
+
+import json
+
+import pytest
+import torch
+
+from factkernels import cli
+from factkernels.transformer import (CausalSelfAttention, FactTransformer, RMSNorm, RotaryEmbedding, SSFRTask,
+                                     build_fact_mlp, build_model, capacity, fact_adaptive_accuracy, lipschitz,
+                                     run_fact_adaptive, swap_mlp, train_ssfr, usable_size)
+from factkernels.transformer.training import accuracy
+from factkernels.transformer.usability import spearman
+
+GEN = torch.Generator
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one thread is faster than two on a shared 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+def test_rmsnorm_frozen_projects_to_unit_sphere_and_trainable_to_rms_one():
+    x = torch.randn(3, 4, 8, generator=GEN().manual_seed(0)) * 5
+    frozen = RMSNorm(8, frozen=True)
+    assert list(frozen.parameters()) == []
+    torch.testing.assert_close(frozen(x).norm(dim=-1), torch.ones(3, 4))
+    trainable = RMSNorm(8)
+    torch.testing.assert_close(trainable(x).pow(2).mean(-1), torch.ones(3, 4), rtol=1e-4, atol=1e-4)
+    assert trainable.weight.requires_grad
+    with pytest.raises(ValueError, match="last dimension 8"):
+        frozen(torch.zeros(2, 7))
+
+
+def test_rotary_scores_depend_only_on_relative_position_and_keep_norms():
+    rope = RotaryEmbedding(8)
+    q, k = torch.randn(1, 1, 8, generator=GEN().manual_seed(1)), torch.randn(1, 1, 8, generator=GEN().manual_seed(2))
+    rq, rk = rope(q.expand(1, 10, 8))[0], rope(k.expand(1, 10, 8))[0]  # (10, 8): same vector at every position
+    torch.testing.assert_close(rq[7] @ rk[4], rq[3] @ rk[0])
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm().expand(10))
+    assert not torch.allclose(rq[7] @ rk[4], rq[4] @ rk[4])
+    with pytest.raises(ValueError, match="even"):
+        RotaryEmbedding(7)
+
+
+def test_attention_identity_value_output_is_causal_convex_mix_and_respects_padding():
+    attn = CausalSelfAttention(6, identity_value_output=True)
+    assert attn.value is None and attn.output is None
+    x = torch.randn(2, 5, 6, generator=GEN().manual_seed(3))
+    mask = torch.tensor([[False, False, True, True, True], [True] * 5])
+    out, weights = attn(x, mask, return_weights=True)
+    torch.testing.assert_close(out, weights @ x)  # V = O = identity
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 5))
+    assert torch.all(weights.triu(1) == 0)  # causal
+    assert torch.all(weights[0, 2:, :2] == 0)  # padded keys get no attention
+    y = x.clone()
+    y[:, 3:] = 0.0  # the future does not change earlier outputs
+    torch.testing.assert_close(attn(y, mask)[:, :3], out[:, :3])
+    full = CausalSelfAttention(6, head_dim=4)
+    assert full(x).shape == (2, 5, 6) and full.value is not None
+
+
+# ----------------------------------------------------------------------------- SSFR task
+
+
+def test_ssfr_task_follows_the_seed_format():
+    task = SSFRTask(10, 8, seed=0)
+    assert task.vocab_size == 10 + 10 + 16 and len(task.junk_pairs) == 16 + 4
+    for prefix, suffix in task.junk_pairs:
+        assert 8 <= len(prefix) <= 16 and 8 <= len(suffix) <= 16
+        assert bool(((prefix >= 20) & (prefix < 36)).all()) and bool(((suffix >= 20) & (suffix < 36)).all())
+    batch = task.sequences(split="train")
+    assert len(batch) == 10 * 16
+    for i in range(0, len(batch), 7):
+        real = batch.tokens[i][batch.padding_mask[i]]
+        prefix, suffix = task.junk_pairs[i % 16]
+        expected = torch.cat([prefix, batch.keys[i].view(1), suffix])
+        assert torch.equal(real, expected)
+        assert bool(batch.padding_mask[i, -1])  # left padding: the prediction position is the last
+    assert torch.equal(batch.targets, task.facts[batch.keys])
+    test = task.sequences(split="test")
+    assert len(test) == 10 * 4
+    torch.testing.assert_close(task.mlp_keys.norm(dim=1), torch.ones(10))
+    assert torch.equal(task.mlp_values, task.embeddings[10:20])
+    assert torch.equal(SSFRTask(10, 8, seed=0).embeddings, task.embeddings)  # seeded
+    assert not torch.equal(task.new_facts(1), task.facts)
+    sample = task.sample(32, GEN().manual_seed(0))
+    assert sample.tokens.shape == (32, task.max_length)
+
+
+def test_ssfr_task_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="num_keys"):
+        SSFRTask(0, 8)
+    with pytest.raises(ValueError, match="junk_length"):
+        SSFRTask(4, 8, junk_length=(5, 3))
+    with pytest.raises(ValueError, match="num_test_pairs > 0"):
+        SSFRTask(4, 8, num_test_pairs=0).sequences(split="test")
+    with pytest.raises(ValueError, match="split"):
+        SSFRTask(4, 8).sequences(split="valid")
+
+
+def test_ssfr_kappa_ill_conditions_embeddings():
+    task = SSFRTask(32, 8, kappa=100.0, seed=0)
+    s = torch.linalg.svdvals(task.embeddings[:32].double())
+    assert float(s[0] / s[-1]) == pytest.approx(100.0, rel=1e-3)
+
+
+# ----------------------------------------------------------------------------- model and training
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    task = SSFRTask(64, 32, seed=0)
+    make = lambda f: build_fact_mlp("constructed", task.mlp_keys, task.mlp_values, f, 64)  # noqa: E731
+    return task, make
+
+
+def test_model_freezes_key_value_embeddings_and_mlp_and_swaps(tiny):
+    task, make = tiny
+    mlp = make(task.facts)
+    model = build_model(task, mlp, seed=0)
+    assert isinstance(model, FactTransformer)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {"trainable_embeddings", "attention_norm.weight", "attention.query.weight",
+                         "attention.key.weight"}
+    assert model.trainable_embeddings.shape == (16, 32)  # only the junk tokens train
+    batch = task.sample(8, GEN().manual_seed(0))
+    logits = model(batch.tokens, batch.padding_mask)
+    assert logits.shape == (8, task.max_length, 64)
+    torch.testing.assert_close(model(batch.tokens, batch.padding_mask, last_only=True), logits[:, -1])
+    # with attention that only sees the key, the block recalls exactly what the MLP stores
+    recalled = model.mlp(model.mlp_norm(task.embeddings[:64])) @ model.output_embeddings.T
+    torch.testing.assert_close(recalled, mlp(task.mlp_keys) @ task.mlp_values.T, rtol=1e-3, atol=1e-3)
+    assert torch.equal(recalled.argmax(1), task.facts)
+    other = make(task.new_facts(1))
+    assert swap_mlp(model, other) is mlp and model.mlp is other
+    assert not torch.allclose(model(batch.tokens, batch.padding_mask, last_only=True), logits[:, -1])
+    with pytest.raises(ValueError, match=r"\(n, 32\)"):
+        model.swap_mlp(torch.nn.Linear(32, 3))
+
+
+def test_vanilla_switches_give_a_standard_block(tiny):
+    task, make = tiny
+    model = build_model(task, make(task.facts), seed=0, tie_embeddings=False, residual=True, freeze_mlp_norm=False,
+                        identity_value_output=False)
+    names = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert {"output_weight", "mlp_norm.weight", "attention.value.weight", "attention.output.weight"} <= names
+
+
+def test_training_learns_to_use_the_mlp_and_swapping_recalls_new_facts(tiny):
+    task, make = tiny
+    new_facts = task.new_facts(1)
+    mlp_a, mlp_b = make(task.facts), make(new_facts)
+    assert capacity(mlp_a, task.mlp_keys, task.mlp_values, task.facts) == 1.0
+    model = build_model(task, mlp_a, seed=0)
+    before = accuracy(model, task.sequences(split="train"))
+    result = train_ssfr(model, task, steps=400, batch_size=64, lr=1e-2, eval_every=100, progress=False)
+    assert before < 0.1 and result.final_accuracy > 0.6  # chance is 1/64
+    faa = fact_adaptive_accuracy(model, task, mlp_b, new_facts)
+    # the transformer recalls facts it never saw through the swapped MLP about as well as its own
+    assert faa > 0.6 and faa > result.final_accuracy - 0.15
+    assert model.mlp is mlp_a  # swapped back
+    # a mismatched MLP (facts B, evaluated on A's sequences) gets A's facts wrong
+    assert fact_adaptive_accuracy(model, task, mlp_b, task.facts) < 0.1
+
+
+def test_run_fact_adaptive_skips_training_when_capacity_is_too_low(tiny):
+    task, _ = tiny
+    result = run_fact_adaptive(task, lambda f: build_fact_mlp("constructed", task.mlp_keys, task.mlp_values, f, 1),
+                               new_facts=task.new_facts(1), min_capacity=0.99, progress=False)
+    assert result.fact_adaptive_accuracy is None and result.runs == [] and result.capacity_new < 0.99
+    assert result.usability is None
+
+
+def test_usable_size_search_records_every_size_and_gives_up_at_max(tiny):
+    task, _ = tiny
+    point = usable_size(task, "constructed", start=32, max_size=64, steps=2, eval_every=1, progress=False)
+    assert point.size is None and [t["size"] for t in point.trace] == [32, 64]
+    assert all(not t["usable"] for t in point.trace)
+    with pytest.raises(ValueError, match="resolution"):
+        usable_size(task, resolution=1.0)
+
+
+# ----------------------------------------------------------------------------- usability
+
+
+def test_gd_mlp_with_whitening_folded_still_reads_unwhitened_keys():
+    task = SSFRTask(16, 16, kappa=50.0, seed=0)
+    mlp = build_fact_mlp("gd", task.mlp_keys, task.mlp_values, task.facts, 32, whiten=1.0, gd_steps=3000)
+    assert capacity(mlp, task.mlp_keys, task.mlp_values, task.facts) == 1.0
+    with pytest.raises(ValueError, match="kind"):
+        build_fact_mlp("ntk", task.mlp_keys, task.mlp_values, task.facts, 8)
+
+
+def test_lipschitz_is_max_spectral_norm_of_the_jacobian(tiny):
+    task, make = tiny
+    mlp = make(task.facts)
+    keys, values = task.embeddings[:64], task.mlp_values
+
+    def exact(x):
+        jac = torch.autograd.functional.jacobian(lambda z: values @ mlp(z / z.norm()), x)  # (|V|, d)
+        return float(torch.linalg.svdvals(jac)[0])
+
+    assert lipschitz(mlp, keys, values, num_samples=100, chunk=5) == pytest.approx(max(exact(k) for k in keys), rel=1e-4)
+    assert lipschitz(mlp, keys, values, num_samples=3) <= lipschitz(mlp, keys, values, num_samples=64) + 1e-6
+    with pytest.raises(ValueError, match="num_samples"):
+        lipschitz(mlp, keys, values, num_samples=0)
+
+
+def test_spearman():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def test_experiment_ssfr_writes_json_and_png(tmp_path):
+    out = tmp_path / "ssfr"
+    assert cli.main(["experiment", "ssfr", "--quick", "--facts", "8", "--dim", "8", "--steps", "20", "--seeds", "1",
+                     "--max-size", "40",
+                     "--out", str(out), "--quiet"]) == 0
+    payload = json.loads((out / "ssfr.json").read_text())
+    assert set(payload["headline"]) == {"seed_modifications", "vanilla"}
+    assert 0.0 <= payload["measured"]["fact_adaptive_accuracy"] <= 1.0
+    assert payload["scaling"][0]["num_facts"] == 8 and payload["scaling"][0]["trace"]
+    assert "0.99" in payload["seed_claim"]["fact_adaptive_accuracy"] and "environment" in payload
+    assert (out / "ssfr_scaling.png").stat().st_size > 0
+
+
+def test_experiment_usability_writes_rows_correlations_and_png(tmp_path):
+    out = tmp_path / "usability"
+    assert cli.main(["experiment", "usability", "--quick", "--facts", "8", "--dim", "8", "--steps", "20",
+                     "--kappas", "1.1", "--alphas", "0,1", "--lipschitz-samples", "4", "--out", str(out),
+                     "--quiet"]) == 0
+    payload = json.loads((out / "usability.json").read_text())
+    assert [(r["kappa"], r["alpha"]) for r in payload["rows"]] == [(1.1, 0.0), (1.1, 1.0)]
+    for row in payload["rows"]:
+        assert 0 < row["capacity"] <= 1 and row["lipschitz"] > 0 and row["runs"]
+    assert "spearman_usability_vs_lipschitz" in payload["measured"]
+    assert (out / "usability.png").stat().st_size > 0
