@@ -20,7 +20,27 @@ from . import _ops
 from .report import ConstructionReport
 
 
-class FactMLP(nn.Module):
+class DecodingMLP(nn.Module):
+    """Base of every fact MLP here (constructed, baselines): decoding against a value table.
+
+    Subclasses define ``forward`` (..., d_in) -> (..., d_out); ``backend`` picks the fused
+    decode kernel or its torch twin.
+    """
+
+    backend: str = "auto"
+
+    @torch.no_grad()
+    def predict(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """argmax_j <g(k_i), v_j>: keys (n, d_in), values (|V|, d_out) -> (n,) long."""
+        return _ops.decode(self(keys), values, backend=self.backend)[0]
+
+    @torch.no_grad()
+    def margins(self, keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor) -> torch.Tensor:
+        """<g(k_i), v_f(i)> − max_{j≠f(i)} <g(k_i), v_j>: (n,); fact i is stored iff > 0."""
+        return _ops.decode(self(keys), values, facts, backend=self.backend)[1]
+
+
+class FactMLP(DecodingMLP):
     """A constructed fact-storing gated MLP.
 
     gate_weight: (h_g, d_in) with h_g dividing h; gate_bias: (h_g,)
@@ -95,16 +115,6 @@ class FactMLP(nn.Module):
         out = _ops.gated_forward(flat, self.gate_weight, self.gate_bias, self.up_weight, self.up_bias,
                                  self.down_weight, self.down_bias, self.activation, backend=self.backend)
         return out.reshape(*x.shape[:-1], self.out_features)
-
-    @torch.no_grad()
-    def predict(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """argmax_j <g(k_i), v_j>: keys (n, d_in), values (|V|, d_out) -> (n,) long."""
-        return _ops.decode(self(keys), values, backend=self.backend)[0]
-
-    @torch.no_grad()
-    def margins(self, keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor) -> torch.Tensor:
-        """<g(k_i), v_f(i)> − max_{j≠f(i)} <g(k_i), v_j>: (n,); fact i is stored iff > 0."""
-        return _ops.decode(self(keys), values, facts, backend=self.backend)[1]
 
     # ------------------------------------------------------------------ export
     def swiglu_weights(self) -> dict[str, torch.Tensor]:

@@ -25,6 +25,7 @@ from . import _ops, geometry
 from .construct import OUTPUTS, validate_inputs
 from .decoder import jl_decoder
 from .encoder import augment, build_shared_gate, gadget_width, sample_gate
+from .mlp import DecodingMLP
 
 FIRST_STEP = 0.1  # largest |ε_r a_r(k_i)| tried: a tenth of the gate pre-activations' scale
 MAX_HALVINGS = 40
@@ -38,7 +39,7 @@ def activation_derivative(z: torch.Tensor, activation: str) -> torch.Tensor:
     return grad
 
 
-class NonGatedMLP(nn.Module):
+class NonGatedMLP(DecodingMLP):
     """g(x) = W_down σ(W_up x + b_up) + b_down.
 
     up_weight: (h, d_in), up_bias: (h,), down_weight: (d_out, h), down_bias: (d_out,).
@@ -68,16 +69,6 @@ class NonGatedMLP(nn.Module):
         """x: (..., d_in) -> (..., d_out)."""
         hidden = _ops.activate(torch.nn.functional.linear(x, self.up_weight, self.up_bias), self.activation)
         return torch.nn.functional.linear(hidden, self.down_weight, self.down_bias)
-
-    @torch.no_grad()
-    def predict(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """argmax_j <g(k_i), v_j>: keys (n, d_in), values (|V|, d_out) -> (n,) long."""
-        return _ops.decode(self(keys), values)[0]
-
-    @torch.no_grad()
-    def margins(self, keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor) -> torch.Tensor:
-        """<g(k_i), v_f(i)> − max_{j≠f(i)} <g(k_i), v_j>: (n,); fact i is stored iff > 0."""
-        return _ops.decode(self(keys), values, facts)[1]
 
 
 def nongated_encoder(

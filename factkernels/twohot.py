@@ -17,12 +17,13 @@ from typing import Union
 import torch
 from torch import nn
 
-from . import _ops, geometry
+from . import geometry
 from .construct import OUTPUTS, _choose_m, validate_inputs
 from .encoder import two_hot_gadgets, two_hot_keys
+from .mlp import DecodingMLP
 
 
-class TwoHotMLP(nn.Module):
+class TwoHotMLP(DecodingMLP):
     """g(x) = W_down (ReLU(x) tiled m times ⊙ (W_up x)).
 
     up_weight: (m·d, d), down_weight: (d_out, m·d); the gate is the fixed identity.
@@ -46,16 +47,6 @@ class TwoHotMLP(nn.Module):
         dim = self.up_weight.shape[1]
         gate = torch.relu(x).repeat(*([1] * (x.dim() - 1)), self.up_weight.shape[0] // dim)  # (..., m·d)
         return torch.nn.functional.linear(gate * torch.nn.functional.linear(x, self.up_weight), self.down_weight)
-
-    @torch.no_grad()
-    def predict(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """argmax_j <g(k_i), v_j>: keys (n, d), values (|V|, d_out) -> (n,) long."""
-        return _ops.decode(self(keys), values)[0]
-
-    @torch.no_grad()
-    def margins(self, keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor) -> torch.Tensor:
-        """<g(k_i), v_f(i)> − max_{j≠f(i)} <g(k_i), v_j>: (n,); fact i is stored iff > 0."""
-        return _ops.decode(self(keys), values, facts)[1]
 
 
 def construct_two_hot(

@@ -11,13 +11,7 @@ from factkernels.embeddings import random_fact_set
 D = 12
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one thread is faster than two on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is faster on 2 shared cores
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import _ops, geometry
+from .. import geometry
 from ..construct import OUTPUTS, validate_inputs
+from ..mlp import DecodingMLP
 
 
-class NaiveMLP(nn.Module):
+class NaiveMLP(DecodingMLP):
     """g(x) = W_out ReLU(W_in x − b).
 
     in_weight: (F, d_in) (the keys), threshold: (F,) b, out_weight: (d_out, F).
@@ -39,16 +40,6 @@ class NaiveMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., d_in) -> (..., d_out)."""
         return torch.relu(x @ self.in_weight.T - self.threshold) @ self.out_weight.T
-
-    @torch.no_grad()
-    def predict(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """argmax_j <g(k_i), v_j>: keys (n, d_in), values (|V|, d_out) -> (n,) long."""
-        return _ops.decode(self(keys), values)[0]
-
-    @torch.no_grad()
-    def margins(self, keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor) -> torch.Tensor:
-        """<g(k_i), v_f(i)> − max_{j≠f(i)} <g(k_i), v_j>: (n,); fact i is stored iff > 0."""
-        return _ops.decode(self(keys), values, facts)[1]
 
 
 def naive(K: torch.Tensor, V: torch.Tensor, f: torch.Tensor, *, outputs: str = "values") -> NaiveMLP:
