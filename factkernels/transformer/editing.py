@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from .. import _ops
 from ..mlp import FactMLP
-from .lm import TEMPLATES, AuthorsBooks, AuthorsLM, fact_expert
+from .lm import TEMPLATES, AuthorsBooks, AuthorsLM
 
 EDIT_TEMPLATE = 0  # a single templated prompt per fact (App. A.3.4)
 PARAPHRASE_TEMPLATES = list(range(1, len(TEMPLATES)))
@@ -331,9 +331,9 @@ def grid_search(model: AuthorsLM, task: AuthorsBooks, split: EditSplit, method: 
 
 def mlp_swap(model: AuthorsLM, task: AuthorsBooks, split: EditSplit, *, seed: int = 0,
              evaluation: Optional[EditEvaluation] = None) -> dict:
-    """The seed's editor: a new FactMLP storing the whole edited fact set, swapped in."""
+    """The seed's editor: a new FactMLP of the same size storing the whole edited fact set, swapped in."""
     evaluation = EditEvaluation.build(model, task, split) if evaluation is None else evaluation
-    return evaluation.metrics(model, fact_expert(model.fact_embeddings, task, split.new_facts, seed=seed))
+    return evaluation.metrics(model, model.matching_fact_expert(task, split.new_facts, seed=seed))
 
 
 def compare_editors(model: AuthorsLM, task: AuthorsBooks, split: EditSplit, *, grids: Optional[dict] = None,

@@ -18,7 +18,7 @@ embeddings) and a trainable low-rank linear language expert.
     model, losses = trained_lm(task, LMTrainConfig(steps=1500), dim=64)   # own expert stores task.facts
     evaluate(model, task, task.facts)   # {"value_accuracy": ..., "ce_nonfact": ..., ...}
     new_facts = random_facts(256, seed=1)
-    model.swap_fact_expert(fact_expert(model.fact_embeddings, task, new_facts, seed=1))
+    model.swap_fact_expert(model.matching_fact_expert(task, new_facts, seed=1))
     evaluate(model, task, new_facts)    # new-fact accuracy, non-fact CE after the swap
 """
 
@@ -301,6 +301,12 @@ class AuthorsLM(nn.Module):
         old, self.moe.fact = self.moe.fact, fact
         return old
 
+    def matching_fact_expert(self, task: AuthorsBooks, facts: torch.Tensor, *, seed: int) -> FactMLP:
+        """A FactMLP for ``facts`` (F,) of the same code dimension m as the current expert (so of
+        the same size), ready for :meth:`swap_fact_expert`."""
+        report = self.moe.fact.report
+        return fact_expert(self.fact_embeddings, task, facts, seed=seed, m=None if report is None else report.m)
+
     @property
     def embeddings(self) -> torch.Tensor:
         """(vocab, d) token embeddings: words, books, authors."""
@@ -388,7 +394,7 @@ def trained_lm(task: AuthorsBooks, config: LMTrainConfig, *, dim: int = 64, pool
     extra = []
     for j in range(pool):
         facts = random_facts(task.num_facts, seed=1000 + 100 * config.seed + j)
-        extra.append((fact_expert(model.fact_embeddings, task, facts, seed=1000 + j), facts))
+        extra.append((model.matching_fact_expert(task, facts, seed=1000 + j), facts))
     return model, train_lm(model, task, config, extra_experts=extra, quiet=quiet)
 
 

@@ -17,7 +17,7 @@ import torch
 
 from ..results import save_figure, write_json
 from .editing import METHODS, SEED_GRIDS, SEED_SPLITS, compare_editors, make_split, scaled_split
-from .lm import AuthorsBooks, LMTrainConfig, evaluate, fact_expert, random_facts, trained_lm
+from .lm import AuthorsBooks, LMTrainConfig, evaluate, random_facts, trained_lm
 
 # Seed 000 §5.4 / App. A.3.3-A.3.4.
 SEED_LM_CLAIM = {"new_fact_accuracy": "> 0.99 after swapping the fact MLP (Fig. 9a: >= 99% usability)",
@@ -101,7 +101,7 @@ def run_lm_facts(args: argparse.Namespace) -> int:
             train_s = time.perf_counter() - start
             before = evaluate(model, task, task.facts)
             new_facts = random_facts(num_facts, seed=NEW_FACT_SEED)
-            new_mlp = fact_expert(model.fact_embeddings, task, new_facts, seed=NEW_FACT_SEED)
+            new_mlp = model.matching_fact_expert(task, new_facts, seed=NEW_FACT_SEED)
             own = model.swap_fact_expert(new_mlp)
             after = evaluate(model, task, new_facts)
             old_after = evaluate(model, task, task.facts)["value_accuracy"]
