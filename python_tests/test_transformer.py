@@ -213,6 +213,9 @@ def test_spearman():
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert spearman([1, 1, 1], [1, 2, 3]) != spearman([1, 1, 1], [1, 2, 3])  # NaN: a constant has no ranking
+    with pytest.raises(ValueError, match="same length"):
+        spearman([1, 2], [1, 2, 3])
 
 
 # ----------------------------------------------------------------------------- commands

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+from scipy import stats
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -60,24 +61,15 @@ def lipschitz(mlp: nn.Module, keys: torch.Tensor, values: torch.Tensor, *, num_s
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman rank correlation of two equal-length sequences (average ranks for ties)."""
-    a, b = torch.tensor(list(x), dtype=torch.float64), torch.tensor(list(y), dtype=torch.float64)
-    if a.numel() != b.numel() or a.numel() < 2:
-        raise ValueError(f"x and y must have the same length >= 2, got {a.numel()} and {b.numel()}")
+    """Spearman rank correlation of two equal-length sequences (scipy; average ranks for ties).
 
-    def ranks(t: torch.Tensor) -> torch.Tensor:
-        order = t.argsort()
-        r = torch.empty_like(t)
-        r[order] = torch.arange(t.numel(), dtype=torch.float64)
-        for value in t.unique():  # ties share their mean rank
-            tie = t == value
-            r[tie] = r[tie].mean()
-        return r
-
-    ra, rb = ranks(a), ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    denominator = float(ra.norm() * rb.norm())
-    return float((ra * rb).sum()) / denominator if denominator > 0 else float("nan")
+    NaN when either sequence is constant (no ranking to correlate).
+    """
+    if len(x) != len(y) or len(x) < 2:
+        raise ValueError(f"x and y must have the same length >= 2, got {len(x)} and {len(y)}")
+    if len(set(x)) < 2 or len(set(y)) < 2:
+        return float("nan")
+    return float(stats.spearmanr(x, y).statistic)
 
 
 def run_usability(*, num_keys: int, dim: int, size: int, kind: str = "gd", kappas: Sequence[float] = (1.1,),
