@@ -147,6 +147,14 @@ def test_gd_mlp_stores_and_stops_early(tiny):
     assert not any(p.requires_grad for p in mlp.parameters())
 
 
+def test_gd_mlp_mse_pulls_outputs_onto_the_values(tiny):
+    K, V, f = tiny
+    mlp = baselines.gd_mlp(K, V, f, hidden=8, loss="mse", progress=False, **FAST_GD)
+    assert accuracy(mlp, K, V, f) == 1.0 and mlp.fit_results["mlp"].solved
+    start = baselines.gd_mlp(K, V, f, hidden=8, loss="mse", steps=1, progress=False)
+    assert (mlp(K) - V[f]).norm() < 0.5 * (start(K) - V[f]).norm()
+
+
 def test_gd_mlp_is_seeded_and_follows_the_input_dtype(tiny):
     K, V, f = (t.double() if t.is_floating_point() else t for t in tiny)
     a, b, c = (baselines.gd_mlp(K, V, f, hidden=8, steps=5, seed=s, progress=False) for s in (0, 0, 1))
@@ -165,6 +173,8 @@ def test_gd_rejects_bad_options(tiny):
     K, V, f = tiny
     with pytest.raises(ValueError, match="hidden must be a positive int"):
         baselines.gd_mlp(K, V, f, hidden=0)
+    with pytest.raises(ValueError, match="loss must be one of"):
+        baselines.gd_mlp(K, V, f, hidden=8, loss="hinge")
     with pytest.raises(ValueError, match="steps must be a positive int"):
         baselines.gd_mlp(K, V, f, hidden=4, steps=0)
     with pytest.raises(ValueError, match="final_lr must be in"):

@@ -55,6 +55,23 @@ def test_fact_expert_stores_the_facts_over_books_and_authors():
         lm.fact_expert(table[:100], task, facts)
 
 
+def test_gd_fact_expert_fits_author_embeddings_with_mse():
+    task = AuthorsBooks.build(32)
+    table = lm.sphere_embeddings(64, 16, seed=0)
+    facts = lm.random_facts(32, seed=2)
+    mlp = lm.gd_fact_expert(table, task, facts, 32, seed=0)
+    assert mlp.hidden_size == 32 and mlp.report is None and mlp.fit_results["mlp"].solved
+    assert torch.equal(mlp.predict(table[:32], table), facts + 32)
+    # the MSE pulls each book's output toward its author's embedding
+    start = lm.gd_fact_expert(table, task, facts, 32, seed=0, steps=1)
+    target = table[facts + 32]
+    assert (mlp(table[:32]) - target).norm() < (start(table[:32]) - target).norm()
+    with pytest.raises(ValueError, match="hidden must"):
+        lm.gd_fact_expert(table, task, facts, 0)
+    with pytest.raises(ValueError, match="books then authors"):
+        lm.gd_fact_expert(table[:40], task, facts, 8)
+
+
 def test_model_shapes_swap_and_frozen_parts():
     task = AuthorsBooks.build(16)
     model = AuthorsLM(task, dim=16, seed=0)
@@ -70,6 +87,35 @@ def test_model_shapes_swap_and_frozen_parts():
     bad = lm.fact_expert(lm.sphere_embeddings(32, 8, seed=0), task, task.facts)
     with pytest.raises(ValueError, match="fact expert must map"):
         model.swap_fact_expert(bad)
+    matching = model.matching_fact_expert(task, lm.random_facts(16, seed=2), seed=2)
+    assert matching.report.m == old.report.m
+
+
+def test_gd_model_makes_matching_gd_experts():
+    task = AuthorsBooks.build(16)
+    model = AuthorsLM(task, expert="gd", expert_hidden=24, dim=16, seed=0)
+    assert model.moe.fact.hidden_size == 24 and model.moe.fact.report is None
+    new_facts = lm.random_facts(16, seed=1)
+    new = model.matching_fact_expert(task, new_facts, seed=1)
+    assert new.hidden_size == 24 and torch.equal(new.predict(model.fact_embeddings[:16], model.fact_embeddings),
+                                                 new_facts + 16)
+    with pytest.raises(ValueError, match="expert must be one of"):
+        AuthorsLM(task, expert="ntk", dim=16)
+
+
+def test_evaluate_matches_the_forward_pass_and_reports_routing():
+    task = AuthorsBooks.build(8)
+    model = AuthorsLM(task, dim=16, seed=0, fact_prior=0.3)
+    result = lm.evaluate(model, task, task.facts, batch_size=50)
+    data = task.sentences(task.facts)
+    with torch.no_grad():
+        losses = lm._token_losses(model, data)
+        weights = model.moe.route(model.mixer_input(data.tokens, data.mask))[..., 0]
+    word = data.kinds == WORD
+    assert result["ce_nonfact"] == pytest.approx(float(losses[word].mean()), rel=1e-5)
+    assert result["router_fact_word"] == pytest.approx(float(weights[word].mean()), rel=1e-5)
+    assert 0.2 < result["router_fact_value"] < 0.4  # untrained: the router's prior
+    assert result["fact_norm_word"] > 0 and result["language_norm_word"] > 0
 
 
 def test_training_learns_the_template_words_and_keeps_own_expert():
@@ -90,15 +136,30 @@ def test_training_learns_the_template_words_and_keeps_own_expert():
         lm.trained_lm(task, config, pool=-1)
 
 
+def test_gd_expert_is_routed_to_values_not_template_words():
+    # the MSE-trained expert is small off its keys; the router learns to send template words
+    # to the language expert and values to the fact expert (App. A.3.2's intent)
+    task = AuthorsBooks.build(16)
+    model, _ = lm.trained_lm(task, lm.LMTrainConfig(steps=150, batch_size=32, lr=1e-2), dim=16, expert="gd", quiet=True)
+    result = lm.evaluate(model, task, task.facts)
+    assert result["router_fact_value"] > 2 * result["router_fact_word"]
+    assert result["language_norm_word"] > 5 * result["fact_norm_word"]
+    assert result["value_accuracy"] > 0.5
+
+
 def test_cli_experiments_write_json_and_png(tmp_path):
     from factkernels.cli import main
 
     out = tmp_path / "lm"
     assert main(["experiment", "lm-facts", "--quick", "--facts", "24", "--dim", "16", "--steps", "30",
-                 "--pool", "0", "--batch-size", "16", "--threads", "1", "--quiet", "--out", str(out)]) == 0
+                 "--pool", "0", "--experts", "gd,constructed", "--batch-size", "16", "--threads", "1", "--quiet",
+                 "--out", str(out)]) == 0
     payload = json.loads((out / "lm_facts.json").read_text())
-    run = payload["runs"][0]
-    assert run["facts"] == 24 and 0 <= run["new_fact_accuracy"] <= 1
+    assert [r["expert"] for r in payload["runs"]] == ["gd", "constructed"]
+    assert payload["runs"][0]["fact_mlp"]["hidden"] == 24 and payload["runs"][0]["fact_mlp"]["stored_all"]
+    run = payload["runs"][1]
+    assert run["facts"] == 24 and 0 <= run["new_fact_accuracy"] <= 1 and "m" in run["fact_mlp"]
+    assert run["ce_nonfact_fact_expert_zeroed"] > 0
     assert run["nonfact_ce_rise"] == pytest.approx(run["swapped"]["ce_nonfact"] / run["train_facts"]["ce_nonfact"] - 1)
     assert "seed_claim" in payload and "environment" in payload
     assert (out / "lm_facts.png").stat().st_size > 0

@@ -136,6 +136,9 @@ def _all_decoded(outputs: torch.Tensor, values: torch.Tensor, targets: torch.Ten
 # ----------------------------------------------------------------------------- GD MLP
 
 
+GD_LOSSES = ("ce", "mse")
+
+
 def gd_mlp(
     K: torch.Tensor,
     V: torch.Tensor,
@@ -146,11 +149,14 @@ def gd_mlp(
     lr: float = 1e-3,
     final_lr: float = 1e-6,
     activation: str = "silu",
+    loss: str = "ce",
     seed: int = 0,
     progress: bool = True,
 ) -> FactMLP:
-    """A SwiGLU MLP of width ``hidden`` trained to store f: CE(g(K) Vᵀ, f), full-batch Adam.
+    """A SwiGLU MLP of width ``hidden`` trained to store f with full-batch Adam.
 
+    loss "ce": CE(g(K) Vᵀ, f) (the capacity baseline); "mse": mean_i ||g(k_i) − v_f(i)||²
+    (the fact experts of the seed's language model, App. A.3.2).
     K: (F, d_in), V: (|V|, d_out), f: (F,). Stops early once every fact is stored.
     Returns a FactMLP with biases (gate/up (hidden, d_in), down (d_out, hidden)); its
     ``fit_results`` attribute holds {"mlp": :class:`FitResult`}.
@@ -160,11 +166,18 @@ def gd_mlp(
     _check_count("steps", steps)
     _check_rates(lr, final_lr)
     _ops.check_activation(activation)
+    if loss not in GD_LOSSES:
+        raise ValueError(f"loss must be one of {GD_LOSSES}, got {loss!r}")
     net = _GatedNet.init(K.shape[1], hidden, V.shape[1], torch.Generator().manual_seed(seed), K)
 
     def objective() -> tuple[torch.Tensor, bool]:
-        logits = net(K, activation) @ V.T  # (F, |V|)
-        return F_nn.cross_entropy(logits, facts), bool((logits.argmax(1) == facts).all())
+        outputs = net(K, activation)  # (F, d_out)
+        logits = outputs @ V.T  # (F, |V|)
+        if loss == "ce":
+            value = F_nn.cross_entropy(logits, facts)
+        else:
+            value = (outputs - V[facts]).square().sum(dim=1).mean()
+        return value, bool((logits.argmax(1) == facts).all())
 
     result = fit(net.parameters(), objective, steps=steps, lr=lr, final_lr=final_lr, progress=progress,
                  desc=f"gd mlp h={hidden}")

@@ -10,13 +10,15 @@ Model (App. A.2.2 + A.3.2): a 1-layer transformer with tied, uniformly sampled u
 token embeddings (book and author rows frozen, template words trained), single-head causal attention with RoPE, MLP-parametrized
 queries and keys and value/output frozen to the identity, no residual connections, a
 frozen pre-MLP RMSNorm (projection onto the unit sphere), and in place of the MLP a
-mixture of two experts with an MLP router: the frozen fact-storing MLP (a FactMLP built by
-``factkernels.construct`` on the book embeddings, decoded against the book and author
-embeddings) and a trainable low-rank linear language expert.
+mixture of two experts with an MLP router: the frozen fact-storing MLP and a trainable low-rank
+linear language expert. The fact expert is, as in the seed's LM experiments (App. A.3.2), a
+SwiGLU MLP trained by gradient descent with an MSE objective to output the author embedding on
+each book embedding (``expert="gd"``), or a FactMLP built by ``factkernels.construct``
+(``expert="constructed"``); both are decoded against the book and author embeddings.
 
     task = AuthorsBooks.build(256)
-    model, losses = trained_lm(task, LMTrainConfig(steps=1500), dim=64)   # own expert stores task.facts
-    evaluate(model, task, task.facts)   # {"value_accuracy": ..., "ce_nonfact": ..., ...}
+    model, losses = trained_lm(task, LMTrainConfig(steps=1500), dim=64, expert="gd")   # own expert stores task.facts
+    evaluate(model, task, task.facts)   # {"value_accuracy": ..., "ce_nonfact": ..., "router_fact_word": ..., ...}
     new_facts = random_facts(256, seed=1)
     model.swap_fact_expert(model.matching_fact_expert(task, new_facts, seed=1))
     evaluate(model, task, new_facts)    # new-fact accuracy, non-fact CE after the swap
@@ -34,6 +36,7 @@ import torch.nn.functional as F_nn
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..baselines.gd import gd_mlp
 from ..construct import construct
 from ..mlp import FactMLP
 from .layers import CausalSelfAttention, RMSNorm
@@ -60,6 +63,8 @@ TEMPLATES: tuple[tuple[str, str], ...] = (
     ("The title", "comes from the pen of"),
     ("Ask anyone : the book", "is by"),
 )
+
+EXPERTS = ("gd", "constructed")  # how the fact expert is made: GD with MSE (the seed's LM) or construct()
 
 # Kinds of next-token targets, for the per-kind cross-entropy of App. A.3.3.
 PAD, WORD, KEY, VALUE = 0, 1, 2, 3
@@ -216,6 +221,21 @@ def fact_expert(fact_embeddings: torch.Tensor, task: AuthorsBooks, facts: torch.
     return construct(fact_embeddings[:num], fact_embeddings, facts + num, seed=seed, **options)
 
 
+def gd_fact_expert(fact_embeddings: torch.Tensor, task: AuthorsBooks, facts: torch.Tensor, hidden: int, *,
+                   seed: int = 0, steps: int = 20000, lr: float = 1e-3, final_lr: float = 1e-6) -> FactMLP:
+    """A SwiGLU MLP of width ``hidden`` trained as in App. A.3.2: full-batch Adam on the MSE
+    sum_i ||g(book_i) - author_f(i)||^2, stopping once argmax decoding over the books and
+    authors stores every fact. fact_embeddings: (2F, d) books then authors. Its
+    ``fit_results["mlp"]`` says whether it stored every fact."""
+    facts = task._check_facts(facts)
+    num = task.num_facts
+    if fact_embeddings.shape[0] != 2 * num:
+        raise ValueError(f"fact_embeddings must have {2 * num} rows (books then authors), "
+                         f"got {tuple(fact_embeddings.shape)}")
+    return gd_mlp(fact_embeddings[:num], fact_embeddings, facts + num, hidden, loss="mse", seed=seed, steps=steps,
+                  lr=lr, final_lr=final_lr, progress=False)
+
+
 def _mlp(dim: int, hidden: int, out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, out))
 
@@ -261,9 +281,18 @@ class FactMoE(nn.Module):
         with torch.no_grad():  # initial routing weight of the fact expert is about fact_prior
             self.router[-1].bias.copy_(torch.tensor([fact_prior, 1.0 - fact_prior]).log())
 
+    def route(self, z: torch.Tensor) -> torch.Tensor:
+        """Routing weights (..., 2): fact expert, language expert."""
+        return self.router(z).softmax(dim=-1)
+
+    def parts(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The weighted fact and language outputs (..., d) and the routing weights (..., 2)."""
+        weights = self.route(z)
+        return weights[..., :1] * self.fact(z), weights[..., 1:] * self.language(z), weights
+
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        weights = self.router(z).softmax(dim=-1)
-        return weights[..., :1] * self.fact(z) + weights[..., 1:] * self.language(z)
+        fact, language, _ = self.parts(z)
+        return fact + language
 
 
 class AuthorsLM(nn.Module):
@@ -273,13 +302,18 @@ class AuthorsLM(nn.Module):
     Embeddings start uniform on the unit sphere and are tied with the output layer; book
     and author embeddings (the fact expert's keys and values) are frozen, template-word
     embeddings train (as the seed's junk tokens do). A trainable scalar temperature scales
-    the logits.
+    the logits. ``expert`` (one of :data:`EXPERTS`) says how fact experts are made, here and by
+    :meth:`matching_fact_expert`; ``expert_hidden`` is the GD expert's width (default: F).
     """
 
-    def __init__(self, task: AuthorsBooks, fact: Optional[FactMLP] = None, *, dim: int = 64, qk_hidden: int = 128,
-                 rank: int = 32, router_hidden: int = 64, qk_scale: float = 4.0, fact_prior: float = 0.5,
-                 seed: int = 0) -> None:
+    def __init__(self, task: AuthorsBooks, fact: Optional[FactMLP] = None, *, expert: str = "constructed",
+                 expert_hidden: Optional[int] = None, dim: int = 64, qk_hidden: int = 128, rank: int = 32,
+                 router_hidden: int = 64, qk_scale: float = 4.0, fact_prior: float = 0.5, seed: int = 0) -> None:
         super().__init__()
+        if expert not in EXPERTS:
+            raise ValueError(f"expert must be one of {EXPERTS}, got {expert!r}")
+        self.expert = expert
+        self.expert_hidden = task.num_facts if expert_hidden is None else expert_hidden
         torch.manual_seed(seed)  # parameter initialization (nn.Linear has no generator argument)
         table = sphere_embeddings(task.vocab_size, dim, seed=seed)
         num_words = len(task.words)
@@ -289,7 +323,7 @@ class AuthorsLM(nn.Module):
                                              key=ScaledMLP(dim, qk_hidden, dim, qk_scale))
         self.norm = RMSNorm(dim, frozen=True)
         if fact is None:
-            fact = fact_expert(self.fact_embeddings, task, task.facts, seed=seed)
+            fact = self._make_fact_expert(task, task.facts, seed=seed)
         self.moe = FactMoE(fact, dim, rank, router_hidden, fact_prior)
         self.log_scale = nn.Parameter(torch.tensor(2.0))
 
@@ -301,11 +335,17 @@ class AuthorsLM(nn.Module):
         old, self.moe.fact = self.moe.fact, fact
         return old
 
+    def _make_fact_expert(self, task: AuthorsBooks, facts: torch.Tensor, *, seed: int, **construct_options) -> FactMLP:
+        if self.expert == "gd":
+            return gd_fact_expert(self.fact_embeddings, task, facts, self.expert_hidden, seed=seed)
+        return fact_expert(self.fact_embeddings, task, facts, seed=seed, **construct_options)
+
     def matching_fact_expert(self, task: AuthorsBooks, facts: torch.Tensor, *, seed: int) -> FactMLP:
-        """A FactMLP for ``facts`` (F,) of the same code dimension m as the current expert (so of
-        the same size), ready for :meth:`swap_fact_expert`."""
+        """A fact expert for ``facts`` (F,) made the same way and of the same size as the current
+        one (GD: same width; constructed: same code dimension m), ready for :meth:`swap_fact_expert`."""
         report = self.moe.fact.report
-        return fact_expert(self.fact_embeddings, task, facts, seed=seed, m=None if report is None else report.m)
+        options = {} if self.expert == "gd" or report is None else {"m": report.m}
+        return self._make_fact_expert(task, facts, seed=seed, **options)
 
     @property
     def embeddings(self) -> torch.Tensor:
@@ -381,8 +421,10 @@ def train_lm(model: AuthorsLM, task: AuthorsBooks, config: LMTrainConfig, *,
 
 
 def trained_lm(task: AuthorsBooks, config: LMTrainConfig, *, dim: int = 64, pool: int = 0, fact_prior: float = 0.5,
+               expert: str = "constructed", expert_hidden: Optional[int] = None,
                quiet: bool = False) -> tuple[AuthorsLM, list[float]]:
-    """An :class:`AuthorsLM` (seeded by ``config.seed``) trained on ``task``; ``pool`` > 0 adds
+    """An :class:`AuthorsLM` (seeded by ``config.seed``, fact experts made by ``expert`` of
+    width ``expert_hidden``, see :class:`AuthorsLM`) trained on ``task``; ``pool`` > 0 adds
     that many fact experts for random fact sets (seeds 1000 + seed*100 + j) to the training pool
     (see :func:`train_lm`); ``fact_prior`` is the router's initial weight on the fact expert.
     Returns the model (with its own expert) and the loss per step."""
@@ -390,7 +432,8 @@ def trained_lm(task: AuthorsBooks, config: LMTrainConfig, *, dim: int = 64, pool
         raise ValueError(f"pool must be an int >= 0 (extra fact experts while training), got {pool!r}")
     if not 0.0 < fact_prior < 1.0:
         raise ValueError(f"fact_prior must be in (0, 1), got {fact_prior!r}")
-    model = AuthorsLM(task, dim=dim, fact_prior=fact_prior, seed=config.seed)
+    model = AuthorsLM(task, expert=expert, expert_hidden=expert_hidden, dim=dim, fact_prior=fact_prior,
+                      seed=config.seed)
     extra = []
     for j in range(pool):
         facts = random_facts(task.num_facts, seed=1000 + 100 * config.seed + j)
@@ -405,24 +448,38 @@ def evaluate(model: AuthorsLM, task: AuthorsBooks, facts: torch.Tensor, *, batch
 
     Returns value_accuracy (argmax over the whole vocabulary is the author, at the value
     position), ce_value, ce_nonfact (template-word targets: "The", "author", "of", ...),
-    ce_key (the book after the prefix: unpredictable, about ln F at best), and the counts.
+    ce_key (the book after the prefix: unpredictable, about ln F at best), the counts, and how
+    the MoE mixes at template-word and value positions: router_fact_word / router_fact_value
+    (mean routing weight of the fact expert) and fact_norm_word / language_norm_word (mean
+    norm of each expert's weighted output at template-word positions).
     """
     data = task.sentences(facts, fact_ids, templates)
-    sums = {kind: 0.0 for kind in (WORD, KEY, VALUE)}
-    counts = {kind: 0 for kind in (WORD, KEY, VALUE)}
+    kinds = {WORD: "word", KEY: "key", VALUE: "value"}
+    sums = {name: 0.0 for name in ("ce_word", "ce_key", "ce_value", "router_word", "router_value", "fact_word",
+                                   "language_word")}
+    counts = {kind: 0 for kind in kinds}
     correct = 0
     for lo in range(0, len(data), batch_size):
         batch = data.subset(torch.arange(lo, min(lo + batch_size, len(data))))
-        logits = model(batch.tokens, batch.mask)
+        fact_part, language_part, weights = model.moe.parts(model.mixer_input(batch.tokens, batch.mask))
+        logits = model.logits(fact_part + language_part)
         losses = F_nn.cross_entropy(logits.flatten(0, 1), batch.targets().flatten(), reduction="none")
         losses = losses.view(batch.tokens.shape)
-        for kind in sums:
-            sel = batch.kinds == kind
-            sums[kind] += float(losses[sel].sum())
-            counts[kind] += int(sel.sum())
+        word, value = batch.kinds == WORD, batch.kinds == VALUE
+        for kind, name in kinds.items():
+            sums[f"ce_{name}"] += float(losses[batch.kinds == kind].sum())
+            counts[kind] += int((batch.kinds == kind).sum())
+        sums["router_word"] += float(weights[..., 0][word].sum())
+        sums["router_value"] += float(weights[..., 0][value].sum())
+        sums["fact_word"] += float(fact_part[word].norm(dim=-1).sum())
+        sums["language_word"] += float(language_part[word].norm(dim=-1).sum())
         rows = torch.arange(len(batch))
         predicted = logits[rows, batch.value_position].argmax(dim=-1)
         correct += int((predicted == batch.targets()[rows, batch.value_position]).sum())
-    return {"value_accuracy": correct / len(data), "ce_value": sums[VALUE] / counts[VALUE],
-            "ce_nonfact": sums[WORD] / counts[WORD], "ce_key": sums[KEY] / counts[KEY],
+    return {"value_accuracy": correct / len(data), "ce_value": sums["ce_value"] / counts[VALUE],
+            "ce_nonfact": sums["ce_word"] / counts[WORD], "ce_key": sums["ce_key"] / counts[KEY],
+            "router_fact_word": sums["router_word"] / counts[WORD],
+            "router_fact_value": sums["router_value"] / counts[VALUE],
+            "fact_norm_word": sums["fact_word"] / counts[WORD],
+            "language_norm_word": sums["language_word"] / counts[WORD],
             "sentences": len(data), "nonfact_tokens": counts[WORD]}

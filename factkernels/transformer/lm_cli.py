@@ -15,9 +15,10 @@ from dataclasses import asdict
 
 import torch
 
+from ..mlp import FactMLP
 from ..results import save_figure, write_json
 from .editing import METHODS, SEED_GRIDS, SEED_SPLITS, compare_editors, make_split, scaled_split
-from .lm import AuthorsBooks, LMTrainConfig, evaluate, random_facts, trained_lm
+from .lm import EXPERTS, AuthorsBooks, LMTrainConfig, evaluate, random_facts, trained_lm
 
 # Seed 000 §5.4 / App. A.3.3-A.3.4.
 SEED_LM_CLAIM = {"new_fact_accuracy": "> 0.99 after swapping the fact MLP (Fig. 9a: >= 99% usability)",
@@ -35,6 +36,13 @@ def _ints(text: str) -> list[int]:
         return [int(v) for v in text.split(",") if v]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _experts(text: str) -> list[str]:
+    names = [v for v in text.split(",") if v]
+    if not names or set(names) - set(EXPERTS):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {EXPERTS}, got {text!r}")
+    return names
 
 
 def _add_lm_options(p: argparse.ArgumentParser) -> None:
@@ -57,7 +65,10 @@ def add_subcommands(subparsers, experiment_subparsers) -> None:
         "lm-facts", help="authors/books LM with a MoE fact expert; new-fact accuracy and non-fact CE after a swap")
     _add_lm_options(lm)
     lm.add_argument("--facts", type=_ints, default=None, help="fact-set sizes F (<= 4096 shipped pairs), e.g. 256,1024")
-    lm.add_argument("--pool", type=_ints, default=[0, 3],
+    lm.add_argument("--experts", type=_experts, default=list(EXPERTS),
+                    help="how fact experts are made, one run per entry: gd (MSE, the seed's LM) and/or constructed")
+    lm.add_argument("--expert-hidden", type=int, default=None, help="GD expert width (default: F)")
+    lm.add_argument("--pool", type=_ints, default=[0],
                     help="extra fact experts swapped in while training, one run per entry (0 = the seed's protocol)")
     lm.set_defaults(handler=run_lm_facts)
 
@@ -80,9 +91,18 @@ def _train_config(args: argparse.Namespace, steps: int) -> LMTrainConfig:
 
 
 def _mlp_summary(mlp) -> dict:
-    report = mlp.report
-    return {"m": report.m, "hidden": mlp.hidden_size, "parameters": mlp.num_parameters,
-            "accuracy": report.accuracy, "min_margin": report.min_margin}
+    summary = {"hidden": mlp.hidden_size, "parameters": mlp.num_parameters}
+    if mlp.report is not None:  # constructed
+        return {**summary, "m": mlp.report.m, "accuracy": mlp.report.accuracy, "min_margin": mlp.report.min_margin}
+    fit = mlp.fit_results["mlp"]
+    return {**summary, "gd_steps": fit.steps, "stored_all": fit.solved, "mse": fit.loss}
+
+
+def _silenced(mlp: FactMLP) -> FactMLP:
+    """``mlp`` with its down projection zeroed: the fact expert removed, the router untouched."""
+    down = torch.zeros_like(mlp.down_weight)
+    bias = None if mlp.down_bias is None else torch.zeros_like(mlp.down_bias)
+    return FactMLP(mlp.gate_weight, mlp.gate_bias, mlp.up_weight, mlp.up_bias, down, bias, activation=mlp.activation)
 
 
 def run_lm_facts(args: argparse.Namespace) -> int:
@@ -94,10 +114,10 @@ def run_lm_facts(args: argparse.Namespace) -> int:
     runs = []
     for num_facts in fact_sizes:
         task = AuthorsBooks.build(num_facts)
-        for pool in args.pool:
+        for expert, pool in [(e, p) for e in args.experts for p in args.pool]:
             start = time.perf_counter()
             model, losses = trained_lm(task, config, dim=sizes["dim"], pool=pool, fact_prior=args.fact_prior,
-                                       quiet=args.quiet)
+                                       expert=expert, expert_hidden=args.expert_hidden, quiet=args.quiet)
             train_s = time.perf_counter() - start
             before = evaluate(model, task, task.facts)
             new_facts = random_facts(num_facts, seed=NEW_FACT_SEED)
@@ -105,18 +125,24 @@ def run_lm_facts(args: argparse.Namespace) -> int:
             own = model.swap_fact_expert(new_mlp)
             after = evaluate(model, task, new_facts)
             old_after = evaluate(model, task, task.facts)["value_accuracy"]
+            model.swap_fact_expert(_silenced(own))
+            silenced = evaluate(model, task, task.facts)["ce_nonfact"]
             model.swap_fact_expert(own)
             rise = after["ce_nonfact"] / before["ce_nonfact"] - 1
-            runs.append({"facts": num_facts, "pool": pool, "train_s": train_s, "train_facts": before,
+            runs.append({"facts": num_facts, "expert": expert, "pool": pool, "train_s": train_s, "train_facts": before,
                          "swapped": after, "new_fact_accuracy": after["value_accuracy"],
                          "old_fact_accuracy_after_swap": old_after, "nonfact_ce_rise": rise,
+                         "ce_nonfact_fact_expert_zeroed": silenced,
                          "fact_mlp": _mlp_summary(own), "new_fact_mlp": _mlp_summary(new_mlp),
                          "loss_every_50": losses[::50]})
-            print(f"F={num_facts} pool={pool}: train acc {before['value_accuracy']:.4f}, new-fact acc after swap "
-                  f"{after['value_accuracy']:.4f} (seed: > 0.99), non-fact CE {before['ce_nonfact']:.4f} -> "
-                  f"{after['ce_nonfact']:.4f} ({100 * rise:+.1f}%, seed: ~+3%), {train_s:.0f}s", flush=True)
+            print(f"F={num_facts} expert={expert} pool={pool}: train acc {before['value_accuracy']:.4f}, "
+                  f"new-fact acc after swap {after['value_accuracy']:.4f} (seed: > 0.99), non-fact CE "
+                  f"{before['ce_nonfact']:.4f} -> {after['ce_nonfact']:.4f} ({100 * rise:+.1f}%, seed: ~+3%; "
+                  f"{silenced:.4f} with the fact expert zeroed), router weight of the fact expert on template "
+                  f"words {before['router_fact_word']:.3f}, {train_s:.0f}s", flush=True)
             # written after every run, so a long sweep cut short keeps what it measured
-            payload = {"config": {**sizes, "facts": fact_sizes, "pool": args.pool, "fact_prior": args.fact_prior,
+            payload = {"config": {**sizes, "facts": fact_sizes, "experts": args.experts,
+                                  "expert_hidden": args.expert_hidden, "pool": args.pool, "fact_prior": args.fact_prior,
                                   "training": asdict(config), "quick": args.quick, "new_fact_seed": NEW_FACT_SEED},
                        "runs": runs, "seed_claim": SEED_LM_CLAIM}
             path = write_json(args.out, "lm_facts", payload)
@@ -131,16 +157,17 @@ def _plot_lm(runs: list[dict], out: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"F={r['facts']}\npool={r['pool']}" for r in runs]
+    labels = [f"F={r['facts']} {r['expert']}\npool={r['pool']}" for r in runs]
     x = range(len(runs))
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     axes[0].bar(x, [r["new_fact_accuracy"] for r in runs], color="tab:green")
     axes[0].axhline(0.99, color="k", ls="--", lw=1, label="seed: > 99%")
     axes[0].set(xticks=list(x), xticklabels=labels, ylim=(0, 1.02), title="new-fact accuracy after MLP swap")
     axes[0].legend(loc="lower right")
-    width = 0.38
-    axes[1].bar([i - width / 2 for i in x], [r["train_facts"]["ce_nonfact"] for r in runs], width, label="own MLP")
-    axes[1].bar([i + width / 2 for i in x], [r["swapped"]["ce_nonfact"] for r in runs], width, label="swapped MLP")
+    width = 0.27
+    axes[1].bar([i - width for i in x], [r["train_facts"]["ce_nonfact"] for r in runs], width, label="own MLP")
+    axes[1].bar(list(x), [r["swapped"]["ce_nonfact"] for r in runs], width, label="swapped MLP")
+    axes[1].bar([i + width for i in x], [r["ce_nonfact_fact_expert_zeroed"] for r in runs], width, label="MLP zeroed")
     axes[1].set(xticks=list(x), xticklabels=labels, yscale="log", title="non-fact token cross-entropy")
     axes[1].legend()
     for r, label in zip(runs, labels):
