@@ -167,12 +167,13 @@ def test_cli_experiments_write_json_and_png(tmp_path):
     out = tmp_path / "edit"
     assert main(["experiment", "editing", "--quick", "--facts", "64", "--dim", "16", "--steps", "30",
                  "--methods", "mlp_swap,rome", "--batch-size", "16", "--threads", "1", "--quiet",
-                 "--out", str(out)]) == 0
-    payload = json.loads((out / "editing.json").read_text())
+                 "--expert", "gd", "--out", str(out)]) == 0
+    payload = json.loads((out / "editing_gd.json").read_text())
+    assert payload["config"]["expert"] == "gd" and payload["lm"]["value_accuracy"] > 0
     assert [s["altered"] for s in payload["splits"]] == [7, 3, 2]
     best = payload["splits"][0]["methods"]["rome"]["best"]
     assert len(payload["splits"][0]["methods"]["rome"]["runs"]) == 54  # the seed's ROME grid
     assert best["score"] == max(r["score"] for r in payload["splits"][0]["methods"]["rome"]["runs"])
     swap = payload["splits"][0]["methods"]["mlp_swap"]["best"]
     assert swap["specificity"] >= 0 and "seed_claim" in payload
-    assert (out / "editing.png").stat().st_size > 0
+    assert (out / "editing_gd.png").stat().st_size > 0

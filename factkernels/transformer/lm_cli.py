@@ -77,6 +77,8 @@ def add_subcommands(subparsers, experiment_subparsers) -> None:
     _add_lm_options(edit)
     edit.add_argument("--facts", type=int, default=None, help="fact-set size F (<= 4096 shipped pairs)")
     edit.add_argument("--pool", type=int, default=0, help="extra fact experts while training the LM (0 = seed)")
+    edit.add_argument("--expert", choices=EXPERTS, default="constructed",
+                      help="fact expert of the edited LM: constructed, or gd (MSE, the seed's LM)")
     edit.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {METHODS}")
     edit.set_defaults(handler=run_editing)
 
@@ -189,7 +191,7 @@ def run_editing(args: argparse.Namespace) -> int:
     task = AuthorsBooks.build(num_facts)
     start = time.perf_counter()
     model, _ = trained_lm(task, config, dim=sizes["dim"], pool=args.pool, fact_prior=args.fact_prior,
-                          quiet=args.quiet)
+                          expert=args.expert, quiet=args.quiet)
     train_s = time.perf_counter() - start
     base = evaluate(model, task, task.facts)
     print(f"LM: F={num_facts}, value accuracy {base['value_accuracy']:.4f} ({train_s:.0f}s)")
@@ -205,16 +207,17 @@ def run_editing(args: argparse.Namespace) -> int:
         line = ", ".join(f"{m} {results[m]['best']['score']:.3f}" for m in methods)
         print(f"preserved {preserved} / altered {altered} ({100 * altered / num_facts:.0f}%): score {line}")
     payload = {"config": {**sizes, "facts": num_facts, "pool": args.pool, "fact_prior": args.fact_prior,
-                          "training": asdict(config),
+                          "expert": args.expert, "training": asdict(config),
                           "methods": methods, "grids": SEED_GRIDS, "quick": args.quick},
                "lm": {"train_s": train_s, **base}, "splits": splits, "seed_claim": SEED_EDIT_CLAIM}
-    path = write_json(args.out, "editing", payload)
-    _plot_editing(splits, methods, args.out)
+    name = "editing" if args.expert == "constructed" else f"editing_{args.expert}"
+    path = write_json(args.out, name, payload)
+    _plot_editing(splits, methods, args.out, name)
     print(f"wrote {path}")
     return 0
 
 
-def _plot_editing(splits: list[dict], methods: tuple[str, ...], out: str) -> None:
+def _plot_editing(splits: list[dict], methods: tuple[str, ...], out: str, name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -236,4 +239,4 @@ def _plot_editing(splits: list[dict], methods: tuple[str, ...], out: str) -> Non
     axes[1].set(xticks=[j + 0.4 - width / 2 for j in range(len(metrics))], xticklabels=metrics, ylim=(0, 1.02),
                 title=f"{largest['altered']} altered / {largest['preserved']} preserved facts")
     axes[1].legend(fontsize=8, loc="lower left")
-    save_figure(fig, out, "editing")
+    save_figure(fig, out, name)
