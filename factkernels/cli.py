@@ -16,6 +16,7 @@ from .capacity_experiments import add_subcommands as add_capacity_commands
 from .environment import environment
 from .construct import OUTPUTS, FactStorageError, construct
 from .embeddings import random_fact_set
+from .experiments import cli as experiments_cli
 from .solvers import SOLVERS
 from .transformer.cli import add_subcommands as add_transformer_commands
 from .transformer.lm_cli import add_subcommands as add_lm_commands
@@ -90,6 +91,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add_capacity_commands(sub, experiment_names)
     add_transformer_commands(sub, experiment_names)
     add_lm_commands(sub, experiment_names)
+    experiments_cli.add_commands(experiment_names)
     args = parser.parse_args(argv)
     return args.handler(args)
 
