@@ -12,7 +12,6 @@ import torch
 
 from . import _ops
 from .attention.cli import add_subcommands as add_attention_commands
-from .capacity_experiments import add_subcommands as add_capacity_commands
 from .environment import environment
 from .construct import OUTPUTS, FactStorageError, construct
 from .embeddings import random_fact_set
@@ -88,10 +87,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     experiments = sub.add_parser("experiment", help="run a named experiment; writes JSON and PNG")
     experiment_names = experiments.add_subparsers(dest="experiment", required=True)
     add_attention_commands(sub, experiment_names)
-    add_capacity_commands(sub, experiment_names)
     add_transformer_commands(sub, experiment_names)
     add_lm_commands(sub, experiment_names)
     experiments_cli.add_commands(experiment_names)
+    experiments_cli.add_tools(sub)
     args = parser.parse_args(argv)
     return args.handler(args)
 
