@@ -11,7 +11,6 @@ from typing import Optional, Sequence
 import torch
 
 from . import _ops
-from .attention.cli import add_subcommands as add_attention_commands
 from .environment import environment
 from .construct import OUTPUTS, FactStorageError, construct
 from .embeddings import random_fact_set
@@ -86,7 +85,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub.add_parser("info", help="print what was compiled").set_defaults(handler=_run_info)
     experiments = sub.add_parser("experiment", help="run a named experiment; writes JSON and PNG")
     experiment_names = experiments.add_subparsers(dest="experiment", required=True)
-    add_attention_commands(sub, experiment_names)
     add_transformer_commands(sub, experiment_names)
     add_lm_commands(sub, experiment_names)
     experiments_cli.add_commands(experiment_names)

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import capacity, engine
+from . import attention, capacity, engine
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -84,5 +84,6 @@ def add_commands(experiment_subparsers) -> None:
 
 
 def add_tools(subparsers) -> None:
-    """Register the top-level single-run commands that live beside the experiments (``capacity``)."""
+    """Register the top-level single-run commands that live beside the experiments (``capacity``, ``rgr-train``)."""
     capacity.add_commands(subparsers)
+    attention.add_commands(subparsers)
