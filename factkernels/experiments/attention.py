@@ -267,13 +267,16 @@ def _summarize_regular(cells: list[engine.Cell]) -> dict:
     ours = ", ".join(f"r m/d = {x:g}: h* = {h}" for x, h in best) or "-"
     if len(best) < 2:
         claims["002-a3-regular-hstar"] = Finding(ours, setting, "not run", "needs h* at two or more degrees")
+    elif len(floor) == len(best):
+        claims["002-a3-regular-hstar"] = Finding(
+            ours + f" (h* = {heads_tried[0]} is the smallest head count tried: an upper bound, not a measured optimum)",
+            setting, "not run", f"h ∈ {heads_tried} only: h* sits at the smallest head count at every r, so this grid "
+            "cannot show growth")
     else:
         grows = best[-1][1] > best[0][1]
-        claims["002-a3-regular-hstar"] = Finding(
-            ours + (f" (h* = {heads_tried[0]} is the smallest head count tried: an upper bound, not a measured "
-                    "optimum)" if floor else ""), setting, "partly" if grows else "not reproduced",
-            f"only h ∈ {heads_tried} were tried: too few for h* to grow" if not grows else
-            "h* grows, over few head counts")
+        claims["002-a3-regular-hstar"] = Finding(ours, setting, "partly" if grows else "not reproduced",
+                                                 "h* grows, over few head counts" if grows else
+                                                 "h* does not grow with r m / d_model")
     return {"points": points, "fit": fit and asdict(fit), "seed_fit": {"slope": SEED_REGULAR_SLOPE},
             "claims": claims}
 
