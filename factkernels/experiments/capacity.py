@@ -117,6 +117,11 @@ def _setting(cells: list[engine.Cell], paper: str) -> str:
             f"(cost = worst seed), methods {','.join(sorted({c['method'] for c in configs}))}")
     if steps:
         text += f", GD <= {','.join(map(str, steps))} Adam steps"
+    ours = [c for c in cells if c.config["method"] == "ours" and c.result["size"] is not None]
+    uncompressed = [c for c in ours if not c.result["jl_compresses"]]
+    if uncompressed:
+        text += (f"; m >= d in {len(uncompressed)} of {len(ours)} 'ours' cells (the JL step compresses nothing "
+                 "there)")
     return f"{text}; paper: {paper}"
 
 

@@ -128,10 +128,12 @@ def _summarize_ssfr(cells: list[engine.Cell]) -> dict:
     if slope is None:
         claims["000-fig3a-w-vs-f"] = Finding(ours, scaling_setting, "not run", "needs two F with a usable size")
     else:
+        at_start = [p["num_facts"] for p in found if p["size"] == p["trace"][0]["size"]]
         claims["000-fig3a-w-vs-f"] = Finding(
             f"{ours}; slope {slope:.2f}", scaling_setting, "partly" if 0.9 <= slope <= 1.6 else "not reproduced",
-            f"{len(found)} points cannot test F log F against F; the smallest storing MLP was already usable"
-            if len(found) < 4 else "slope measured over few F")
+            (f"{len(found)} points cannot tell F log F from F" if len(found) < 4 else "slope over few F")
+            + (f"; at F = {at_start} the first size tried (the storage threshold) was already usable, so W there is "
+               "the storage threshold" if at_start else ""))
     return {"headline": {k: c.result for k, c in head.items()}, "scaling": points, "loglog_slope_W_vs_F": slope,
             "claims": claims}
 
