@@ -1,7 +1,5 @@
 """Authors/books LM (seed 000 §5.4, App. A.3): data, sentences, fact expert, MoE model, training."""
 
-import json
-
 import pytest
 import torch
 

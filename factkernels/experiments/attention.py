@@ -17,6 +17,7 @@ rgr-value trains one (d_model, h) over its D_K; rgr-block one (D_K, h, seed).
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -480,8 +481,6 @@ def _ints(text: str) -> list[int]:
 
 def run_rgr_train(args: argparse.Namespace) -> int:
     """Handler of ``rgr-train``: per-run test F1 (or MSE) and the mean with a 95% t-interval per d_k."""
-    import json
-
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     config = TrainingConfig(context_length=args.context_length, target_rate=args.target_rate, lr=args.lr,
                             max_steps=args.steps, threads=args.threads, degree=args.degree, objective=args.objective,

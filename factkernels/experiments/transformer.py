@@ -206,17 +206,23 @@ def _summarize_usability(cells: list[engine.Cell]) -> dict:
     if rho_cap is None or math.isnan(rho_cap):
         claims["000-fig3b-tradeoff"] = Finding("-", setting, "not run", "fewer than two usable points")
     else:
-        within = []
+        within, traded, flat = [], [], []
         for kappa in sorted({r["kappa"] for r in usable}):
             mine = sorted((r for r in usable if r["kappa"] == kappa), key=lambda r: r["alpha"])
+            if mine[-1]["capacity"] > mine[0]["capacity"] and mine[-1]["usability"] < mine[0]["usability"]:
+                traded.append(kappa)
+            elif mine[-1]["capacity"] == mine[0]["capacity"]:
+                flat.append(kappa)
             within.append(f"κ={kappa:g}: capacity {mine[0]['capacity']:.2f}→{mine[-1]['capacity']:.2f}, usability "
                           f"{mine[0]['usability']:.2f}→{mine[-1]['usability']:.2f} (α {mine[0]['alpha']:g}→"
                           f"{mine[-1]['alpha']:g})")
         claims["000-fig3b-tradeoff"] = Finding(
             f"Spearman(usability, capacity) = {rho_cap:+.2f} over {len(usable)} points; " + "; ".join(within), setting,
-            "partly" if rho_cap > 0 else "reproduced",
-            "across κ the correlation is positive (badly conditioned embeddings are low in both); within each κ "
-            "whitening raises capacity and lowers usability" if rho_cap > 0 else "negative as in the paper")
+            "reproduced" if rho_cap < 0 else "partly" if traded else "not reproduced",
+            ("negative as in the paper" if rho_cap < 0 else "across κ the correlation is positive (badly "
+             "conditioned embeddings are low in both)")
+            + (f"; whitening raises capacity and lowers usability at κ ∈ {traded}" if traded else "")
+            + (f"; at κ ∈ {flat} capacity does not change with α" if flat else ""))
     if rho_lip is None or math.isnan(rho_lip):
         claims["000-fig3c-lipschitz"] = Finding("-", setting, "not run", "fewer than two usable points")
     else:
