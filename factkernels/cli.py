@@ -1,4 +1,4 @@
-"""Command line: ``factkernels demo | construct | info | rgr-train | experiment NAME``."""
+"""Command line: ``factkernels demo | construct | info | capacity | rgr-train | experiment NAME|list|report|merge``."""
 
 from __future__ import annotations
 
