@@ -129,15 +129,18 @@ def _summarize_budget(cells: list[engine.Cell]) -> dict:
                                             setting, "reproduced" if close else "partly",
                                             "c within 25% of 1.19 and R² ≥ 0.9" if close else
                                             "linear in m log2(m)/d_model, with another constant or more scatter")
-    fewest_heads = min(c.config["heads"] for c in cells)
+    fewest_heads, most_heads = min(c.config["heads"] for c in cells), max(c.config["heads"] for c in cells)
     at_floor = [p for p in points if p.best_heads == fewest_heads]
+    at_ceiling = [(p.m, p.d_model) for p in points if p.best_heads == most_heads]
     if hd is None:
         claims["002-sec6-hstar-fit"] = Finding("fewer than 2 compressions with an h*", setting, "not run",
                                                "needs D_K* at two or more m / d_model")
     else:
         claims["002-sec6-hstar-fit"] = Finding(
             f"h* ≈ {hd.slope:.2f} m/d_model {hd.intercept:+.2f} (R² = {hd.r2:.3f}, {hd.points} points)"
-            + (f"; h* is the smallest head count tried at {len(at_floor)} point(s)" if at_floor else ""),
+            + (f"; h* is the smallest head count tried at {len(at_floor)} point(s)" if at_floor else "")
+            + (f"; h* = {most_heads}, the largest head count tried, at (m, d_model) = {at_ceiling}: the true h* may "
+               "be larger there" if at_ceiling else ""),
             setting, "partly" if hd.slope > 0 else "not reproduced",
             "h* grows with compression; the quick grid's head counts are too few to fit the paper's line"
             if hd.slope > 0 else "h* does not grow with compression here")
