@@ -27,3 +27,15 @@ def test_claim_ids_are_unique_and_name_their_paper():
     for e in REGISTRY.values():
         for c in e.claims:
             assert c.paper in ("000", "002") and c.id.startswith(c.paper + "-") and c.value
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_grids_grow_with_scale_and_have_distinct_cells(name):
+    counts = []
+    for scale in engine.SCALES:
+        grid = REGISTRY[name].grid(scale)
+        keys = [engine.cell_key(c) for c in grid]
+        assert grid and len(set(keys)) == len(keys)
+        json.dumps(grid)  # configs are plain JSON
+        counts.append(len(grid))
+    assert counts == sorted(counts)  # tiny <= quick <= seed cells
