@@ -91,6 +91,16 @@ def _matrix(name: str, t: torch.Tensor, rows: Optional[int] = None, cols: Option
         raise ValueError(f"{name} must have {cols} columns, got shape {tuple(t.shape)}")
 
 
+def _vector(name: str, t: Optional[torch.Tensor], length: int) -> None:
+    """An optional 1-D tensor of exactly ``length`` entries (a bias: no broadcasting, the kernels read all of it)."""
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if t.shape != (length,):
+        raise ValueError(f"{name} must have shape ({length},), got {tuple(t.shape)}")
+
+
 def _same(ref_name: str, ref: torch.Tensor, **others: Optional[torch.Tensor]) -> None:
     for name, t in others.items():
         if t is None:
@@ -160,6 +170,7 @@ def gate_features(
     """
     _matrix("x", x)
     _matrix("weight", weight, cols=x.shape[1])
+    _vector("bias", bias, weight.shape[0])
     _same("x", x, weight=weight, bias=bias)
     check_activation(activation)
     if not _use_kernel(backend, x, weight, bias):
@@ -199,6 +210,8 @@ def gadget_matvec(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor, *, backe
     """
     _matrix("s", s)
     _matrix("p", p, rows=s.shape[0])
+    if not isinstance(coef, torch.Tensor):
+        raise TypeError(f"coef must be a torch.Tensor, got {type(coef).__name__}")
     if coef.dim() != 3 or coef.shape[1:] != (s.shape[1], p.shape[1]):
         raise ValueError(f"coef must have shape (m, {s.shape[1]}, {p.shape[1]}), got {tuple(coef.shape)}")
     _same("s", s, p=p, coef=coef)
@@ -262,6 +275,9 @@ def gated_forward(
     if hg == 0 or h % hg:
         raise ValueError(f"gate_weight rows ({hg}) must divide up_weight rows ({h})")
     _matrix("down_weight", down_weight, cols=h)
+    _vector("gate_bias", gate_bias, hg)
+    _vector("up_bias", up_bias, h)
+    _vector("down_bias", down_bias, down_weight.shape[0])
     _same("x", x, gate_weight=gate_weight, gate_bias=gate_bias, up_weight=up_weight, up_bias=up_bias,
           down_weight=down_weight, down_bias=down_bias)
     check_activation(activation)
@@ -297,12 +313,21 @@ def decode(
     _matrix("y", y)
     _matrix("values", values, cols=y.shape[1])
     _same("y", y, values=values)
+    if values.shape[0] == 0:
+        raise ValueError("values must have at least one row: there is nothing to decode to")
     if target is not None:
+        if not isinstance(target, torch.Tensor):
+            raise TypeError(f"target must be a torch.Tensor or None, got {type(target).__name__}")
+        if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
+            raise TypeError(f"target must hold integer indices, got dtype {target.dtype}")
         if target.dim() != 1 or target.shape[0] != y.shape[0]:
             raise ValueError(f"target must have shape ({y.shape[0]},), got {tuple(target.shape)}")
         if target.device != y.device:
             raise ValueError(f"target is on {target.device} but y is on {y.device}")
         target = target.to(torch.int64)
+        if target.numel() and (int(target.min()) < 0 or int(target.max()) >= values.shape[0]):
+            raise ValueError(f"target entries must lie in [0, {values.shape[0]}) (the rows of values), "
+                             f"got range [{int(target.min())}, {int(target.max())}]")
     n, nv = y.shape[0], values.shape[0]
     if not _use_kernel(backend, y, values):
         index = torch.empty(n, dtype=torch.int64, device=y.device)

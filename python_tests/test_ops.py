@@ -152,3 +152,47 @@ def test_ops_reject_bad_input():
         _ops.decode(x, x, backend="fast")
     with pytest.raises(RuntimeError, match="kernels"):
         _ops.decode(x.half(), x.half(), backend="kernels")
+
+
+# Bad input the kernels would read past or leave unwritten: _ops must reject it for both backends alike.
+_x, _w = torch.randn(4, 3, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+_wg, _wu, _wd = torch.randn(2, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64), \
+    torch.randn(6, 4, dtype=torch.float64)
+_v = torch.randn(7, 3, dtype=torch.float64)
+_one = torch.ones(1, dtype=torch.float64)
+BAD_CALLS = {
+    "gate bias (1,)": (ValueError, lambda b: _ops.gate_features(_x, _w, _one, "silu", backend=b)),
+    "gate bias 2-D": (ValueError, lambda b: _ops.gate_features(_x, _w, torch.ones(1, 5).double(), "silu", backend=b)),
+    "gated gate_bias (1,)": (ValueError, lambda b: _ops.gated_forward(_x, _wg, _one, _wu, None, _wd, None, "silu",
+                                                                      backend=b)),
+    "gated up_bias (1,)": (ValueError, lambda b: _ops.gated_forward(_x, _wg, None, _wu, _one, _wd, None, "silu",
+                                                                    backend=b)),
+    "gated down_bias (1,)": (ValueError, lambda b: _ops.gated_forward(_x, _wg, None, _wu, None, _wd, _one, "silu",
+                                                                      backend=b)),
+    "gated bias list": (TypeError, lambda b: _ops.gated_forward(_x, _wg, [0.0, 0.0], _wu, None, _wd, None, "silu",
+                                                                backend=b)),
+    "decode zero values": (ValueError, lambda b: _ops.decode(_x, _v[:0], backend=b)),
+    "decode target too large": (ValueError, lambda b: _ops.decode(_x, _v, torch.tensor([0, 1, 7, 2]), backend=b)),
+    "decode target negative": (ValueError, lambda b: _ops.decode(_x, _v, torch.tensor([0, -1, 3, 2]), backend=b)),
+    "decode float target": (TypeError, lambda b: _ops.decode(_x, _v, torch.zeros(4), backend=b)),
+    "coef not a tensor": (TypeError, lambda b: _ops.gadget_matvec(_x, _x, [[0.0]], backend=b)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_kernel_and_twin_reject_alike(case):
+    error, call = BAD_CALLS[case]
+    for backend in ("kernels", "torch"):
+        with pytest.raises(error):
+            call(backend)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_edge_sizes_match_twin(device):
+    # One value (no runner-up: margin +inf) and zero rows: kernel and twin agree exactly.
+    y, v = torch.randn(5, 3, dtype=torch.float64, device=device), torch.randn(1, 3, dtype=torch.float64, device=device)
+    for target in (None, torch.zeros(5, dtype=torch.int64, device=device)):
+        k, t = _ops.decode(y, v, target, backend="kernels"), _ops.decode(y, v, target, backend="torch")
+        assert torch.equal(k[0], t[0]) and torch.equal(k[1], t[1]) and bool(torch.isinf(k[1]).all())
+    k, t = _ops.decode(y[:0], v, backend="kernels"), _ops.decode(y[:0], v, backend="torch")
+    assert k[0].shape == t[0].shape == (0,) and k[1].shape == t[1].shape == (0,)
