@@ -13,7 +13,10 @@ the reference the tests compare against and what the benchmarks race.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import warnings
 from typing import Optional
 
 import torch
@@ -26,6 +29,9 @@ except ImportError:  # pragma: no cover - exercised only without a build
 HAS_EXTENSION = _C is not None
 
 BACKENDS = ("auto", "kernels", "torch")
+
+# Rows the CUDA gated_forward processes at once: 128 row tiles per product fill an H100.
+_GATED_CHUNK_ROWS = 8192
 
 # Analytic, non-polynomial activations; codes match csrc/kernels.h.
 ACTIVATIONS = {"silu": 0, "gelu": 1, "tanh": 2, "sigmoid": 3, "softplus": 4}
@@ -49,12 +55,54 @@ _TORCH_ACTIVATIONS = {
 
 
 def build_info() -> dict:
-    """What was compiled: CUDA (and for which architectures), OpenMP, compiler."""
+    """What was compiled: CUDA (and for which architectures, runtime and driver versions), OpenMP, compiler."""
     if _C is None:
         return {"compiled": False, "cuda": False, "cuda_devices": 0, "openmp": False}
     info = dict(_C.build_info())
     info["compiled"] = True
     return info
+
+
+@functools.cache
+def _build() -> dict:
+    """build_info() read once: the ops consult it on every call."""
+    return build_info()
+
+
+def _cuda_unusable_reason(info: dict, torch_cuda: Optional[str], torch_sees_gpu: bool) -> Optional[str]:
+    """Why compiled CUDA kernels cannot serve this process (None when they can).
+
+    info: build_info(); torch_cuda: torch.version.cuda ("12.4") or None; torch_sees_gpu:
+    torch.cuda.is_available(). The kernels link their CUDA runtime statically, so they need a
+    driver at least as new as the nvcc they were built with, and torch's own CUDA must share
+    that major version (a CUDA-13 build under a CUDA-12 torch may find a driver too old).
+    """
+    if not info.get("cuda"):
+        return None if not torch_sees_gpu else "factkernels was built without CUDA kernels"
+    if not torch_sees_gpu:
+        return "torch sees no usable CUDA device"
+    built = info.get("cuda_runtime_version", 0) // 1000
+    if torch_cuda is not None and built and int(torch_cuda.split(".")[0]) != built:
+        return (f"the CUDA kernels were built with CUDA {built} (nvcc) but torch uses CUDA {torch_cuda}; "
+                f"rebuild with the matching toolkit, e.g. CUDACXX=/usr/local/cuda-{torch_cuda.split('.')[0]}/bin/nvcc "
+                f"pip install --no-build-isolation -e .")
+    if info.get("cuda_devices", 0) == 0:
+        return (f"the CUDA runtime the kernels were built with ({info.get('cuda_runtime_version')}) finds no device; "
+                f"the driver supports {info.get('cuda_driver_version')}")
+    return None
+
+
+@functools.cache
+def _cuda_kernels_usable() -> bool:
+    """Whether CUDA tensors go to the compiled kernels; warns once (at import) when a CUDA build cannot serve them."""
+    reason = _cuda_unusable_reason(_build(), torch.version.cuda, torch.cuda.is_available())
+    if reason is not None and _build().get("cuda") and torch.cuda.is_available():
+        warnings.warn(f"factkernels: CUDA ops fall back to their torch twins: {reason}", RuntimeWarning, stacklevel=3)
+    return reason is None
+
+
+if _build().get("cuda"):
+    _cuda_kernels_usable()  # decide (and warn) once, at import
 
 
 def check_activation(activation: str) -> str:
@@ -120,13 +168,13 @@ def _use_kernel(backend: str, *tensors: Optional[torch.Tensor]) -> bool:
     ok = (
         _C is not None
         and ref.dtype in (torch.float32, torch.float64)
-        and (ref.device.type == "cpu" or (ref.device.type == "cuda" and build_info()["cuda"]))
+        and (ref.device.type == "cpu" or (ref.device.type == "cuda" and _cuda_kernels_usable()))
         and not any(t is not None and t.requires_grad and torch.is_grad_enabled() for t in tensors)
     )
     if backend == "kernels" and not ok:
         raise RuntimeError(
             f"backend='kernels' but no compiled kernel serves dtype={ref.dtype} on {ref.device} "
-            f"(build_info: {build_info()}); use backend='auto' or 'torch'"
+            f"(build_info: {_build()}); use backend='auto' or 'torch'"
         )
     return ok
 
@@ -149,7 +197,9 @@ def _ld(t: torch.Tensor) -> int:
 
 
 def _launch_args(ref: torch.Tensor) -> tuple[str, str]:
-    return ref.device.type, str(ref.dtype).replace("torch.", "")
+    """Device ("cpu" or "cuda:N": the kernel makes N current for the launch) and dtype names."""
+    device = "cpu" if ref.device.type == "cpu" else f"cuda:{ref.device.index}"
+    return device, str(ref.dtype).replace("torch.", "")
 
 
 def _stream(ref: torch.Tensor) -> int:
@@ -293,9 +343,13 @@ def gated_forward(
     gate_bias, up_bias, down_bias = (None if b is None else b.contiguous() for b in (gate_bias, up_bias, down_bias))
     n, d_out = x.shape[0], down_weight.shape[0]
     out = torch.empty(n, d_out, dtype=x.dtype, device=x.device)
+    # CUDA works through gate and hidden activations of chunk_rows rows at a time, in
+    # scratch from torch's caching allocator (the CPU kernel keeps per-thread tiles).
+    chunk_rows = min(n, _GATED_CHUNK_ROWS) if x.device.type == "cuda" else 0
+    scratch = torch.empty(chunk_rows * (hg + h), dtype=x.dtype, device=x.device) if chunk_rows else None
     _C.gated_forward(*_launch_args(x), _ptr(x), _ld(x), _ptr(gate_weight), _ptr(gate_bias), _ptr(up_weight),
                      _ptr(up_bias), _ptr(down_weight), _ptr(down_bias), _ptr(out), _ld(out), n, x.shape[1], h, hg,
-                     d_out, ACTIVATIONS[activation], _stream(x))
+                     d_out, ACTIVATIONS[activation], _ptr(scratch), chunk_rows, _stream(x))
     return out
 
 
@@ -308,6 +362,8 @@ def decode(
     y: (n, d), values: (|V|, d), target: (n,) long or None  ->  (index (n,) long, margin (n,))
     margin[i] = <y_i, v_t> − max_{j≠t} <y_i, v_j> with t = target[i] (or t = argmax,
     i.e. top-1 minus top-2 score, when target is None); a fact is stored iff margin > 0.
+    A NaN score ranks above every number, as in ``torch.argmax``: a row with any NaN score
+    gets the index of its first NaN and margin NaN (kernels and twin alike).
     The torch twin streams over rows of y in chunks of ``chunk``.
     """
     _matrix("y", y)
@@ -345,9 +401,30 @@ def decode(
     target = None if target is None else target.contiguous()
     index = torch.empty(n, dtype=torch.int64, device=y.device)
     margin = torch.empty(n, dtype=y.dtype, device=y.device)
+    splits = _decode_splits(n, nv, y.device)
+    part_val = torch.empty(3 * splits * n, dtype=y.dtype, device=y.device) if splits > 1 else None
+    part_idx = torch.empty(splits * n, dtype=torch.int64, device=y.device) if splits > 1 else None
     _C.decode(*_launch_args(y), _ptr(y), _ld(y), _ptr(values), _ld(values), _ptr(target), _ptr(index),
-              _ptr(margin), n, nv, y.shape[1], _stream(y))
+              _ptr(margin), n, nv, y.shape[1], splits, _ptr(part_val), _ptr(part_idx), _stream(y))
     return index, margin
+
+
+def _decode_splits(n: int, nv: int, device: torch.device) -> int:
+    """How many ranges of the values the CUDA decode splits into (1 on CPU, which splits on its own).
+
+    One block covers 32 rows and streams 64-value tiles; with few rows the values are split
+    until there are about two blocks per multiprocessor, each range at least 8 tiles long.
+    """
+    if device.type != "cuda":
+        return 1
+    row_blocks = -(-n // 32)
+    want = -(-2 * _multiprocessors(device.index) // max(row_blocks, 1))
+    return max(1, min(want, nv // (8 * 64), 65535))
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 # ----------------------------------------------------------------------------- attention scores

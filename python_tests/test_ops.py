@@ -196,3 +196,65 @@ def test_decode_edge_sizes_match_twin(device):
         assert torch.equal(k[0], t[0]) and torch.equal(k[1], t[1]) and bool(torch.isinf(k[1]).all())
     k, t = _ops.decode(y[:0], v, backend="kernels"), _ops.decode(y[:0], v, backend="torch")
     assert k[0].shape == t[0].shape == (0,) and k[1].shape == t[1].shape == (0,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_decode_nan_scores_match_twin(device, dtype):
+    # NaN ranks first (torch.argmax): index of the row's first NaN score, margin NaN; other rows decode as usual.
+    gen = torch.Generator().manual_seed(5)
+    y, v = _rand(gen, 40, 6, dtype=dtype, device=device), _rand(gen, 300, 6, dtype=dtype, device=device)
+    v[17, 0], v[230, 0] = math.inf, math.inf  # rows with y[i, 0] = 0 score 0 * inf = NaN there, others ±inf
+    y[:10, 0] = 0.0
+    y[12] = math.nan  # every score of row 12 is NaN: index 0
+    for target in (None, torch.randint(300, (40,), generator=gen).to(device)):
+        (k_index, k_margin), (t_index, t_margin) = (_ops.decode(y, v, target, backend=b) for b in ("kernels", "torch"))
+        assert torch.equal(k_index, t_index)
+        nan = torch.isnan(t_margin)
+        assert torch.equal(torch.isnan(k_margin), nan) and int(nan.sum()) >= 11
+        assert torch.allclose(k_margin[~nan].double(), t_margin[~nan].double(), atol=1e-4)
+    assert bool((k_index[:10] == 17).all()) and int(k_index[12]) == 0
+
+
+def test_cuda_kernels_fall_back_when_unusable():
+    built = {"cuda": True, "cuda_runtime_version": 13000, "cuda_driver_version": 12040, "cuda_devices": 0}
+    reason = _ops._cuda_unusable_reason
+    assert "CUDA 13" in reason(built, "12.4", True) and "CUDACXX" in reason(built, "12.4", True)
+    assert "no device" in reason(built, "13.0", True)  # driver older than the static runtime
+    assert reason(dict(built, cuda_devices=2), "13.0", True) is None
+    assert "no usable CUDA device" in reason(dict(built, cuda_devices=2), "13.0", False)
+    assert "without CUDA" in reason({"cuda": False}, "12.4", True)
+    assert reason({"cuda": False}, None, False) is None
+
+
+def test_build_info_is_read_once():
+    assert _ops._build() is _ops._build() and _ops._build() == _ops.build_info()
+    assert _ops._launch_args(torch.zeros(1, dtype=torch.float64)) == ("cpu", "float64")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_kernels_launch_on_the_tensors_device():
+    # Tensors on cuda:1 while cuda:0 is current: the kernel runs on cuda:1 and leaves cuda:0 current.
+    gen = torch.Generator().manual_seed(0)
+    x, w = _rand(gen, 50, 20, device="cuda:1"), _rand(gen, 30, 20, device="cuda:1")
+    with torch.cuda.device(0):
+        out = _ops.gate_features(x, w, None, "silu", backend="kernels")
+        assert torch.cuda.current_device() == 0
+    _close(out, _ops.gate_features(x.double(), w.double(), None, "silu", backend="torch"), torch.float32)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", [1, 31, 3000])
+def test_cuda_split_reductions_match_twin(n):
+    # decode splits the values across blocks for small n; gadget_rmatvec splits n across blocks for large n.
+    gen = torch.Generator().manual_seed(n)
+    y, v = _rand(gen, n, 64, device="cuda"), _rand(gen, 20000, 64, device="cuda")
+    target = torch.randint(20000, (n,), generator=gen).cuda()
+    for t in (None, target):
+        (ki, km), (ti, tm) = (_ops.decode(y, v, t, backend=b) for b in ("kernels", "torch"))
+        assert (ki == ti).float().mean() > 0.99 and torch.allclose(km, tm, atol=1e-3)
+    s, p, yy = _rand(gen, 100 * n, 8, device="cuda"), _rand(gen, 100 * n, 17, device="cuda"), \
+        _rand(gen, 100 * n, 3, device="cuda")
+    _close(_ops.gadget_rmatvec(s, p, yy, backend="kernels"),
+           _ops.gadget_rmatvec(s.double(), p.double(), yy.double(), backend="torch"), torch.float32)
