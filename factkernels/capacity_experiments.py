@@ -24,12 +24,12 @@ from typing import Callable, Optional
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from . import geometry
 from .capacity import StorageCost, methods, sampled_storage_cost
 from .embeddings import FAMILIES, family_fact_set
 from .environment import environment
+from .progress import progress_bar
 from .results import save_figure, write_json
 
 # What the seed reports (§3.1, §3.3, §4.4 and the caption of Figure 2), for the JSON and the README.
@@ -109,7 +109,7 @@ def loglog_fit(x: list[float], y: list[float]) -> Optional[dict]:
 def _cells(grid: Grid, quiet: bool, jobs: list[tuple], desc: str) -> list[dict]:
     """measure_cost for every (method, family, F, d, options) job, with one progress bar."""
     return [measure_cost(method, family, facts, dim, grid, **options)
-            for method, family, facts, dim, options in tqdm(jobs, desc=desc, disable=quiet)]
+            for method, family, facts, dim, options in progress_bar(jobs, desc=desc, enabled=not quiet)]
 
 
 def _ratio(numerator: Optional[int], denominator: Optional[int]) -> Optional[float]:
