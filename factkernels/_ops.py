@@ -17,14 +17,31 @@ import contextlib
 import functools
 import math
 import warnings
+from pathlib import Path
 from typing import Optional
 
 import torch
 
 try:  # the compiled extension is absent when running from a source checkout
     from . import _C  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - exercised only without a build
+except ImportError:  # exercised in a subprocess by the tests
     _C = None
+
+
+def _missing_extension_message(package_dir: Path) -> str:
+    """How to get the compiled kernels back, for the folder factkernels was imported from."""
+    fix = ("run from another folder so the installed package is imported, or build this checkout in place "
+           "with `pip install --no-build-isolation -e .`")
+    if (package_dir.parent / "pyproject.toml").is_file():
+        where = f"factkernels was imported from the source folder {package_dir}, which has no compiled _C"
+    else:
+        where = f"factkernels at {package_dir} has no compiled _C"
+        fix = "reinstall it (`pip install factkernels`, or `pip install --no-build-isolation -e .` in a checkout)"
+    return f"{where}; every op runs its (slower) torch twin. To use the kernels, {fix}."
+
+
+if _C is None:  # a module body runs once per process: one warning
+    warnings.warn(_missing_extension_message(Path(__file__).resolve().parent), UserWarning, stacklevel=2)
 
 HAS_EXTENSION = _C is not None
 

@@ -1,7 +1,7 @@
 """Gated encoder gadgets and their stacking (seed 000, Alg. 2/3/6/7).
 
 The encoder maps every key k_i to its code c_{f(i)} ∈ R^m with m scalar gadgets
-``enc_j(x) = 1ᵀ[σ(G x + b_G) ⊙ (A_j x + b_A,j)] + b_E[j]``. Two builds:
+``enc_j(x) = 1ᵀ[σ(G x + b_G) ⊙ (A_j x + b_A,j)] + b_E[j]``. Three builds:
 
 * :func:`build_shared_gate` — one generic gate shared by all m gadgets (still
   generic for each), so one Gram factorization or one CG run serves every

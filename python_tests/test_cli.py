@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from factkernels.cli import main, random_fact_set
+from factkernels.cli import main
+from factkernels.embeddings import random_fact_set
 
 
 def test_construct_writes_report_json_and_model(tmp_path, capsys):
