@@ -243,13 +243,7 @@ def gate_features(
     if not _use_kernel(backend, x, weight, bias):
         pre = x @ weight.T
         return activate(pre + bias if bias is not None else pre, activation)
-    x, weight = _rowmajor(x), _rowmajor(weight)
-    bias = None if bias is None else bias.contiguous()
-    n, k, h = x.shape[0], x.shape[1], weight.shape[0]
-    out = torch.empty(n, h, dtype=x.dtype, device=x.device)
-    _C.gate_features(*_launch_args(x), _ptr(x), _ld(x), _ptr(weight), _ld(weight), _ptr(bias),
-                     _ptr(out), _ld(out), n, k, h, ACTIVATIONS[activation], _stream(x))
-    return out
+    return _gate_features_kernel(x, weight, bias, activation)
 
 
 def hadamard_gram(s: torch.Tensor, p: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -262,12 +256,7 @@ def hadamard_gram(s: torch.Tensor, p: torch.Tensor, *, backend: str = "auto") ->
     _same("s", s, p=p)
     if not _use_kernel(backend, s, p):
         return (s @ s.T) * (p @ p.T)
-    s, p = _rowmajor(s), _rowmajor(p)
-    n = s.shape[0]
-    out = torch.empty(n, n, dtype=s.dtype, device=s.device)
-    _C.hadamard_gram(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(out), _ld(out),
-                     n, s.shape[1], p.shape[1], _stream(s))
-    return out
+    return _hadamard_gram_kernel(s, p)
 
 
 def gadget_matvec(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -287,12 +276,7 @@ def gadget_matvec(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor, *, backe
         # (n, q) @ (q, m*h) then reduce over r against s: two GEMM-shaped steps.
         t = (p @ coef.permute(2, 0, 1).reshape(q, m * h)).view(-1, m, h)
         return torch.einsum("ijr,ir->ij", t, s)
-    s, p, coef = _rowmajor(s), _rowmajor(p), coef.contiguous()
-    n, m = s.shape[0], coef.shape[0]
-    out = torch.empty(n, m, dtype=s.dtype, device=s.device)
-    _C.gadget_matvec(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(coef), _ptr(out), _ld(out),
-                     n, s.shape[1], p.shape[1], m, _stream(s))
-    return out
+    return _gadget_matvec_kernel(s, p, coef)
 
 
 def gadget_rmatvec(s: torch.Tensor, p: torch.Tensor, y: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -308,12 +292,7 @@ def gadget_rmatvec(s: torch.Tensor, p: torch.Tensor, y: torch.Tensor, *, backend
         n, h = s.shape
         w = (y.unsqueeze(2) * s.unsqueeze(1)).reshape(n, -1)  # (n, m*h)
         return (w.T @ p).view(y.shape[1], h, p.shape[1])
-    s, p, y = _rowmajor(s), _rowmajor(p), _rowmajor(y)
-    n, h, q, m = s.shape[0], s.shape[1], p.shape[1], y.shape[1]
-    out = torch.empty(m, h, q, dtype=s.dtype, device=s.device)
-    _C.gadget_rmatvec(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(y), _ld(y), _ptr(out),
-                      n, h, q, m, _stream(s))
-    return out
+    return _gadget_rmatvec_kernel(s, p, y)
 
 
 def gated_forward(
@@ -355,19 +334,7 @@ def gated_forward(
             gate = gate.repeat(1, h // hg)
         up = torch.nn.functional.linear(x, up_weight, up_bias)
         return torch.nn.functional.linear(gate * up, down_weight, down_bias)
-    x = _rowmajor(x)
-    gate_weight, up_weight, down_weight = (w.contiguous() for w in (gate_weight, up_weight, down_weight))
-    gate_bias, up_bias, down_bias = (None if b is None else b.contiguous() for b in (gate_bias, up_bias, down_bias))
-    n, d_out = x.shape[0], down_weight.shape[0]
-    out = torch.empty(n, d_out, dtype=x.dtype, device=x.device)
-    # CUDA works through gate and hidden activations of chunk_rows rows at a time, in
-    # scratch from torch's caching allocator (the CPU kernel keeps per-thread tiles).
-    chunk_rows = min(n, _GATED_CHUNK_ROWS) if x.device.type == "cuda" else 0
-    scratch = torch.empty(chunk_rows * (hg + h), dtype=x.dtype, device=x.device) if chunk_rows else None
-    _C.gated_forward(*_launch_args(x), _ptr(x), _ld(x), _ptr(gate_weight), _ptr(gate_bias), _ptr(up_weight),
-                     _ptr(up_bias), _ptr(down_weight), _ptr(down_bias), _ptr(out), _ld(out), n, x.shape[1], h, hg,
-                     d_out, ACTIVATIONS[activation], _ptr(scratch), chunk_rows, _stream(x))
-    return out
+    return _gated_forward_kernel(x, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, activation)
 
 
 def decode(
@@ -414,16 +381,7 @@ def decode(
             scores.scatter_(1, t[:, None], -math.inf)
             margin[lo : lo + chunk] = own - scores.max(dim=1).values
         return index, margin
-    y, values = _rowmajor(y), _rowmajor(values)
-    target = None if target is None else target.contiguous()
-    index = torch.empty(n, dtype=torch.int64, device=y.device)
-    margin = torch.empty(n, dtype=y.dtype, device=y.device)
-    splits = _decode_splits(n, nv, y.device)
-    part_val = torch.empty(3 * splits * n, dtype=y.dtype, device=y.device) if splits > 1 else None
-    part_idx = torch.empty(splits * n, dtype=torch.int64, device=y.device) if splits > 1 else None
-    _C.decode(*_launch_args(y), _ptr(y), _ld(y), _ptr(values), _ld(values), _ptr(target), _ptr(index),
-              _ptr(margin), n, nv, y.shape[1], splits, _ptr(part_val), _ptr(part_idx), _stream(y))
-    return index, margin
+    return _decode_kernel(y, values, target)
 
 
 def _decode_splits(n: int, nv: int, device: torch.device) -> int:
@@ -442,6 +400,125 @@ def _decode_splits(n: int, nv: int, device: torch.device) -> int:
 @functools.cache
 def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+# ----------------------------------------------------------------------------- registered kernels
+# Each compiled kernel is a torch custom op with a fake (shape-only) twin, so torch.compile
+# traces FactMLP and other callers through the kernel instead of breaking the graph at raw
+# pointers. The public ops above validate and pick the backend, then call these.
+
+
+@torch.library.custom_op("factkernels::gate_features", mutates_args=())
+def _gate_features_kernel(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                          activation: str) -> torch.Tensor:
+    """The compiled gate_features on validated tensors (a torch op, so torch.compile can trace callers)."""
+    x, weight = _rowmajor(x), _rowmajor(weight)
+    bias = None if bias is None else bias.contiguous()
+    n, k, h = x.shape[0], x.shape[1], weight.shape[0]
+    out = torch.empty(n, h, dtype=x.dtype, device=x.device)
+    _C.gate_features(*_launch_args(x), _ptr(x), _ld(x), _ptr(weight), _ld(weight), _ptr(bias),
+                     _ptr(out), _ld(out), n, k, h, ACTIVATIONS[activation], _stream(x))
+    return out
+
+
+@_gate_features_kernel.register_fake
+def _(x, weight, bias, activation):
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@torch.library.custom_op("factkernels::hadamard_gram", mutates_args=())
+def _hadamard_gram_kernel(s: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """The compiled hadamard_gram on validated tensors (a torch op, so torch.compile can trace callers)."""
+    s, p = _rowmajor(s), _rowmajor(p)
+    n = s.shape[0]
+    out = torch.empty(n, n, dtype=s.dtype, device=s.device)
+    _C.hadamard_gram(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(out), _ld(out),
+                     n, s.shape[1], p.shape[1], _stream(s))
+    return out
+
+
+@_hadamard_gram_kernel.register_fake
+def _(s, p):
+    return s.new_empty(s.shape[0], s.shape[0])
+
+
+@torch.library.custom_op("factkernels::gadget_matvec", mutates_args=())
+def _gadget_matvec_kernel(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    """The compiled gadget_matvec on validated tensors (a torch op, so torch.compile can trace callers)."""
+    s, p, coef = _rowmajor(s), _rowmajor(p), coef.contiguous()
+    n, m = s.shape[0], coef.shape[0]
+    out = torch.empty(n, m, dtype=s.dtype, device=s.device)
+    _C.gadget_matvec(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(coef), _ptr(out), _ld(out),
+                     n, s.shape[1], p.shape[1], m, _stream(s))
+    return out
+
+
+@_gadget_matvec_kernel.register_fake
+def _(s, p, coef):
+    return s.new_empty(s.shape[0], coef.shape[0])
+
+
+@torch.library.custom_op("factkernels::gadget_rmatvec", mutates_args=())
+def _gadget_rmatvec_kernel(s: torch.Tensor, p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The compiled gadget_rmatvec on validated tensors (a torch op, so torch.compile can trace callers)."""
+    s, p, y = _rowmajor(s), _rowmajor(p), _rowmajor(y)
+    n, h, q, m = s.shape[0], s.shape[1], p.shape[1], y.shape[1]
+    out = torch.empty(m, h, q, dtype=s.dtype, device=s.device)
+    _C.gadget_rmatvec(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(y), _ld(y), _ptr(out),
+                      n, h, q, m, _stream(s))
+    return out
+
+
+@_gadget_rmatvec_kernel.register_fake
+def _(s, p, y):
+    return s.new_empty(y.shape[1], s.shape[1], p.shape[1])
+
+
+@torch.library.custom_op("factkernels::gated_forward", mutates_args=())
+def _gated_forward_kernel(x: torch.Tensor, gate_weight: torch.Tensor, gate_bias: Optional[torch.Tensor],
+                          up_weight: torch.Tensor, up_bias: Optional[torch.Tensor], down_weight: torch.Tensor,
+                          down_bias: Optional[torch.Tensor], activation: str) -> torch.Tensor:
+    """The compiled gated_forward on validated tensors (a torch op, so torch.compile can trace callers)."""
+    x, h, hg = _rowmajor(x), up_weight.shape[0], gate_weight.shape[0]
+    gate_weight, up_weight, down_weight = (w.contiguous() for w in (gate_weight, up_weight, down_weight))
+    gate_bias, up_bias, down_bias = (None if b is None else b.contiguous() for b in (gate_bias, up_bias, down_bias))
+    n, d_out = x.shape[0], down_weight.shape[0]
+    out = torch.empty(n, d_out, dtype=x.dtype, device=x.device)
+    # CUDA works through gate and hidden activations of chunk_rows rows at a time, in
+    # scratch from torch's caching allocator (the CPU kernel keeps per-thread tiles).
+    chunk_rows = min(n, _GATED_CHUNK_ROWS) if x.device.type == "cuda" else 0
+    scratch = torch.empty(chunk_rows * (hg + h), dtype=x.dtype, device=x.device) if chunk_rows else None
+    _C.gated_forward(*_launch_args(x), _ptr(x), _ld(x), _ptr(gate_weight), _ptr(gate_bias), _ptr(up_weight),
+                     _ptr(up_bias), _ptr(down_weight), _ptr(down_bias), _ptr(out), _ld(out), n, x.shape[1], h, hg,
+                     d_out, ACTIVATIONS[activation], _ptr(scratch), chunk_rows, _stream(x))
+    return out
+
+
+@_gated_forward_kernel.register_fake
+def _(x, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, activation):
+    return x.new_empty(x.shape[0], down_weight.shape[0])
+
+
+@torch.library.custom_op("factkernels::decode", mutates_args=())
+def _decode_kernel(y: torch.Tensor, values: torch.Tensor,
+                   target: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The compiled decode on validated tensors (a torch op, so torch.compile can trace callers)."""
+    y, values = _rowmajor(y), _rowmajor(values)
+    n, nv = y.shape[0], values.shape[0]
+    target = None if target is None else target.contiguous()
+    index = torch.empty(n, dtype=torch.int64, device=y.device)
+    margin = torch.empty(n, dtype=y.dtype, device=y.device)
+    splits = _decode_splits(n, nv, y.device)
+    part_val = torch.empty(3 * splits * n, dtype=y.dtype, device=y.device) if splits > 1 else None
+    part_idx = torch.empty(splits * n, dtype=torch.int64, device=y.device) if splits > 1 else None
+    _C.decode(*_launch_args(y), _ptr(y), _ld(y), _ptr(values), _ld(values), _ptr(target), _ptr(index),
+              _ptr(margin), n, nv, y.shape[1], splits, _ptr(part_val), _ptr(part_idx), _stream(y))
+    return index, margin
+
+
+@_decode_kernel.register_fake
+def _(y, values, target):
+    return (y.new_empty(y.shape[0], dtype=torch.int64), y.new_empty(y.shape[0]))
 
 
 # ----------------------------------------------------------------------------- attention scores
