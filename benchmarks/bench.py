@@ -27,7 +27,7 @@ import torch
 
 import factkernels
 from factkernels import _ops, geometry
-from factkernels.cli import random_fact_set
+from factkernels.embeddings import random_fact_set
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -18,16 +18,18 @@ namespace {
 template <typename T> const T* cptr(uintptr_t p) { return reinterpret_cast<const T*>(p); }
 template <typename T> T* mptr(uintptr_t p) { return reinterpret_cast<T*>(p); }
 
-bool is_cuda(const std::string& device) {
-  if (device == "cpu") return false;
-  if (device == "cuda") {
+// "cpu" -> -1; "cuda:N" -> N (the device every pointer of the call lives on).
+int device_index(const std::string& device) {
+  if (device == "cpu") return -1;
+  if (device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
+      device.find_first_not_of("0123456789", 5) == std::string::npos) {
 #ifdef FACTKERNELS_CUDA
-    return true;
+    return std::stoi(device.substr(5));
 #else
     throw std::runtime_error("factkernels was built without CUDA kernels");
 #endif
   }
-  throw std::invalid_argument("device must be 'cpu' or 'cuda', got '" + device + "'");
+  throw std::invalid_argument("device must be 'cpu' or 'cuda:N', got '" + device + "'");
 }
 
 // Runs f<float>() or f<double>() by dtype name.
@@ -43,13 +45,21 @@ Activation to_activation(int code) {
   return static_cast<Activation>(code);
 }
 
-// Calls the CPU or the CUDA instantiation of one kernel with one args struct.
+// Calls the CPU or the CUDA instantiation of one kernel with one args struct; a CUDA
+// launch runs with the tensors' device current (whatever device the caller had current).
 #ifdef FACTKERNELS_CUDA
-#define FK_LAUNCH(kernel, args, on_cuda, stream) \
-  do { if (on_cuda) cuda::kernel(args, stream); else cpu::kernel(args); } while (0)
+#define FK_LAUNCH(kernel, args, dev, stream)     \
+  do {                                           \
+    if (dev >= 0) {                              \
+      cuda::DeviceGuard guard(dev);              \
+      cuda::kernel(args, stream);                \
+    } else {                                     \
+      cpu::kernel(args);                         \
+    }                                            \
+  } while (0)
 #else
-#define FK_LAUNCH(kernel, args, on_cuda, stream) \
-  do { (void)(stream); cpu::kernel(args); } while (0)
+#define FK_LAUNCH(kernel, args, dev, stream) \
+  do { (void)(dev); (void)(stream); cpu::kernel(args); } while (0)
 #endif
 
 }  // namespace
@@ -61,13 +71,13 @@ PYBIND11_MODULE(_C, m) {
         [](const std::string& device, const std::string& dtype, uintptr_t x, int64_t ldx,
            uintptr_t w, int64_t ldw, uintptr_t b, uintptr_t out, int64_t ldo, int64_t n,
            int64_t k, int64_t h, int act, uintptr_t stream) {
-          const bool on_cuda = is_cuda(device);
+          const int dev = device_index(device);
           dispatch_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
             GateFeaturesArgs<T> a{cptr<T>(x), ldx, cptr<T>(w), ldw, cptr<T>(b),
                                   mptr<T>(out), ldo, n, k, h, to_activation(act)};
             py::gil_scoped_release nogil;
-            FK_LAUNCH(gate_features, a, on_cuda, stream);
+            FK_LAUNCH(gate_features, a, dev, stream);
           });
         });
 
@@ -75,12 +85,12 @@ PYBIND11_MODULE(_C, m) {
         [](const std::string& device, const std::string& dtype, uintptr_t s, int64_t lds,
            uintptr_t p, int64_t ldp, uintptr_t out, int64_t ldo, int64_t n, int64_t h, int64_t q,
            uintptr_t stream) {
-          const bool on_cuda = is_cuda(device);
+          const int dev = device_index(device);
           dispatch_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
             HadamardGramArgs<T> a{cptr<T>(s), lds, cptr<T>(p), ldp, mptr<T>(out), ldo, n, h, q};
             py::gil_scoped_release nogil;
-            FK_LAUNCH(hadamard_gram, a, on_cuda, stream);
+            FK_LAUNCH(hadamard_gram, a, dev, stream);
           });
         });
 
@@ -88,13 +98,13 @@ PYBIND11_MODULE(_C, m) {
         [](const std::string& device, const std::string& dtype, uintptr_t s, int64_t lds,
            uintptr_t p, int64_t ldp, uintptr_t coef, uintptr_t out, int64_t ldo, int64_t n,
            int64_t h, int64_t q, int64_t mm, uintptr_t stream) {
-          const bool on_cuda = is_cuda(device);
+          const int dev = device_index(device);
           dispatch_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
             GadgetProductArgs<T> a{cptr<T>(s), lds, cptr<T>(p), ldp, cptr<T>(coef), ldo,
                                    mptr<T>(out), n, h, q, mm};
             py::gil_scoped_release nogil;
-            FK_LAUNCH(gadget_matvec, a, on_cuda, stream);
+            FK_LAUNCH(gadget_matvec, a, dev, stream);
           });
         });
 
@@ -102,13 +112,13 @@ PYBIND11_MODULE(_C, m) {
         [](const std::string& device, const std::string& dtype, uintptr_t s, int64_t lds,
            uintptr_t p, int64_t ldp, uintptr_t y, int64_t ldy, uintptr_t out, int64_t n,
            int64_t h, int64_t q, int64_t mm, uintptr_t stream) {
-          const bool on_cuda = is_cuda(device);
+          const int dev = device_index(device);
           dispatch_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
             GadgetProductArgs<T> a{cptr<T>(s), lds, cptr<T>(p), ldp, cptr<T>(y), ldy,
                                    mptr<T>(out), n, h, q, mm};
             py::gil_scoped_release nogil;
-            FK_LAUNCH(gadget_rmatvec, a, on_cuda, stream);
+            FK_LAUNCH(gadget_rmatvec, a, dev, stream);
           });
         });
 
@@ -116,30 +126,32 @@ PYBIND11_MODULE(_C, m) {
         [](const std::string& device, const std::string& dtype, uintptr_t x, int64_t ldx,
            uintptr_t wg, uintptr_t bg, uintptr_t wu, uintptr_t bu, uintptr_t wd, uintptr_t bd,
            uintptr_t out, int64_t ldo, int64_t n, int64_t d_in, int64_t h, int64_t hg,
-           int64_t d_out, int act, uintptr_t stream) {
-          const bool on_cuda = is_cuda(device);
+           int64_t d_out, int act, uintptr_t scratch, int64_t chunk_rows, uintptr_t stream) {
+          const int dev = device_index(device);
           dispatch_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
             GatedForwardArgs<T> a{cptr<T>(x), ldx, cptr<T>(wg), cptr<T>(bg), cptr<T>(wu),
                                   cptr<T>(bu), cptr<T>(wd), cptr<T>(bd), mptr<T>(out), ldo,
-                                  n, d_in, h, hg, d_out, to_activation(act)};
+                                  n, d_in, h, hg, d_out, to_activation(act), mptr<T>(scratch), chunk_rows};
             py::gil_scoped_release nogil;
-            FK_LAUNCH(gated_forward, a, on_cuda, stream);
+            FK_LAUNCH(gated_forward, a, dev, stream);
           });
         });
 
   m.def("decode",
         [](const std::string& device, const std::string& dtype, uintptr_t y, int64_t ldy,
            uintptr_t v, int64_t ldv, uintptr_t target, uintptr_t index, uintptr_t margin,
-           int64_t n, int64_t nv, int64_t d, uintptr_t stream) {
-          const bool on_cuda = is_cuda(device);
+           int64_t n, int64_t nv, int64_t d, int64_t splits, uintptr_t part_val, uintptr_t part_idx,
+           uintptr_t stream) {
+          const int dev = device_index(device);
           dispatch_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
             DecodeArgs<T> a{cptr<T>(y), ldy, cptr<T>(v), ldv,
                             reinterpret_cast<const int64_t*>(target),
-                            reinterpret_cast<int64_t*>(index), mptr<T>(margin), n, nv, d};
+                            reinterpret_cast<int64_t*>(index), mptr<T>(margin), n, nv, d,
+                            splits, mptr<T>(part_val), reinterpret_cast<int64_t*>(part_idx)};
             py::gil_scoped_release nogil;
-            FK_LAUNCH(decode, a, on_cuda, stream);
+            FK_LAUNCH(decode, a, dev, stream);
           });
         });
 
@@ -147,13 +159,13 @@ PYBIND11_MODULE(_C, m) {
         [](const std::string& device, const std::string& dtype, uintptr_t q, uintptr_t k, uintptr_t tau,
            uintptr_t scores, uintptr_t decision, int64_t batch, int64_t h, int64_t lq, int64_t lk, int64_t dk,
            uintptr_t stream) {
-          const bool on_cuda = is_cuda(device);
+          const int dev = device_index(device);
           dispatch_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
             MaxHeadScoresArgs<T> a{cptr<T>(q), cptr<T>(k), cptr<T>(tau), mptr<T>(scores),
                                    reinterpret_cast<uint8_t*>(decision), batch, h, lq, lk, dk};
             py::gil_scoped_release nogil;
-            FK_LAUNCH(max_head_scores, a, on_cuda, stream);
+            FK_LAUNCH(max_head_scores, a, dev, stream);
           });
         });
 
@@ -165,6 +177,8 @@ PYBIND11_MODULE(_C, m) {
     info["cuda_archs"] = FACTKERNELS_CUDA_ARCHS;
 #endif
     info["cuda_devices"] = cuda::device_count();
+    info["cuda_runtime_version"] = cuda::runtime_version();
+    info["cuda_driver_version"] = cuda::driver_version();
 #else
     info["cuda"] = false;
     info["cuda_devices"] = 0;

@@ -60,6 +60,8 @@ struct GadgetProductArgs {
 //   x: (n, d_in), wg: (hg, d_in) with hg dividing h (hg < h shares gate rows
 //   across gadgets, row r uses gate r mod hg), wu: (h, d_in), wd: (d_out, h), out: (n, d_out).
 //   Any bias pointer may be null.
+//   CUDA only: rows are processed chunk_rows at a time through scratch, a caller-owned
+//   buffer of chunk_rows * (hg + h) elements (the caller's allocator, not cudaMalloc here).
 template <typename T>
 struct GatedForwardArgs {
   const T* x; int64_t ldx;
@@ -69,13 +71,19 @@ struct GatedForwardArgs {
   T* out; int64_t ldo;
   int64_t n, d_in, h, hg, d_out;
   Activation act;
+  T* scratch; int64_t chunk_rows;
 };
 
 // Fused decode, streaming over v in tiles with O(n + nv) extra memory:
 //   index[i]  = argmax_j <y_i, v_j>        (lowest j on ties)
 //   margin[i] = <y_i, v_t> - max_{j != t} <y_i, v_j>, where t = target[i] when
 //               target is given, else t = index[i] (top-1 minus top-2 score).
-//   y: (n, d), v: (nv, d), target: (n,) int64 or null; index: (n,) int64; margin: (n,)
+//   y: (n, d), v: (nv, d), target: (n,) int64 in [0, nv) or null; index: (n,) int64; margin: (n,)
+// NaN scores count as the largest (as torch.argmax does): a row with any NaN score gets
+// index = its lowest NaN column and margin = NaN.
+// CUDA only: v is split into `splits` column ranges decoded by separate blocks and merged
+// in order; with splits > 1, part_val (3 * splits * n) and part_idx (splits * n) are
+// caller-owned scratch for the per-range states.
 template <typename T>
 struct DecodeArgs {
   const T* y; int64_t ldy;
@@ -84,6 +92,8 @@ struct DecodeArgs {
   int64_t* index;
   T* margin;
   int64_t n, nv, d;
+  int64_t splits;
+  T* part_val; int64_t* part_idx;
 };
 
 // Fused max-over-heads attention scores (seed 002, Sec. 3), never forming (batch, h, lq, lk):
@@ -123,6 +133,19 @@ template <typename T> void gated_forward(const GatedForwardArgs<T>& a, uintptr_t
 template <typename T> void decode(const DecodeArgs<T>& a, uintptr_t stream);
 template <typename T> void max_head_scores(const MaxHeadScoresArgs<T>& a, uintptr_t stream);
 int device_count();
+// Makes `device` current for its lifetime, then restores the caller's device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+int runtime_version();  // CUDART_VERSION this module was compiled against (1000 * major + 10 * minor)
+int driver_version();   // what the installed driver supports, 0 without one
 }  // namespace cuda
 #endif
 

@@ -13,19 +13,42 @@ the reference the tests compare against and what the benchmarks race.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import warnings
+from pathlib import Path
 from typing import Optional
 
 import torch
 
 try:  # the compiled extension is absent when running from a source checkout
     from . import _C  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - exercised only without a build
+except ImportError:  # exercised in a subprocess by the tests
     _C = None
+
+
+def _missing_extension_message(package_dir: Path) -> str:
+    """How to get the compiled kernels back, for the folder factkernels was imported from."""
+    fix = ("run from another folder so the installed package is imported, or build this checkout in place "
+           "with `pip install --no-build-isolation -e .`")
+    if (package_dir.parent / "pyproject.toml").is_file():
+        where = f"factkernels was imported from the source folder {package_dir}, which has no compiled _C"
+    else:
+        where = f"factkernels at {package_dir} has no compiled _C"
+        fix = "reinstall it (`pip install factkernels`, or `pip install --no-build-isolation -e .` in a checkout)"
+    return f"{where}; every op runs its (slower) torch twin. To use the kernels, {fix}."
+
+
+if _C is None:  # a module body runs once per process: one warning
+    warnings.warn(_missing_extension_message(Path(__file__).resolve().parent), UserWarning, stacklevel=2)
 
 HAS_EXTENSION = _C is not None
 
 BACKENDS = ("auto", "kernels", "torch")
+
+# Rows the CUDA gated_forward processes at once: 128 row tiles per product fill an H100.
+_GATED_CHUNK_ROWS = 8192
 
 # Analytic, non-polynomial activations; codes match csrc/kernels.h.
 ACTIVATIONS = {"silu": 0, "gelu": 1, "tanh": 2, "sigmoid": 3, "softplus": 4}
@@ -49,12 +72,54 @@ _TORCH_ACTIVATIONS = {
 
 
 def build_info() -> dict:
-    """What was compiled: CUDA (and for which architectures), OpenMP, compiler."""
+    """What was compiled: CUDA (and for which architectures, runtime and driver versions), OpenMP, compiler."""
     if _C is None:
         return {"compiled": False, "cuda": False, "cuda_devices": 0, "openmp": False}
     info = dict(_C.build_info())
     info["compiled"] = True
     return info
+
+
+@functools.cache
+def _build() -> dict:
+    """build_info() read once: the ops consult it on every call."""
+    return build_info()
+
+
+def _cuda_unusable_reason(info: dict, torch_cuda: Optional[str], torch_sees_gpu: bool) -> Optional[str]:
+    """Why compiled CUDA kernels cannot serve this process (None when they can).
+
+    info: build_info(); torch_cuda: torch.version.cuda ("12.4") or None; torch_sees_gpu:
+    torch.cuda.is_available(). The kernels link their CUDA runtime statically, so they need a
+    driver at least as new as the nvcc they were built with, and torch's own CUDA must share
+    that major version (a CUDA-13 build under a CUDA-12 torch may find a driver too old).
+    """
+    if not info.get("cuda"):
+        return None if not torch_sees_gpu else "factkernels was built without CUDA kernels"
+    if not torch_sees_gpu:
+        return "torch sees no usable CUDA device"
+    built = info.get("cuda_runtime_version", 0) // 1000
+    if torch_cuda is not None and built and int(torch_cuda.split(".")[0]) != built:
+        return (f"the CUDA kernels were built with CUDA {built} (nvcc) but torch uses CUDA {torch_cuda}; "
+                f"rebuild with the matching toolkit, e.g. CUDACXX=/usr/local/cuda-{torch_cuda.split('.')[0]}/bin/nvcc "
+                f"pip install --no-build-isolation -e .")
+    if info.get("cuda_devices", 0) == 0:
+        return (f"the CUDA runtime the kernels were built with ({info.get('cuda_runtime_version')}) finds no device; "
+                f"the driver supports {info.get('cuda_driver_version')}")
+    return None
+
+
+@functools.cache
+def _cuda_kernels_usable() -> bool:
+    """Whether CUDA tensors go to the compiled kernels; warns once (at import) when a CUDA build cannot serve them."""
+    reason = _cuda_unusable_reason(_build(), torch.version.cuda, torch.cuda.is_available())
+    if reason is not None and _build().get("cuda") and torch.cuda.is_available():
+        warnings.warn(f"factkernels: CUDA ops fall back to their torch twins: {reason}", RuntimeWarning, stacklevel=3)
+    return reason is None
+
+
+if _build().get("cuda"):
+    _cuda_kernels_usable()  # decide (and warn) once, at import
 
 
 def check_activation(activation: str) -> str:
@@ -91,6 +156,16 @@ def _matrix(name: str, t: torch.Tensor, rows: Optional[int] = None, cols: Option
         raise ValueError(f"{name} must have {cols} columns, got shape {tuple(t.shape)}")
 
 
+def _vector(name: str, t: Optional[torch.Tensor], length: int) -> None:
+    """An optional 1-D tensor of exactly ``length`` entries (a bias: no broadcasting, the kernels read all of it)."""
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if t.shape != (length,):
+        raise ValueError(f"{name} must have shape ({length},), got {tuple(t.shape)}")
+
+
 def _same(ref_name: str, ref: torch.Tensor, **others: Optional[torch.Tensor]) -> None:
     for name, t in others.items():
         if t is None:
@@ -110,13 +185,13 @@ def _use_kernel(backend: str, *tensors: Optional[torch.Tensor]) -> bool:
     ok = (
         _C is not None
         and ref.dtype in (torch.float32, torch.float64)
-        and (ref.device.type == "cpu" or (ref.device.type == "cuda" and build_info()["cuda"]))
+        and (ref.device.type == "cpu" or (ref.device.type == "cuda" and _cuda_kernels_usable()))
         and not any(t is not None and t.requires_grad and torch.is_grad_enabled() for t in tensors)
     )
     if backend == "kernels" and not ok:
         raise RuntimeError(
             f"backend='kernels' but no compiled kernel serves dtype={ref.dtype} on {ref.device} "
-            f"(build_info: {build_info()}); use backend='auto' or 'torch'"
+            f"(build_info: {_build()}); use backend='auto' or 'torch'"
         )
     return ok
 
@@ -139,7 +214,9 @@ def _ld(t: torch.Tensor) -> int:
 
 
 def _launch_args(ref: torch.Tensor) -> tuple[str, str]:
-    return ref.device.type, str(ref.dtype).replace("torch.", "")
+    """Device ("cpu" or "cuda:N": the kernel makes N current for the launch) and dtype names."""
+    device = "cpu" if ref.device.type == "cpu" else f"cuda:{ref.device.index}"
+    return device, str(ref.dtype).replace("torch.", "")
 
 
 def _stream(ref: torch.Tensor) -> int:
@@ -160,18 +237,13 @@ def gate_features(
     """
     _matrix("x", x)
     _matrix("weight", weight, cols=x.shape[1])
+    _vector("bias", bias, weight.shape[0])
     _same("x", x, weight=weight, bias=bias)
     check_activation(activation)
     if not _use_kernel(backend, x, weight, bias):
         pre = x @ weight.T
         return activate(pre + bias if bias is not None else pre, activation)
-    x, weight = _rowmajor(x), _rowmajor(weight)
-    bias = None if bias is None else bias.contiguous()
-    n, k, h = x.shape[0], x.shape[1], weight.shape[0]
-    out = torch.empty(n, h, dtype=x.dtype, device=x.device)
-    _C.gate_features(*_launch_args(x), _ptr(x), _ld(x), _ptr(weight), _ld(weight), _ptr(bias),
-                     _ptr(out), _ld(out), n, k, h, ACTIVATIONS[activation], _stream(x))
-    return out
+    return _gate_features_kernel(x, weight, bias, activation)
 
 
 def hadamard_gram(s: torch.Tensor, p: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -184,12 +256,7 @@ def hadamard_gram(s: torch.Tensor, p: torch.Tensor, *, backend: str = "auto") ->
     _same("s", s, p=p)
     if not _use_kernel(backend, s, p):
         return (s @ s.T) * (p @ p.T)
-    s, p = _rowmajor(s), _rowmajor(p)
-    n = s.shape[0]
-    out = torch.empty(n, n, dtype=s.dtype, device=s.device)
-    _C.hadamard_gram(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(out), _ld(out),
-                     n, s.shape[1], p.shape[1], _stream(s))
-    return out
+    return _hadamard_gram_kernel(s, p)
 
 
 def gadget_matvec(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -199,6 +266,8 @@ def gadget_matvec(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor, *, backe
     """
     _matrix("s", s)
     _matrix("p", p, rows=s.shape[0])
+    if not isinstance(coef, torch.Tensor):
+        raise TypeError(f"coef must be a torch.Tensor, got {type(coef).__name__}")
     if coef.dim() != 3 or coef.shape[1:] != (s.shape[1], p.shape[1]):
         raise ValueError(f"coef must have shape (m, {s.shape[1]}, {p.shape[1]}), got {tuple(coef.shape)}")
     _same("s", s, p=p, coef=coef)
@@ -207,12 +276,7 @@ def gadget_matvec(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor, *, backe
         # (n, q) @ (q, m*h) then reduce over r against s: two GEMM-shaped steps.
         t = (p @ coef.permute(2, 0, 1).reshape(q, m * h)).view(-1, m, h)
         return torch.einsum("ijr,ir->ij", t, s)
-    s, p, coef = _rowmajor(s), _rowmajor(p), coef.contiguous()
-    n, m = s.shape[0], coef.shape[0]
-    out = torch.empty(n, m, dtype=s.dtype, device=s.device)
-    _C.gadget_matvec(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(coef), _ptr(out), _ld(out),
-                     n, s.shape[1], p.shape[1], m, _stream(s))
-    return out
+    return _gadget_matvec_kernel(s, p, coef)
 
 
 def gadget_rmatvec(s: torch.Tensor, p: torch.Tensor, y: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -228,12 +292,7 @@ def gadget_rmatvec(s: torch.Tensor, p: torch.Tensor, y: torch.Tensor, *, backend
         n, h = s.shape
         w = (y.unsqueeze(2) * s.unsqueeze(1)).reshape(n, -1)  # (n, m*h)
         return (w.T @ p).view(y.shape[1], h, p.shape[1])
-    s, p, y = _rowmajor(s), _rowmajor(p), _rowmajor(y)
-    n, h, q, m = s.shape[0], s.shape[1], p.shape[1], y.shape[1]
-    out = torch.empty(m, h, q, dtype=s.dtype, device=s.device)
-    _C.gadget_rmatvec(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(y), _ld(y), _ptr(out),
-                      n, h, q, m, _stream(s))
-    return out
+    return _gadget_rmatvec_kernel(s, p, y)
 
 
 def gated_forward(
@@ -262,6 +321,9 @@ def gated_forward(
     if hg == 0 or h % hg:
         raise ValueError(f"gate_weight rows ({hg}) must divide up_weight rows ({h})")
     _matrix("down_weight", down_weight, cols=h)
+    _vector("gate_bias", gate_bias, hg)
+    _vector("up_bias", up_bias, h)
+    _vector("down_bias", down_bias, down_weight.shape[0])
     _same("x", x, gate_weight=gate_weight, gate_bias=gate_bias, up_weight=up_weight, up_bias=up_bias,
           down_weight=down_weight, down_bias=down_bias)
     check_activation(activation)
@@ -272,15 +334,7 @@ def gated_forward(
             gate = gate.repeat(1, h // hg)
         up = torch.nn.functional.linear(x, up_weight, up_bias)
         return torch.nn.functional.linear(gate * up, down_weight, down_bias)
-    x = _rowmajor(x)
-    gate_weight, up_weight, down_weight = (w.contiguous() for w in (gate_weight, up_weight, down_weight))
-    gate_bias, up_bias, down_bias = (None if b is None else b.contiguous() for b in (gate_bias, up_bias, down_bias))
-    n, d_out = x.shape[0], down_weight.shape[0]
-    out = torch.empty(n, d_out, dtype=x.dtype, device=x.device)
-    _C.gated_forward(*_launch_args(x), _ptr(x), _ld(x), _ptr(gate_weight), _ptr(gate_bias), _ptr(up_weight),
-                     _ptr(up_bias), _ptr(down_weight), _ptr(down_bias), _ptr(out), _ld(out), n, x.shape[1], h, hg,
-                     d_out, ACTIVATIONS[activation], _stream(x))
-    return out
+    return _gated_forward_kernel(x, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, activation)
 
 
 def decode(
@@ -292,17 +346,28 @@ def decode(
     y: (n, d), values: (|V|, d), target: (n,) long or None  ->  (index (n,) long, margin (n,))
     margin[i] = <y_i, v_t> − max_{j≠t} <y_i, v_j> with t = target[i] (or t = argmax,
     i.e. top-1 minus top-2 score, when target is None); a fact is stored iff margin > 0.
+    A NaN score ranks above every number, as in ``torch.argmax``: a row with any NaN score
+    gets the index of its first NaN and margin NaN (kernels and twin alike).
     The torch twin streams over rows of y in chunks of ``chunk``.
     """
     _matrix("y", y)
     _matrix("values", values, cols=y.shape[1])
     _same("y", y, values=values)
+    if values.shape[0] == 0:
+        raise ValueError("values must have at least one row: there is nothing to decode to")
     if target is not None:
+        if not isinstance(target, torch.Tensor):
+            raise TypeError(f"target must be a torch.Tensor or None, got {type(target).__name__}")
+        if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
+            raise TypeError(f"target must hold integer indices, got dtype {target.dtype}")
         if target.dim() != 1 or target.shape[0] != y.shape[0]:
             raise ValueError(f"target must have shape ({y.shape[0]},), got {tuple(target.shape)}")
         if target.device != y.device:
             raise ValueError(f"target is on {target.device} but y is on {y.device}")
         target = target.to(torch.int64)
+        if target.numel() and (int(target.min()) < 0 or int(target.max()) >= values.shape[0]):
+            raise ValueError(f"target entries must lie in [0, {values.shape[0]}) (the rows of values), "
+                             f"got range [{int(target.min())}, {int(target.max())}]")
     n, nv = y.shape[0], values.shape[0]
     if not _use_kernel(backend, y, values):
         index = torch.empty(n, dtype=torch.int64, device=y.device)
@@ -316,13 +381,144 @@ def decode(
             scores.scatter_(1, t[:, None], -math.inf)
             margin[lo : lo + chunk] = own - scores.max(dim=1).values
         return index, margin
+    return _decode_kernel(y, values, target)
+
+
+def _decode_splits(n: int, nv: int, device: torch.device) -> int:
+    """How many ranges of the values the CUDA decode splits into (1 on CPU, which splits on its own).
+
+    One block covers 32 rows and streams 64-value tiles; with few rows the values are split
+    until there are about two blocks per multiprocessor, each range at least 8 tiles long.
+    """
+    if device.type != "cuda":
+        return 1
+    row_blocks = -(-n // 32)
+    want = -(-2 * _multiprocessors(device.index) // max(row_blocks, 1))
+    return max(1, min(want, nv // (8 * 64), 65535))
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+# ----------------------------------------------------------------------------- registered kernels
+# Each compiled kernel is a torch custom op with a fake (shape-only) twin, so torch.compile
+# traces FactMLP and other callers through the kernel instead of breaking the graph at raw
+# pointers. The public ops above validate and pick the backend, then call these.
+
+
+@torch.library.custom_op("factkernels::gate_features", mutates_args=())
+def _gate_features_kernel(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                          activation: str) -> torch.Tensor:
+    """The compiled gate_features on validated tensors (a torch op, so torch.compile can trace callers)."""
+    x, weight = _rowmajor(x), _rowmajor(weight)
+    bias = None if bias is None else bias.contiguous()
+    n, k, h = x.shape[0], x.shape[1], weight.shape[0]
+    out = torch.empty(n, h, dtype=x.dtype, device=x.device)
+    _C.gate_features(*_launch_args(x), _ptr(x), _ld(x), _ptr(weight), _ld(weight), _ptr(bias),
+                     _ptr(out), _ld(out), n, k, h, ACTIVATIONS[activation], _stream(x))
+    return out
+
+
+@_gate_features_kernel.register_fake
+def _(x, weight, bias, activation):
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@torch.library.custom_op("factkernels::hadamard_gram", mutates_args=())
+def _hadamard_gram_kernel(s: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """The compiled hadamard_gram on validated tensors (a torch op, so torch.compile can trace callers)."""
+    s, p = _rowmajor(s), _rowmajor(p)
+    n = s.shape[0]
+    out = torch.empty(n, n, dtype=s.dtype, device=s.device)
+    _C.hadamard_gram(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(out), _ld(out),
+                     n, s.shape[1], p.shape[1], _stream(s))
+    return out
+
+
+@_hadamard_gram_kernel.register_fake
+def _(s, p):
+    return s.new_empty(s.shape[0], s.shape[0])
+
+
+@torch.library.custom_op("factkernels::gadget_matvec", mutates_args=())
+def _gadget_matvec_kernel(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    """The compiled gadget_matvec on validated tensors (a torch op, so torch.compile can trace callers)."""
+    s, p, coef = _rowmajor(s), _rowmajor(p), coef.contiguous()
+    n, m = s.shape[0], coef.shape[0]
+    out = torch.empty(n, m, dtype=s.dtype, device=s.device)
+    _C.gadget_matvec(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(coef), _ptr(out), _ld(out),
+                     n, s.shape[1], p.shape[1], m, _stream(s))
+    return out
+
+
+@_gadget_matvec_kernel.register_fake
+def _(s, p, coef):
+    return s.new_empty(s.shape[0], coef.shape[0])
+
+
+@torch.library.custom_op("factkernels::gadget_rmatvec", mutates_args=())
+def _gadget_rmatvec_kernel(s: torch.Tensor, p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The compiled gadget_rmatvec on validated tensors (a torch op, so torch.compile can trace callers)."""
+    s, p, y = _rowmajor(s), _rowmajor(p), _rowmajor(y)
+    n, h, q, m = s.shape[0], s.shape[1], p.shape[1], y.shape[1]
+    out = torch.empty(m, h, q, dtype=s.dtype, device=s.device)
+    _C.gadget_rmatvec(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(y), _ld(y), _ptr(out),
+                      n, h, q, m, _stream(s))
+    return out
+
+
+@_gadget_rmatvec_kernel.register_fake
+def _(s, p, y):
+    return s.new_empty(y.shape[1], s.shape[1], p.shape[1])
+
+
+@torch.library.custom_op("factkernels::gated_forward", mutates_args=())
+def _gated_forward_kernel(x: torch.Tensor, gate_weight: torch.Tensor, gate_bias: Optional[torch.Tensor],
+                          up_weight: torch.Tensor, up_bias: Optional[torch.Tensor], down_weight: torch.Tensor,
+                          down_bias: Optional[torch.Tensor], activation: str) -> torch.Tensor:
+    """The compiled gated_forward on validated tensors (a torch op, so torch.compile can trace callers)."""
+    x, h, hg = _rowmajor(x), up_weight.shape[0], gate_weight.shape[0]
+    gate_weight, up_weight, down_weight = (w.contiguous() for w in (gate_weight, up_weight, down_weight))
+    gate_bias, up_bias, down_bias = (None if b is None else b.contiguous() for b in (gate_bias, up_bias, down_bias))
+    n, d_out = x.shape[0], down_weight.shape[0]
+    out = torch.empty(n, d_out, dtype=x.dtype, device=x.device)
+    # CUDA works through gate and hidden activations of chunk_rows rows at a time, in
+    # scratch from torch's caching allocator (the CPU kernel keeps per-thread tiles).
+    chunk_rows = min(n, _GATED_CHUNK_ROWS) if x.device.type == "cuda" else 0
+    scratch = torch.empty(chunk_rows * (hg + h), dtype=x.dtype, device=x.device) if chunk_rows else None
+    _C.gated_forward(*_launch_args(x), _ptr(x), _ld(x), _ptr(gate_weight), _ptr(gate_bias), _ptr(up_weight),
+                     _ptr(up_bias), _ptr(down_weight), _ptr(down_bias), _ptr(out), _ld(out), n, x.shape[1], h, hg,
+                     d_out, ACTIVATIONS[activation], _ptr(scratch), chunk_rows, _stream(x))
+    return out
+
+
+@_gated_forward_kernel.register_fake
+def _(x, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, activation):
+    return x.new_empty(x.shape[0], down_weight.shape[0])
+
+
+@torch.library.custom_op("factkernels::decode", mutates_args=())
+def _decode_kernel(y: torch.Tensor, values: torch.Tensor,
+                   target: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The compiled decode on validated tensors (a torch op, so torch.compile can trace callers)."""
     y, values = _rowmajor(y), _rowmajor(values)
+    n, nv = y.shape[0], values.shape[0]
     target = None if target is None else target.contiguous()
     index = torch.empty(n, dtype=torch.int64, device=y.device)
     margin = torch.empty(n, dtype=y.dtype, device=y.device)
+    splits = _decode_splits(n, nv, y.device)
+    part_val = torch.empty(3 * splits * n, dtype=y.dtype, device=y.device) if splits > 1 else None
+    part_idx = torch.empty(splits * n, dtype=torch.int64, device=y.device) if splits > 1 else None
     _C.decode(*_launch_args(y), _ptr(y), _ld(y), _ptr(values), _ld(values), _ptr(target), _ptr(index),
-              _ptr(margin), n, nv, y.shape[1], _stream(y))
+              _ptr(margin), n, nv, y.shape[1], splits, _ptr(part_val), _ptr(part_idx), _stream(y))
     return index, margin
+
+
+@_decode_kernel.register_fake
+def _(y, values, target):
+    return (y.new_empty(y.shape[0], dtype=torch.int64), y.new_empty(y.shape[0]))
 
 
 # ----------------------------------------------------------------------------- attention scores

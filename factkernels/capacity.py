@@ -43,13 +43,13 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from .baselines import encoder_decoder, gd_mlp, naive, ntk
 from .construct import construct, validate_inputs
 from .embeddings import FactSet
 from .geometry import margin_optimal_outputs, whiten
 from .nongated import construct_nongated
+from .progress import progress_bar
 
 Builder = Callable[..., nn.Module]
 
@@ -217,7 +217,7 @@ def _search(spec: Method, cases: Callable[[], Iterator[tuple[FactSet, int, dict]
     _check_search(start, max_size, eps_acc)
     allowed_failures = math.floor(eps_acc * num_facts)
     trace: list[Trial] = []
-    bar = tqdm(desc=f"cost {spec.name}", unit="size", disable=not progress, leave=False)
+    bar = progress_bar(desc=f"cost {spec.name}", unit="size", enabled=progress, leave=False)
 
     def stores(size: int) -> bool:
         failures, parameters = [], 0

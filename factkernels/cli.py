@@ -13,16 +13,43 @@ import torch
 from . import _ops
 from .environment import environment
 from .construct import OUTPUTS, FactStorageError, construct
-from .embeddings import random_fact_set
+from .embeddings import load_facts, load_matrix, random_fact_set
 from .experiments import cli as experiments_cli
 from .solvers import SOLVERS
+
+
+def _count_or_path(text: str):
+    """``--facts`` / ``--values``: a count (random embeddings) or a file (the user's own)."""
+    return int(text) if text.isdigit() else Path(text)
+
+
+def _fact_set(args: argparse.Namespace, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The user's files when --keys is given, else a seeded random spherical fact set."""
+    if args.keys is not None:
+        if not isinstance(args.values, Path) or not isinstance(args.facts, Path):
+            raise ValueError("--keys needs --values and --facts as files (values: .safetensors/.npy/.pt, "
+                             "facts: .npy/.csv)")
+        keys, values = load_matrix(args.keys, "keys"), load_matrix(args.values, "values")
+        if keys.shape[1] != values.shape[1]:
+            raise ValueError(f"keys {tuple(keys.shape)} and values {tuple(values.shape)} need the same dimension")
+        facts = load_facts(args.facts, values.shape[0])
+        if facts.shape[0] != keys.shape[0]:
+            raise ValueError(f"facts has {facts.shape[0]} entries but keys has {keys.shape[0]} rows")
+        return keys.to(dtype), values.to(dtype), facts
+    if isinstance(args.facts, Path) or isinstance(args.values, Path):
+        raise ValueError("--facts/--values given as files need --keys too")
+    return random_fact_set(args.facts, args.values or args.facts, args.d, seed=args.seed, tied=args.tied,
+                           kappa=args.kappa, dtype=dtype)
 
 
 def _run_construct(args: argparse.Namespace) -> int:
     dtype = torch.float64 if args.float64 else torch.float32
     device = torch.device(args.device)
-    keys, values, facts = random_fact_set(args.facts, args.values or args.facts, args.d, seed=args.seed,
-                                          tied=args.tied, kappa=args.kappa, dtype=dtype)
+    try:
+        keys, values, facts = _fact_set(args, dtype)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     keys, values, facts = keys.to(device), values.to(device), facts.to(device)
     try:
         mlp = construct(keys, values, facts, m=args.m, outputs=args.outputs, solver=args.solver,
@@ -45,9 +72,13 @@ def _run_construct(args: argparse.Namespace) -> int:
 
 
 def _add_construct_options(p: argparse.ArgumentParser, *, d: int, facts: int) -> None:
-    p.add_argument("--d", type=int, default=d, help="embedding dimension")
-    p.add_argument("--facts", type=int, default=facts, help="number of keys F")
-    p.add_argument("--values", type=int, default=None, help="number of values |V| (default: F)")
+    p.add_argument("--d", type=int, default=d, help="embedding dimension (random embeddings)")
+    p.add_argument("--facts", type=_count_or_path, default=facts,
+                   help="number of keys F (random embeddings), or with --keys the map f as .npy/.csv")
+    p.add_argument("--values", type=_count_or_path, default=None,
+                   help="number of values |V| (default: F), or with --keys a .safetensors/.npy/.pt matrix")
+    p.add_argument("--keys", type=Path, default=None,
+                   help="your keys K (F, d) as .safetensors (one tensor), .npy or .pt; needs --values, --facts files")
     p.add_argument("--m", type=lambda s: s if s == "bound" else int(s), default=None,
                    help="code dimension (default: smallest that verifies; 'bound' for Thm B.5.3)")
     p.add_argument("--outputs", choices=OUTPUTS, default="margin_optimal")
@@ -76,7 +107,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="build and verify a fact MLP on a built-in default (d=64, F=|V|=1024)")
     _add_construct_options(demo, d=64, facts=1024)
-    cons = sub.add_parser("construct", help="build and verify a fact MLP on random spherical embeddings")
+    cons = sub.add_parser("construct", help="build and verify a fact MLP on your embeddings (--keys --values "
+                                            "--facts files) or random spherical ones")
     _add_construct_options(cons, d=64, facts=1024)
     for p in (demo, cons):
         p.set_defaults(handler=_run_construct)

@@ -35,8 +35,10 @@ import importlib.util
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+import numpy as np
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from . import geometry
 
@@ -219,3 +221,65 @@ def family_fact_set(family: str, num_facts: int, dim: int, *, seed: int,
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}")
     return random_fact_set(num_facts, num_facts, dim, seed=seed, dtype=dtype, **FAMILIES[family])
+
+
+# ----------------------------------------------------------------------------- the user's own files
+
+MATRIX_SUFFIXES = (".safetensors", ".npy", ".pt")
+FACTS_SUFFIXES = (".npy", ".csv")
+
+
+def load_matrix(path, name: str = "matrix") -> torch.Tensor:
+    """An (n, d) float matrix from ``.safetensors`` (one tensor), ``.npy`` or ``.pt`` (a tensor).
+
+    No pickle: ``.npy`` loads with ``allow_pickle=False`` and ``.pt`` with ``weights_only=True``.
+    ``name`` (e.g. "keys") names the argument in errors.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in MATRIX_SUFFIXES:
+        raise ValueError(f"{name} file {path} must end in one of {MATRIX_SUFFIXES}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{name} file {path} does not exist")
+    if suffix == ".safetensors":
+        tensors = load_file(str(path))
+        if len(tensors) != 1:
+            raise ValueError(f"{name} file {path} must hold exactly one tensor, found {sorted(tensors)}")
+        matrix = next(iter(tensors.values()))
+    elif suffix == ".npy":
+        matrix = torch.from_numpy(np.load(path, allow_pickle=False))
+    else:
+        matrix = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(matrix, torch.Tensor):
+            raise ValueError(f"{name} file {path} must hold one tensor, found {type(matrix).__name__}")
+    if matrix.dim() != 2 or not matrix.dtype.is_floating_point:
+        raise ValueError(f"{name} in {path} must be a 2-D float matrix, got shape {tuple(matrix.shape)} {matrix.dtype}")
+    return matrix
+
+
+def load_facts(path, num_values: int) -> torch.Tensor:
+    """The map f (F,) int64 from ``.npy`` or ``.csv`` (integers, one per line or comma-separated).
+
+    Every entry must index a value row: 0 <= f[i] < num_values.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in FACTS_SUFFIXES:
+        raise ValueError(f"facts file {path} must end in one of {FACTS_SUFFIXES}")
+    if not path.is_file():
+        raise FileNotFoundError(f"facts file {path} does not exist")
+    array = np.load(path, allow_pickle=False) if suffix == ".npy" else np.loadtxt(path, delimiter=",", ndmin=1)
+    facts = torch.from_numpy(np.asarray(array)).reshape(-1)
+    if facts.dtype.is_floating_point:
+        if not bool((facts == facts.round()).all()):
+            raise ValueError(f"facts in {path} must be integers")
+        facts = facts.round()
+    elif facts.dtype == torch.bool:
+        raise ValueError(f"facts in {path} must be integers, got booleans")
+    facts = facts.to(torch.int64)
+    if facts.numel() == 0:
+        raise ValueError(f"facts file {path} is empty")
+    if int(facts.min()) < 0 or int(facts.max()) >= num_values:
+        raise ValueError(f"facts in {path} must lie in [0, {num_values}) (the rows of values), "
+                         f"got [{int(facts.min())}, {int(facts.max())}]")
+    return facts

@@ -1,7 +1,7 @@
 """Gated encoder gadgets and their stacking (seed 000, Alg. 2/3/6/7).
 
 The encoder maps every key k_i to its code c_{f(i)} ∈ R^m with m scalar gadgets
-``enc_j(x) = 1ᵀ[σ(G x + b_G) ⊙ (A_j x + b_A,j)] + b_E[j]``. Two builds:
+``enc_j(x) = 1ᵀ[σ(G x + b_G) ⊙ (A_j x + b_A,j)] + b_E[j]``. Three builds:
 
 * :func:`build_shared_gate` — one generic gate shared by all m gadgets (still
   generic for each), so one Gram factorization or one CG run serves every
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from tqdm.auto import tqdm
 
 from . import _ops
 from .mlp import FactMLP
+from .progress import progress_bar
 from .solvers import GadgetOperator, SolveInfo, cg_iterations_hint, solve_cg, solve_cholesky
 
 
@@ -181,7 +181,7 @@ def build_per_gadget(
     keys_aug = augment(keys)
     gates, gate_biases, ups, up_biases, out_biases = [], [], [], [], []
     worst = 0.0
-    for j in tqdm(range(m), desc="per-gadget solves", disable=not progress, leave=False):
+    for j in progress_bar(range(m), desc="per-gadget solves", enabled=progress, leave=False):
         gate_weight, gate_bias = sample_gate(keys, width, generator, gate_scale)
         features = _ops.activate(keys @ gate_weight.T + gate_bias, activation)  # (F, h̃)
         system = torch.cat([(features.unsqueeze(2) * keys_aug.unsqueeze(1)).reshape(num_facts, -1),

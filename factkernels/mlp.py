@@ -46,7 +46,7 @@ class FactMLP(DecodingMLP):
     gate_weight: (h_g, d_in) with h_g dividing h; gate_bias: (h_g,)
     up_weight: (h, d_in); up_bias: (h,)
     down_weight: (d_out, h); down_bias: (d_out,)
-    ``report`` holds the construction report (a dict) when built by :func:`factkernels.construct`.
+    ``report`` holds the :class:`ConstructionReport` when built by :func:`factkernels.construct`.
     """
 
     def __init__(

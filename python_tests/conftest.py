@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from factkernels.cli import random_fact_set
+from factkernels.embeddings import random_fact_set
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,7 +9,7 @@ import torch
 from factkernels import FactMLP, baselines
 from factkernels.baselines.gd import fit
 from factkernels.baselines.ntk import hermite_coefficient, normalized_hermite
-from factkernels.cli import random_fact_set
+from factkernels.embeddings import random_fact_set
 
 # Fast GD settings for tests: a larger learning rate than the seed's 1e-3 reaches 100% in ~100 steps.
 FAST_GD = dict(lr=1e-2, final_lr=1e-4, steps=2000)

@@ -69,7 +69,7 @@ def test_whitened_operator_fits_the_same_targets(small_facts):
 
 
 def test_whitening_is_folded_into_the_weights():
-    from factkernels.cli import random_fact_set
+    from factkernels.embeddings import random_fact_set
 
     K, V, f = random_fact_set(128, 128, 16, seed=4, kappa=30.0, dtype=torch.float64)
     mlp = construct(K, V, f, whiten=1.0, progress=False)

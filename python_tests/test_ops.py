@@ -152,3 +152,109 @@ def test_ops_reject_bad_input():
         _ops.decode(x, x, backend="fast")
     with pytest.raises(RuntimeError, match="kernels"):
         _ops.decode(x.half(), x.half(), backend="kernels")
+
+
+# Bad input the kernels would read past or leave unwritten: _ops must reject it for both backends alike.
+_x, _w = torch.randn(4, 3, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+_wg, _wu, _wd = torch.randn(2, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64), \
+    torch.randn(6, 4, dtype=torch.float64)
+_v = torch.randn(7, 3, dtype=torch.float64)
+_one = torch.ones(1, dtype=torch.float64)
+BAD_CALLS = {
+    "gate bias (1,)": (ValueError, lambda b: _ops.gate_features(_x, _w, _one, "silu", backend=b)),
+    "gate bias 2-D": (ValueError, lambda b: _ops.gate_features(_x, _w, torch.ones(1, 5).double(), "silu", backend=b)),
+    "gated gate_bias (1,)": (ValueError, lambda b: _ops.gated_forward(_x, _wg, _one, _wu, None, _wd, None, "silu",
+                                                                      backend=b)),
+    "gated up_bias (1,)": (ValueError, lambda b: _ops.gated_forward(_x, _wg, None, _wu, _one, _wd, None, "silu",
+                                                                    backend=b)),
+    "gated down_bias (1,)": (ValueError, lambda b: _ops.gated_forward(_x, _wg, None, _wu, None, _wd, _one, "silu",
+                                                                      backend=b)),
+    "gated bias list": (TypeError, lambda b: _ops.gated_forward(_x, _wg, [0.0, 0.0], _wu, None, _wd, None, "silu",
+                                                                backend=b)),
+    "decode zero values": (ValueError, lambda b: _ops.decode(_x, _v[:0], backend=b)),
+    "decode target too large": (ValueError, lambda b: _ops.decode(_x, _v, torch.tensor([0, 1, 7, 2]), backend=b)),
+    "decode target negative": (ValueError, lambda b: _ops.decode(_x, _v, torch.tensor([0, -1, 3, 2]), backend=b)),
+    "decode float target": (TypeError, lambda b: _ops.decode(_x, _v, torch.zeros(4), backend=b)),
+    "coef not a tensor": (TypeError, lambda b: _ops.gadget_matvec(_x, _x, [[0.0]], backend=b)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_kernel_and_twin_reject_alike(case):
+    error, call = BAD_CALLS[case]
+    for backend in ("kernels", "torch"):
+        with pytest.raises(error):
+            call(backend)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_edge_sizes_match_twin(device):
+    # One value (no runner-up: margin +inf) and zero rows: kernel and twin agree exactly.
+    y, v = torch.randn(5, 3, dtype=torch.float64, device=device), torch.randn(1, 3, dtype=torch.float64, device=device)
+    for target in (None, torch.zeros(5, dtype=torch.int64, device=device)):
+        k, t = _ops.decode(y, v, target, backend="kernels"), _ops.decode(y, v, target, backend="torch")
+        assert torch.equal(k[0], t[0]) and torch.equal(k[1], t[1]) and bool(torch.isinf(k[1]).all())
+    k, t = _ops.decode(y[:0], v, backend="kernels"), _ops.decode(y[:0], v, backend="torch")
+    assert k[0].shape == t[0].shape == (0,) and k[1].shape == t[1].shape == (0,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_decode_nan_scores_match_twin(device, dtype):
+    # NaN ranks first (torch.argmax): index of the row's first NaN score, margin NaN; other rows decode as usual.
+    gen = torch.Generator().manual_seed(5)
+    y, v = _rand(gen, 40, 6, dtype=dtype, device=device), _rand(gen, 300, 6, dtype=dtype, device=device)
+    v[17, 0], v[230, 0] = math.inf, math.inf  # rows with y[i, 0] = 0 score 0 * inf = NaN there, others ±inf
+    y[:10, 0] = 0.0
+    y[12] = math.nan  # every score of row 12 is NaN: index 0
+    for target in (None, torch.randint(300, (40,), generator=gen).to(device)):
+        (k_index, k_margin), (t_index, t_margin) = (_ops.decode(y, v, target, backend=b) for b in ("kernels", "torch"))
+        assert torch.equal(k_index, t_index)
+        nan = torch.isnan(t_margin)
+        assert torch.equal(torch.isnan(k_margin), nan) and int(nan.sum()) >= 11
+        assert torch.allclose(k_margin[~nan].double(), t_margin[~nan].double(), atol=1e-4)
+    assert bool((k_index[:10] == 17).all()) and int(k_index[12]) == 0
+
+
+def test_cuda_kernels_fall_back_when_unusable():
+    built = {"cuda": True, "cuda_runtime_version": 13000, "cuda_driver_version": 12040, "cuda_devices": 0}
+    reason = _ops._cuda_unusable_reason
+    assert "CUDA 13" in reason(built, "12.4", True) and "CUDACXX" in reason(built, "12.4", True)
+    assert "no device" in reason(built, "13.0", True)  # driver older than the static runtime
+    assert reason(dict(built, cuda_devices=2), "13.0", True) is None
+    assert "no usable CUDA device" in reason(dict(built, cuda_devices=2), "13.0", False)
+    assert "without CUDA" in reason({"cuda": False}, "12.4", True)
+    assert reason({"cuda": False}, None, False) is None
+
+
+def test_build_info_is_read_once():
+    assert _ops._build() is _ops._build() and _ops._build() == _ops.build_info()
+    assert _ops._launch_args(torch.zeros(1, dtype=torch.float64)) == ("cpu", "float64")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_kernels_launch_on_the_tensors_device():
+    # Tensors on cuda:1 while cuda:0 is current: the kernel runs on cuda:1 and leaves cuda:0 current.
+    gen = torch.Generator().manual_seed(0)
+    x, w = _rand(gen, 50, 20, device="cuda:1"), _rand(gen, 30, 20, device="cuda:1")
+    with torch.cuda.device(0):
+        out = _ops.gate_features(x, w, None, "silu", backend="kernels")
+        assert torch.cuda.current_device() == 0
+    _close(out, _ops.gate_features(x.double(), w.double(), None, "silu", backend="torch"), torch.float32)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", [1, 31, 3000])
+def test_cuda_split_reductions_match_twin(n):
+    # decode splits the values across blocks for small n; gadget_rmatvec splits n across blocks for large n.
+    gen = torch.Generator().manual_seed(n)
+    y, v = _rand(gen, n, 64, device="cuda"), _rand(gen, 20000, 64, device="cuda")
+    target = torch.randint(20000, (n,), generator=gen).cuda()
+    for t in (None, target):
+        (ki, km), (ti, tm) = (_ops.decode(y, v, t, backend=b) for b in ("kernels", "torch"))
+        assert (ki == ti).float().mean() > 0.99 and torch.allclose(km, tm, atol=1e-3)
+    s, p, yy = _rand(gen, 100 * n, 8, device="cuda"), _rand(gen, 100 * n, 17, device="cuda"), \
+        _rand(gen, 100 * n, 3, device="cuda")
+    _close(_ops.gadget_rmatvec(s, p, yy, backend="kernels"),
+           _ops.gadget_rmatvec(s.double(), p.double(), yy.double(), backend="torch"), torch.float32)

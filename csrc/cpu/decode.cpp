@@ -16,15 +16,18 @@ template <typename T> struct Best {
   T target = std::numeric_limits<T>::quiet_NaN();
 };
 
+// a ranks above b: NaN ranks above every number (as in torch.argmax).
+template <typename T> FK_INLINE bool beats(T a, T b) { return a > b || (a != a && b == b); }
+
 template <typename T> FK_INLINE void scan(Best<T>& b, const T* s, int64_t cols, int64_t j0, int64_t target) {
   for (int64_t jj = 0; jj < cols; ++jj) {
     const T v = s[jj];
-    if (v > b.top2) {  // rare once warmed up: most scores fail this first test
-      if (v > b.top1) {
+    if (!(v <= b.top2)) {  // v > top2 or a NaN: rare once warmed up, most scores fail this one test
+      if (beats(v, b.top1)) {
         b.top2 = b.top1;
         b.top1 = v;
         b.idx = j0 + jj;
-      } else {
+      } else if (beats(v, b.top2)) {
         b.top2 = v;
       }
     }
@@ -34,12 +37,12 @@ template <typename T> FK_INLINE void scan(Best<T>& b, const T* s, int64_t cols, 
 
 // Folds the state of a later range of v into b (earlier range wins ties).
 template <typename T> void merge(Best<T>& b, const Best<T>& o) {
-  if (o.top1 > b.top1) {
-    b.top2 = std::max(b.top1, o.top2);
+  if (beats(o.top1, b.top1)) {
+    b.top2 = beats(b.top1, o.top2) ? b.top1 : o.top2;
     b.top1 = o.top1;
     b.idx = o.idx;
   } else {
-    b.top2 = std::max(b.top2, o.top1);
+    b.top2 = beats(b.top2, o.top1) ? b.top2 : o.top1;
   }
 }
 

@@ -1,4 +1,4 @@
-// Shared CUDA building blocks: error checks, stream-ordered scratch,
+// Shared CUDA building blocks: error checks, device queries,
 // activations, and one shared-memory tiled product C = A B^T that most
 // kernels are launched through, with operand loaders and an epilogue as
 // functors (face-splitting rows, weighted rows, gating, bias, activation).
@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -27,22 +28,8 @@ inline void check_launch(const char* what) { check(cudaGetLastError(), what); }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Stream-ordered scratch: allocated and freed on the stream, so no device-wide sync.
-template <typename T> class AsyncBuffer {
- public:
-  AsyncBuffer(int64_t count, cudaStream_t stream) : stream_(stream) {
-    check(cudaMallocAsync(reinterpret_cast<void**>(&ptr_), sizeof(T) * static_cast<size_t>(count), stream),
-          "cudaMallocAsync");
-  }
-  ~AsyncBuffer() { cudaFreeAsync(ptr_, stream_); }
-  AsyncBuffer(const AsyncBuffer&) = delete;
-  AsyncBuffer& operator=(const AsyncBuffer&) = delete;
-  T* get() const { return ptr_; }
-
- private:
-  T* ptr_ = nullptr;
-  cudaStream_t stream_;
-};
+// Multiprocessors of the current device (launch sizing).
+int multiprocessor_count();
 
 // ------------------------------------------------------------ activations
 
@@ -107,18 +94,18 @@ __device__ __forceinline__ void load_slice(T* dst, const Load& load, int64_t r0,
   }
 }
 
-// acc[i][j] = sum_{k < K} A(row0 + ty + i * kThreadsY, k) * B(col0 + tx + j * kThreadsX, k).
+// acc[i][j] = sum_{k_begin <= k < K} A(row0 + ty + i * kThreadsY, k) * B(col0 + tx + j * kThreadsX, k).
 // Ends with a barrier, so the caller may reuse the shared memory.
 template <class S, bool AKContig, bool BKContig, typename T, class LoadA, class LoadB>
 __device__ __forceinline__ void tile_product(TileSmem<T, S>& sm, const LoadA& la, int64_t row0, int64_t rows,
                                              const LoadB& lb, int64_t col0, int64_t cols, int64_t K,
-                                             T (&acc)[S::TM][S::TN]) {
+                                             T (&acc)[S::TM][S::TN], int64_t k_begin = 0) {
   const int tx = threadIdx.x % S::kThreadsX, ty = threadIdx.x / S::kThreadsX;
 #pragma unroll
   for (int i = 0; i < S::TM; ++i)
 #pragma unroll
     for (int j = 0; j < S::TN; ++j) acc[i][j] = T(0);
-  for (int64_t k0 = 0; k0 < K; k0 += S::BK) {
+  for (int64_t k0 = k_begin; k0 < K; k0 += S::BK) {
     load_slice<S::BM, S::BK, S::kThreads, AKContig>(&sm.a[0][0], la, row0, rows, k0, K);
     load_slice<S::BN, S::BK, S::kThreads, BKContig>(&sm.b[0][0], lb, col0, cols, k0, K);
     __syncthreads();
@@ -139,14 +126,17 @@ __device__ __forceinline__ void tile_product(TileSmem<T, S>& sm, const LoadA& la
 }
 
 // C = A B^T over (rows x cols) with K-long reductions; epi(r, c, value) stores each result.
+// Block z reduces k in [z k_split, (z + 1) k_split) only: with several, epi must accumulate.
 template <typename T, class S, bool AKContig, bool BKContig, class LoadA, class LoadB, class Epi>
 __global__ void __launch_bounds__(S::kThreads)
-    product_kernel(LoadA la, int64_t rows, LoadB lb, int64_t cols, int64_t K, Epi epi) {
+    product_kernel(LoadA la, int64_t rows, LoadB lb, int64_t cols, int64_t K, int64_t k_split, Epi epi) {
   __shared__ TileSmem<T, S> sm;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * S::BM;
   const int64_t col0 = static_cast<int64_t>(blockIdx.y) * S::BN;
+  const int64_t k_begin = static_cast<int64_t>(blockIdx.z) * k_split;
+  const int64_t k_end = k_begin + k_split < K ? k_begin + k_split : K;
   T acc[S::TM][S::TN];
-  tile_product<S, AKContig, BKContig>(sm, la, row0, rows, lb, col0, cols, K, acc);
+  tile_product<S, AKContig, BKContig>(sm, la, row0, rows, lb, col0, cols, k_end, acc, k_begin);
   const int tx = threadIdx.x % S::kThreadsX, ty = threadIdx.x / S::kThreadsX;
 #pragma unroll
   for (int i = 0; i < S::TM; ++i) {
@@ -159,15 +149,21 @@ __global__ void __launch_bounds__(S::kThreads)
   }
 }
 
+// k_splits > 1 splits the reduction across that many blocks per output tile (epi must then add
+// atomically into a zeroed output); k_splits = 1 reduces each tile in one block.
 template <typename T, bool AKContig, bool BKContig, class LoadA, class LoadB, class Epi>
 void launch_product(const LoadA& la, int64_t rows, const LoadB& lb, int64_t cols, int64_t K, const Epi& epi,
-                    cudaStream_t stream, const char* what) {
+                    cudaStream_t stream, const char* what, int64_t k_splits = 1) {
   if (rows <= 0 || cols <= 0) return;
   using S = Tile64;
   const int64_t col_tiles = ceil_div(cols, S::BN);
   if (col_tiles > 65535) throw std::invalid_argument(std::string(what) + ": too many output columns");
-  const dim3 grid(static_cast<unsigned>(ceil_div(rows, S::BM)), static_cast<unsigned>(col_tiles));
-  product_kernel<T, S, AKContig, BKContig><<<grid, S::kThreads, 0, stream>>>(la, rows, lb, cols, K, epi);
+  // Each split covers whole BK slices; K = 0 still launches one split (the outputs are zeros).
+  const int64_t k_split = std::max<int64_t>(S::BK, ceil_div(ceil_div(K, S::BK), std::clamp<int64_t>(k_splits, 1, 65535)) * S::BK);
+  const int64_t splits = std::max<int64_t>(1, ceil_div(K, k_split));
+  const dim3 grid(static_cast<unsigned>(ceil_div(rows, S::BM)), static_cast<unsigned>(col_tiles),
+                  static_cast<unsigned>(splits));
+  product_kernel<T, S, AKContig, BKContig><<<grid, S::kThreads, 0, stream>>>(la, rows, lb, cols, K, k_split, epi);
   check_launch(what);
 }
 

@@ -17,15 +17,6 @@ template <typename T> struct GateEpilogue {
 
 }  // namespace
 
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // no driver / no device: report 0 and leave no error behind
-    return 0;
-  }
-  return n;
-}
-
 template <typename T> void gate_features(const GateFeaturesArgs<T>& a, uintptr_t stream) {
   launch_product<T, true, true>(RowMajor<T>{a.x, a.ldx}, a.n, RowMajor<T>{a.w, a.ldw}, a.h, a.k,
                                 GateEpilogue<T>{a.b, a.out, a.ldo, a.act}, as_stream(stream), "gate_features");

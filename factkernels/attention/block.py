@@ -29,9 +29,9 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..embeddings import token_embeddings
+from ..progress import progress_bar
 from .training import _torch_threads
 
 _INIT_SEED_OFFSET = 1_000_003  # block parameters draw from their own stream, data from the run seed
@@ -181,8 +181,8 @@ def train_block(m: int, num_heads: int, key_budget: int, seed: int, config: Bloc
         model = PreLNBlock(table, num_heads, key_budget, config.mlp_width, seed + _INIT_SEED_OFFSET)
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         best = (-1.0, 0.0, 0)  # (val accuracy, test accuracy, step)
-        bar = tqdm(range(1, config.max_steps + 1), desc=f"block h={num_heads} D_K={key_budget}", leave=False,
-                   disable=True if quiet else None)
+        bar = progress_bar(range(1, config.max_steps + 1), desc=f"block h={num_heads} D_K={key_budget}", leave=False,
+                   enabled=not quiet)
         for step in bar:
             batch = sample_retrieval(permutation, config.batch_size, config.context_pairs, gen)
             loss = F.cross_entropy(model(batch), batch.label)

@@ -42,8 +42,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from scipy import stats
-from tqdm.auto import tqdm
 
+from ..progress import progress_bar
 from .constructions import AttentionHeads, EdgeCounts, gaussian_unit_norm
 from .graphs import RelationGraph, random_graph
 from .scores import max_head_scores
@@ -295,7 +295,7 @@ def _train_runs(m: int, d_model: int, num_heads: int, head_dims: Sequence[int], 
     steps, val_metric, early = [max_steps] * num_runs, [0.0] * num_runs, [False] * num_runs
     final: list = [None] * num_runs  # (W_Q, W_K, tau) of each run once it stops
 
-    bar = tqdm(total=max_steps, desc=f"m={m} d={d_model} h={num_heads}", leave=False, disable=True if quiet else None)
+    bar = progress_bar(total=max_steps, desc=f"m={m} d={d_model} h={num_heads}", leave=False, enabled=not quiet)
     step = 0
     while step < max_steps and active:
         wq, wk, tau = params
@@ -663,7 +663,7 @@ def budget_experiment(grid: BudgetGrid = QUICK_GRID, config: TrainingConfig = Tr
     if grid.max_steps is not None:
         config = replace(config, max_steps=grid.max_steps)
     points = []
-    for m, d_model in tqdm(grid.pairs, desc="rgr-budget", disable=True if quiet else None):
+    for m, d_model in progress_bar(grid.pairs, desc="rgr-budget", enabled=not quiet):
         points.append(search_budget(m, d_model, grid.head_counts, grid.seeds, config,
                                     budget_range=grid.budget_range, quiet=quiet))
     budget_fit, heads_fit = fit_key_budget(points), fit_head_count(points)
@@ -681,7 +681,7 @@ def value_experiment(m: int, model_dims: Sequence[int], head_counts: Sequence[in
     config = replace(config, objective="messages")
     runs = []
     model_dims = _check_int_list("model_dims", model_dims, 1)
-    for d_model in tqdm(model_dims, desc="rgr-value", disable=True if quiet else None):
+    for d_model in progress_bar(model_dims, desc="rgr-value", enabled=not quiet):
         for h in _check_int_list("head_counts", head_counts, 1):
             dims = [b // h for b in _check_int_list("key_budgets", key_budgets, 1) if b % h == 0]
             if dims:
@@ -708,7 +708,7 @@ def regular_experiment(m: int, d_model: int, degrees: Sequence[int], head_counts
     ``budget_range`` is in multiples of r * seed_law(m, d_model): the ladder grows with the edges.
     """
     points, xs = [], []
-    for r in tqdm(_check_int_list("degrees", degrees, 1), desc="rgr-regular", disable=True if quiet else None):
+    for r in progress_bar(_check_int_list("degrees", degrees, 1), desc="rgr-regular", enabled=not quiet):
         point = search_budget(m, d_model, head_counts, seeds, replace(config, degree=r),
                               budget_range=(budget_range[0] * r, budget_range[1] * r), quiet=quiet)
         xs.append(r * point.scaling_x)

@@ -24,13 +24,13 @@ from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F_nn
-from tqdm.auto import tqdm
 
 from .. import _ops, geometry
 from ..construct import construct, validate_inputs
 from ..decoder import JLDecoder, jl_decoder
 from ..encoder import assemble, build_shared_gate
 from ..mlp import FactMLP
+from ..progress import progress_bar
 from ..solvers import pick_solver
 
 ENCODERS = ("bin", "gd")
@@ -66,7 +66,7 @@ def fit(
     """
     optimizer = torch.optim.Adam(parameters, lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps, eta_min=final_lr)
-    with tqdm(total=steps, desc=desc, disable=not progress, leave=False) as bar:
+    with progress_bar(total=steps, desc=desc, enabled=progress, leave=False) as bar:
         for step in range(steps + 1):
             optimizer.zero_grad(set_to_none=True)
             loss, solved = objective()

@@ -31,10 +31,10 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F_nn
-from tqdm.auto import tqdm
 
 from .. import _ops
 from ..mlp import FactMLP
+from ..progress import progress_bar
 from .lm import TEMPLATES, AuthorsBooks, AuthorsLM
 
 EDIT_TEMPLATE = 0  # a single templated prompt per fact (App. A.3.4)
@@ -318,7 +318,7 @@ def grid_search(model: AuthorsLM, task: AuthorsBooks, split: EditSplit, method: 
     fact = model.moe.fact
     cache: dict[tuple, torch.Tensor] = {}
     runs = []
-    for config in tqdm(_grid_points(grid), desc=method, disable=quiet, leave=False):
+    for config in progress_bar(_grid_points(grid), desc=method, enabled=not quiet, leave=False):
         target_keys = ("train_steps", "lr", *_TARGET_OPTIONS[method])
         options = tuple(config[k] for k in target_keys)
         if options not in cache:

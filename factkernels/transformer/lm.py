@@ -34,11 +34,11 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F_nn
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..baselines.gd import gd_mlp
 from ..construct import construct
 from ..mlp import FactMLP
+from ..progress import progress_bar
 from .layers import CausalSelfAttention, RMSNorm
 
 DATA_FILE = "book_authors.csv"
@@ -403,7 +403,7 @@ def train_lm(model: AuthorsLM, task: AuthorsBooks, config: LMTrainConfig, *,
     history = []
     model.train()
     try:
-        for _ in tqdm(range(config.steps), desc="train LM", disable=quiet):
+        for _ in progress_bar(range(config.steps), desc="train LM", enabled=not quiet):
             pick = int(torch.randint(len(pool), (1,), generator=gen)) if len(pool) > 1 else 0
             model.moe.fact = pool[pick][0]
             batch = data[pick].subset(torch.randint(len(data[pick]), (config.batch_size,), generator=gen))

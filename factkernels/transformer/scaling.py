@@ -19,9 +19,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional, Sequence
 
-from tqdm.auto import tqdm
 
 from ..construct import construct
+from ..progress import progress_bar
 from .ssfr import SSFRTask
 from .training import SEED_LR, build_fact_mlp, run_fact_adaptive
 
@@ -65,7 +65,7 @@ def usable_size(task: SSFRTask, kind: str = "constructed", *, seeds: Sequence[in
                  else 8 * math.ceil(task.num_keys / task.dim))
     new_facts = task.new_facts(new_facts_seed)
     trace: list[dict] = []
-    bar = tqdm(desc=f"W vs F, F={task.num_keys}", unit="size", disable=not progress, leave=False)
+    bar = progress_bar(desc=f"W vs F, F={task.num_keys}", unit="size", enabled=progress, leave=False)
 
     def usable(size: int) -> bool:
         result = run_fact_adaptive(

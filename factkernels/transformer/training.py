@@ -21,12 +21,12 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F_nn
 from torch import nn
-from tqdm.auto import tqdm
 
 from .. import _ops, geometry
 from ..baselines import gd_mlp
 from ..construct import construct
 from ..mlp import FactMLP
+from ..progress import progress_bar
 from .model import FactTransformer
 from .ssfr import SSFRBatch, SSFRTask
 
@@ -102,7 +102,7 @@ def train_ssfr(model: FactTransformer, task: SSFRTask, *, facts: Optional[torch.
     train_set = task.sequences(facts, split="train")
     result = TrainResult(0, 0, False, 0.0)
     model.train()
-    with tqdm(total=steps, desc="ssfr train", disable=not progress, leave=False) as bar:
+    with progress_bar(total=steps, desc="ssfr train", enabled=progress, leave=False) as bar:
         for step in range(1, steps + 1):
             batch = task.sample(batch_size, generator, facts).to(device)
             loss = F_nn.cross_entropy(model(batch.tokens, batch.padding_mask, last_only=True), batch.targets)

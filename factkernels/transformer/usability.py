@@ -19,9 +19,9 @@ from typing import Sequence
 import torch
 from scipy import stats
 from torch import nn
-from tqdm.auto import tqdm
 
 from .. import geometry
+from ..progress import progress_bar
 from .ssfr import SSFRTask
 from .training import SEED_LR, build_fact_mlp, run_fact_adaptive
 
@@ -84,7 +84,7 @@ def run_usability(*, num_keys: int, dim: int, size: int, kind: str = "gd", kappa
     """
     rows = []
     grid = [(kappa, alpha) for kappa in kappas for alpha in alphas]
-    for kappa, alpha in tqdm(grid, desc="usability", disable=not progress):
+    for kappa, alpha in progress_bar(grid, desc="usability", enabled=progress):
         task = SSFRTask(num_keys, dim, kappa=kappa, seed=task_seed)
         keys, values = task.mlp_keys, task.mlp_values
         result = run_fact_adaptive(

@@ -1,0 +1,184 @@
+"""One command for a GPU machine: the CUDA tests and every GPU benchmark, into one JSON.
+
+    python benchmarks/gpu_suite.py --out benchmarks/results/          # writes gpu_suite-<gpu>.json there
+    python benchmarks/gpu_suite.py --out r.json --skip-tests          # benchmarks only
+    python benchmarks/gpu_suite.py --device cpu --quick --skip-tests  # smoke run of the script itself, tiny sizes
+
+What it runs (all on --device, default cuda):
+  tests      pytest -m cuda in a subprocess; its summary line and exit status
+  kernels    every compiled kernel against its torch twin (bench.py's races; on CUDA they include
+             decode of 65,536 x 65,536 at d = 256) and the fused max-over-heads scores
+  construct  d = 128, F = |V| = 4,096: outputs="values" with the Cholesky solve (bench.py's race),
+             and the default construct (margin-optimal outputs)
+  largest_f  cg builds at --largest-d (default 128), F = |V| doubling from 8,192 until one runs out of
+             memory or takes longer than --max-seconds: the largest F that fits, with its time
+  u_star     margin_optimal_outputs at |V| = 65,536, d = 256: time, rho and peak GPU memory
+
+Without a usable CUDA device it prints why and exits with status 2, writing nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import factkernels
+from factkernels import _ops, geometry
+from factkernels.embeddings import random_fact_set
+
+from bench import bench_attention, bench_construct, bench_kernels, device_info, sync, timeit
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_DEVICE_STATUS = 2
+
+
+def cuda_unavailable_reason(device: torch.device) -> str | None:
+    """Why the suite cannot run on ``device`` (None when it can)."""
+    if device.type != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        return "no CUDA device is available to torch (torch.cuda.is_available() is False)"
+    if not _ops.build_info().get("cuda"):
+        return ("factkernels was built without CUDA kernels; rebuild with "
+                "FACTKERNELS_CUDA=ON pip install --no-build-isolation -e .")
+    return None
+
+
+def run_cuda_tests() -> dict:
+    """pytest -m cuda in a fresh process; the summary line and counts."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"], cwd=ROOT,
+                          capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    summary = lines[-1].strip("= ") if lines else done.stderr.strip()[-500:]
+    counts = {word: int(number) for number, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)",
+                                                                summary)}
+    failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    print(f"cuda tests: {summary}", flush=True)
+    return {"returncode": done.returncode, "summary": summary, "counts": counts, "failures": failures,
+            "seconds": time.perf_counter() - start}
+
+
+def bench_default_construct(device: torch.device, d: int, num_facts: int) -> dict:
+    """The default construct (margin-optimal outputs, solver auto) at F = |V|."""
+    keys, values, facts = (t.to(device) for t in random_fact_set(num_facts, num_facts, d, seed=0))
+    built = {}
+
+    def run():
+        built["mlp"] = factkernels.construct(keys, values, facts, progress=False)
+
+    seconds = timeit(run, device, repeats=3)
+    report = built["mlp"].report
+    print(f"default construct d={d} F={num_facts}: {seconds * 1e3:.1f} ms, accuracy {report.accuracy}", flush=True)
+    return {"d": d, "F": num_facts, "outputs": "margin_optimal", "seconds": seconds, "accuracy": report.accuracy,
+            "m": report.m, "phases_ms": {k: round(v * 1e3, 2) for k, v in report.timings.items()}}
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)) or "out of memory" in str(err).lower()
+
+
+def bench_largest_f(device: torch.device, d: int, start: int, max_seconds: float) -> dict:
+    """cg builds with F = |V| doubling from ``start`` until one runs out of memory or exceeds max_seconds."""
+    attempts, largest = [], None
+    num_facts = start
+    while True:
+        row = {"d": d, "F": num_facts, "solver": "cg"}
+        try:
+            keys, values, facts = (t.to(device) for t in random_fact_set(num_facts, num_facts, d, seed=0))
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            sync(device)
+            begin = time.perf_counter()
+            mlp = factkernels.construct(keys, values, facts, solver="cg", progress=False)
+            sync(device)
+            row.update(seconds=time.perf_counter() - begin, accuracy=mlp.report.accuracy, m=mlp.report.m)
+            if device.type == "cuda":
+                row["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(device)
+            del mlp
+        except Exception as err:  # noqa: BLE001 - only running out of memory ends the search quietly
+            if not _out_of_memory(err):
+                raise
+            row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        finally:
+            keys = values = facts = None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        attempts.append(row)
+        print(f"largest F: {json.dumps(row)}", flush=True)
+        if "error" in row:
+            break
+        largest = row
+        if row["seconds"] > max_seconds:
+            break
+        num_facts *= 2
+    return {"largest": largest, "attempts": attempts, "max_seconds": max_seconds}
+
+
+def bench_u_star(device: torch.device, num_values: int, d: int) -> dict:
+    """margin_optimal_outputs (U*, rho) of spherical values: time, rho, peak GPU memory beyond the values."""
+    values = geometry.spherical(num_values, d, generator=torch.Generator().manual_seed(0)).to(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    sync(device)
+    begin = time.perf_counter()
+    _, rho = geometry.margin_optimal_outputs(values)
+    sync(device)
+    row = {"num_values": num_values, "d": d, "seconds": time.perf_counter() - begin, "rho": float(rho)}
+    if device.type == "cuda":
+        row["peak_extra_gpu_bytes"] = torch.cuda.max_memory_allocated(device) - base
+    print(f"U* |V|={num_values} d={d}: {row['seconds']:.2f} s, rho={row['rho']:.4f}", flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="a .json file, or a folder for gpu_suite-<device>.json")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script, measures nothing")
+    parser.add_argument("--skip-tests", action="store_true", help="benchmarks only")
+    parser.add_argument("--largest-d", type=int, default=128, help="d of the largest-F search")
+    parser.add_argument("--max-seconds", type=float, default=120.0, help="stop the largest-F search past this")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    reason = cuda_unavailable_reason(device)
+    if reason is not None:
+        print(f"gpu_suite: cannot run on {device}: {reason}. Nothing was written.", file=sys.stderr)
+        return NO_DEVICE_STATUS
+    if device.type == "cpu" and not args.quick:
+        parser.error("--device cpu is a smoke run of this script: add --quick")
+
+    report = {"environment": device_info(device), "quick": args.quick, "command": sys.argv}
+    if not args.skip_tests:
+        report["tests"] = run_cuda_tests()
+    report["kernels"] = bench_kernels(device, args.quick)
+    report["attention"] = bench_attention(device, args.quick)
+    d, num_facts = (32, 256) if args.quick else (128, 4096)
+    report["construct"] = {"values_cholesky": bench_construct(device, [(d, num_facts, 64 if args.quick else 96)],
+                                                              per_gadget_max_f=0),
+                           "default": bench_default_construct(device, d, num_facts)}
+    report["largest_f"] = bench_largest_f(device, 16 if args.quick else args.largest_d, 256 if args.quick else 8192,
+                                          1.0 if args.quick else args.max_seconds)
+    report["u_star"] = bench_u_star(device, *((512, 32) if args.quick else (65536, 256)))
+
+    out = Path(args.out)
+    if out.suffix != ".json":
+        name = torch.cuda.get_device_name(device).replace(" ", "_") if device.type == "cuda" else "cpu"
+        out = out / f"gpu_suite-{name}{'-quick' if args.quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2, default=str))
+    print(f"wrote {out}")
+    tests_failed = report.get("tests", {}).get("returncode", 0) not in (0, 5)  # 5: no test collected
+    return 1 if tests_failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Package-level behaviour: one version number, a clear warning without the compiled kernels."""
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import factkernels
+
+# Imports factkernels with factkernels._C made unimportable, as in a source checkout without a build.
+_WITHOUT_EXTENSION = """
+import importlib.abc, sys, warnings
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "factkernels._C":
+            raise ImportError("blocked")
+sys.meta_path.insert(0, Block())
+warnings.simplefilter("always")
+import factkernels, factkernels.cli, factkernels._ops as ops
+import torch
+x = torch.randn(4, 3)
+assert not ops.HAS_EXTENSION and ops.decode(x, x)[0].shape == (4,)
+"""
+
+
+def test_one_version_number():
+    assert importlib.metadata.version("factkernels") == factkernels.__version__
+
+
+def test_missing_extension_warns_once_with_the_fix():
+    env = dict(os.environ, PYTHONWARNINGS="always")
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_EXTENSION], capture_output=True, text=True, env=env,
+                          cwd=Path(factkernels.__file__).resolve().parent.parent, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("has no compiled _C") == 1, done.stderr
+    assert "pip install --no-build-isolation -e ." in done.stderr
