@@ -46,10 +46,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .baselines import encoder_decoder, gd_mlp, naive, ntk
-from .construct import construct, validate_inputs
+from .construct import construct
 from .embeddings import FactSet
 from .geometry import margin_optimal_outputs, whiten
 from .nongated import construct_nongated
+from .validation import validate_inputs
 
 Builder = Callable[..., nn.Module]
 

@@ -17,14 +17,12 @@ from typing import Iterator, Optional, Union
 import torch
 
 from . import _ops, geometry
-from .decoder import JLDecoder, decoder_failures, initial_m, jl_bound, jl_decoder
+from .decoder import OUTPUTS, choose_m, decoder_failures, output_embeddings
 from .encoder import assemble, build_per_gadget, build_shared_gate
 from .mlp import FactMLP
 from .report import ConstructionReport
 from .solvers import SOLVERS, pick_solver
-
-OUTPUTS = ("margin_optimal", "values")
-M_GROWTH = 1.25  # geometric growth of m while the decoder check fails
+from .validation import check_choice, check_positive_int, validate_inputs
 
 
 class FactStorageError(RuntimeError):
@@ -33,64 +31,6 @@ class FactStorageError(RuntimeError):
     def __init__(self, message: str, report: "ConstructionReport") -> None:
         super().__init__(message)
         self.report = report
-
-
-# ----------------------------------------------------------------------------- validation
-
-
-def _validate_embeddings(name: str, t: torch.Tensor) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"{name} must be float32 or float64, got {t.dtype}")
-    if t.dim() != 2 or t.shape[0] == 0 or t.shape[1] == 0:
-        raise ValueError(f"{name} must be a non-empty 2-D tensor (rows = embeddings), got shape {tuple(t.shape)}")
-    if not torch.isfinite(t).all():
-        raise ValueError(f"{name} contains NaN or Inf")
-
-
-def _first_duplicate(t: torch.Tensor) -> Optional[tuple[int, int]]:
-    """First pair of equal rows, or None. Equal rows have bit-equal projections on any
-    direction, so sorting one projection finds every candidate pair in O(n log n)."""
-    direction = torch.randn(t.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    proj = t.double() @ direction.to(t.device)
-    order = proj.argsort()
-    same = torch.nonzero(proj[order[1:]] == proj[order[:-1]]).flatten()
-    if same.numel():
-        first, second = order[same], order[same + 1]
-        equal = (t[first] == t[second]).all(dim=1)
-        if bool(equal.any()):
-            k = int(torch.nonzero(equal)[0])
-            pair = sorted((int(first[k]), int(second[k])))
-            return pair[0], pair[1]
-    return None
-
-
-def validate_inputs(keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor) -> torch.Tensor:
-    """Check K (F, d_in), V (|V|, d_out), f (F,) and return f as int64; raise naming the argument."""
-    _validate_embeddings("K", keys)
-    _validate_embeddings("V", values)
-    if values.dtype != keys.dtype:
-        raise TypeError(f"V has dtype {values.dtype} but K has {keys.dtype}; use one dtype")
-    if values.device != keys.device:
-        raise ValueError(f"V is on {values.device} but K is on {keys.device}; use one device")
-    if not isinstance(facts, torch.Tensor):
-        raise TypeError(f"f must be a torch.Tensor of value indices, got {type(facts).__name__}")
-    if facts.dtype.is_floating_point or facts.dtype.is_complex or facts.dtype == torch.bool:
-        raise TypeError(f"f must be an integer tensor, got {facts.dtype}")
-    if facts.dim() != 1 or facts.shape[0] != keys.shape[0]:
-        raise ValueError(f"f must have shape ({keys.shape[0]},) (one value index per key), got {tuple(facts.shape)}")
-    if facts.device != keys.device:
-        raise ValueError(f"f is on {facts.device} but K is on {keys.device}; use one device")
-    if facts.numel() and (int(facts.min()) < 0 or int(facts.max()) >= values.shape[0]):
-        raise ValueError(f"f must index values in [0, {values.shape[0]}), got range [{int(facts.min())}, {int(facts.max())}]")
-    dup = _first_duplicate(values)
-    if dup is not None:
-        raise ValueError(f"V has duplicate rows {dup[0]} and {dup[1]}: rho(V) = 0, no MLP can tell them apart")
-    dup = _first_duplicate(keys)
-    if dup is not None:
-        raise ValueError(f"K has duplicate rows {dup[0]} and {dup[1]}: keys must be distinct (generic)")
-    return facts.to(torch.int64)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -105,34 +45,13 @@ def _timed(timings: dict, name: str, device: torch.device) -> Iterator[None]:
     timings[name] = time.perf_counter() - start
 
 
-def _choose_m(m: Union[int, str, None], outputs: torch.Tensor, values: torch.Tensor, used: torch.Tensor, rho: float,
-              generator: torch.Generator, backend: str) -> tuple[JLDecoder, str]:
-    """JL decoder for a given m, for Thm B.5.3's bound, or the smallest m (geometric search) that decodes."""
-    if isinstance(m, int):
-        return jl_decoder(outputs, m, generator), "given"
-    if m == "bound":
-        bound = jl_bound(rho, values.shape[0])
-        return jl_decoder(outputs, bound, generator), "Thm B.5.3 bound (delta=0.1)"
-    tried = []
-    current = initial_m(rho, values.shape[0])
-    while True:
-        decoder = jl_decoder(outputs, current, generator)
-        tried.append(current)
-        if decoder_failures(decoder, values, used, backend) == 0:
-            return decoder, "auto: " + " -> ".join(map(str, tried))
-        if current >= 64 * values.shape[1]:
-            raise RuntimeError(f"no m up to {current} decodes every value; rho={rho:.3g} is too small")
-        current = max(current + 1, math.ceil(current * M_GROWTH))
-
-
 def _check_options(m, solver, outputs, values, activation, width_multiplier, hidden, whiten, verify, backend) -> None:
     if m is not None and not (isinstance(m, str) and m == "bound"):
         if isinstance(m, bool) or not isinstance(m, int):
             raise TypeError(f"m must be an int, None (smallest m that verifies) or 'bound', got {m!r}")
         if m < 1:
             raise ValueError(f"m must be >= 1, got {m}")
-    if solver not in SOLVERS:
-        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    check_choice("solver", solver, SOLVERS)
     if isinstance(outputs, torch.Tensor):
         if outputs.shape != values.shape or outputs.dtype != values.dtype or outputs.device != values.device:
             raise ValueError(f"outputs given as a tensor must match V: shape {tuple(values.shape)}, {values.dtype}, "
@@ -142,8 +61,7 @@ def _check_options(m, solver, outputs, values, activation, width_multiplier, hid
     elif not isinstance(outputs, str) or outputs not in OUTPUTS:
         raise ValueError(f"outputs must be one of {OUTPUTS} or a (|V|, d_out) tensor of output embeddings, got {outputs!r}")
     _ops.check_activation(activation)
-    if backend not in _ops.BACKENDS:
-        raise ValueError(f"backend must be one of {_ops.BACKENDS}, got {backend!r}")
+    check_choice("backend", backend, _ops.BACKENDS)
     if not (isinstance(whiten, (int, float)) and 0.0 <= float(whiten) <= 1.0):
         raise ValueError(f"whiten must be a strength alpha in [0, 1], got {whiten!r}")
     if verify not in (True, False, "report"):
@@ -153,9 +71,7 @@ def _check_options(m, solver, outputs, values, activation, width_multiplier, hid
             f"width_multiplier={width_multiplier} gives too few hidden units: each gadget needs "
             f"h~(d+1) >= F, so width_multiplier must be >= 1 (1.25-2 is well conditioned)"
         )
-    if hidden is not None:
-        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
-            raise ValueError(f"hidden must be a positive int, got {hidden!r}")
+    check_positive_int("hidden", hidden, allow_none=True)
 
 
 # ----------------------------------------------------------------------------- construct
@@ -223,17 +139,7 @@ def construct(
 
     used = torch.unique(facts)
     with _timed(timings, "outputs", device):
-        if isinstance(outputs, torch.Tensor):
-            out_embed, rho = outputs, float(geometry.output_margins(values, outputs).min())
-        elif outputs == "margin_optimal":
-            out_embed, rho = geometry.margin_optimal_outputs(values)
-        else:
-            out_embed = values
-            rho = float(geometry.output_margins(values, values).min())
-        if not rho > 0:
-            hint = " (try outputs='margin_optimal')" if isinstance(outputs, str) and outputs == "values" else ""
-            label = "the given outputs" if isinstance(outputs, torch.Tensor) else f"outputs={outputs!r}"
-            raise ValueError(f"V is not decodable with {label}: rho = {rho:.3g} <= 0{hint}")
+        out_embed, rho = output_embeddings(values, outputs)
 
     if hidden is not None:
         m_fixed = m if isinstance(m, int) else None
@@ -248,7 +154,7 @@ def construct(
         width_multiplier = width * (d_in + 1) / num_facts
 
     with _timed(timings, "m_search", device):
-        decoder, m_search = _choose_m(m, out_embed, values, used, rho, generator, backend)
+        decoder, m_search = choose_m(m, out_embed, values, used, rho, generator, backend)
     targets = decoder.codes[facts]  # (F, m)
 
     chosen = pick_solver(num_facts, device) if solver == "auto" else solver
