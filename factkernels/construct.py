@@ -18,7 +18,8 @@ import torch
 
 from . import _ops, geometry
 from .decoder import OUTPUTS, choose_m, decoder_failures, output_embeddings
-from .encoder import assemble, build_per_gadget, build_shared_gate
+from .encoder import assemble, build_per_gadget, build_shared_gate, gadget_width
+from .memory import VERIFY_CHUNK, check_fits, estimate_build
 from .mlp import FactMLP
 from .report import ConstructionReport
 from .solvers import SOLVERS, pick_solver
@@ -43,6 +44,37 @@ def _timed(timings: dict, name: str, device: torch.device) -> Iterator[None]:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     timings[name] = time.perf_counter() - start
+
+
+def _memory_guard(num_facts: int, values: torch.Tensor, d_in: int, m: int, width: int, solver: str, outputs,
+                  verify, hidden: Optional[int], max_memory: Optional[int], backend: str) -> str:
+    """Check that the build fits before allocating it and resolve solver="auto" from the same
+    estimate; returns the solver. Raises MemoryBudgetError naming the argument to change."""
+    fused = backend != "torch" and _ops.build_info()["compiled"]
+    kwargs = dict(m=m, gadget_width=width, dtype=values.dtype, verify=verify is not False, fused_forward=fused,
+                  outputs=outputs if isinstance(outputs, str) else "given",
+                  width_argument="width_multiplier" if hidden is None else "hidden")
+    shape = (num_facts, values.shape[0], d_in, values.shape[1])
+    if solver == "auto":
+        rest = estimate_build(*shape, solver="cg", **kwargs).total
+        solver = pick_solver(num_facts, values.device, other_bytes=rest, budget=max_memory)
+    check_fits(estimate_build(*shape, solver=solver, **kwargs), values.device, max_memory)
+    return solver
+
+
+def _gadget_width(num_facts: int, d_in: int, m, width_multiplier: float, hidden: Optional[int]) -> int:
+    """h̃ from the width multiplier, or hidden // m (checked to give h̃(d_in+1)+1 >= F)."""
+    if hidden is None:
+        return gadget_width(num_facts, d_in, width_multiplier)
+    if not isinstance(m, int):
+        raise ValueError("hidden needs an explicit integer m (hidden = m x gadget width)")
+    width = hidden // m
+    if width * (d_in + 1) + 1 < num_facts:
+        raise ValueError(
+            f"hidden={hidden} is too few hidden units for F={num_facts}: each of the m={m} gadgets "
+            f"needs width*(d_in+1)+1 >= F, i.e. hidden >= {m * math.ceil((num_facts - 1) / (d_in + 1))}"
+        )
+    return width
 
 
 def _check_options(m, solver, outputs, values, activation, width_multiplier, hidden, whiten, verify, backend) -> None:
@@ -96,6 +128,7 @@ def construct(
     cg_tol: float = 1e-4,
     cg_max_iter: Optional[int] = None,
     progress: bool = True,
+    max_memory: Optional[int] = None,
 ) -> FactMLP:
     """Build a gated MLP g with argmax_j <g(k_i), v_j> = f(i) for every key.
 
@@ -117,6 +150,11 @@ def construct(
             records the result in the report, False skips the check.
         seed: seeds the gate and the JL projection (same seed, same MLP on CPU).
         backend: "auto" | "kernels" | "torch" (see factkernels._ops).
+        max_memory: bytes the build may use (default: the free memory of the device). The
+            build's peak is estimated before anything large is allocated
+            (:func:`factkernels.memory.estimate_build`); a build that does not fit raises
+            :class:`factkernels.memory.MemoryBudgetError` naming the argument to change, and
+            solver="auto" picks the dense Cholesky only when it fits with room to spare.
 
     Returns:
         FactMLP with ``.report`` (a :class:`ConstructionReport`).
@@ -124,8 +162,15 @@ def construct(
     timings: dict = {}
     facts = validate_inputs(K, V, f)
     _check_options(m, solver, outputs, V, activation, width_multiplier, hidden, whiten, verify, backend)
+    check_positive_int("max_memory", max_memory, allow_none=True)
     num_facts, d_in = K.shape
     device = K.device
+    width = _gadget_width(num_facts, d_in, m, width_multiplier, hidden)
+    if hidden is not None:
+        width_multiplier = width * (d_in + 1) / num_facts
+    # Before anything large: the build with the given m (or the smallest m a search can pick).
+    _memory_guard(num_facts, V, d_in, m if isinstance(m, int) else 1, width, solver if solver != "auto" else "cg",
+                  outputs, verify, hidden, max_memory, backend)
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
 
@@ -141,23 +186,11 @@ def construct(
     with _timed(timings, "outputs", device):
         out_embed, rho = output_embeddings(values, outputs)
 
-    if hidden is not None:
-        m_fixed = m if isinstance(m, int) else None
-        if m_fixed is None:
-            raise ValueError("hidden needs an explicit integer m (hidden = m x gadget width)")
-        width = hidden // m_fixed
-        if width * (d_in + 1) + 1 < num_facts:
-            raise ValueError(
-                f"hidden={hidden} is too few hidden units for F={num_facts}: each of the m={m_fixed} gadgets "
-                f"needs width*(d_in+1)+1 >= F, i.e. hidden >= {m_fixed * math.ceil((num_facts - 1) / (d_in + 1))}"
-            )
-        width_multiplier = width * (d_in + 1) / num_facts
-
     with _timed(timings, "m_search", device):
         decoder, m_search = choose_m(m, out_embed, values, used, rho, generator, backend)
     targets = decoder.codes[facts]  # (F, m)
 
-    chosen = pick_solver(num_facts, device) if solver == "auto" else solver
+    chosen = _memory_guard(num_facts, V, d_in, decoder.m, width, solver, outputs, verify, hidden, max_memory, backend)
     with _timed(timings, "solve", device):
         if chosen == "per_gadget":
             encoder = build_per_gadget(keys, targets, width_multiplier=width_multiplier, activation=activation,
@@ -168,7 +201,6 @@ def construct(
                                         cg_tol=cg_tol, cg_max_iter=cg_max_iter, progress=progress)
 
     with _timed(timings, "assemble", device):
-        width = encoder.gadget_width
         mlp = assemble(encoder, decoder.projection, activation=activation, backend=backend,
                        key_transform=key_transform, value_transform=value_transform)
 
@@ -182,7 +214,7 @@ def construct(
     )
     if verify is not False:
         with _timed(timings, "verify", device):
-            margins = mlp.margins(K, V, facts)
+            margins = verify_margins(mlp, K, V, facts)
         failed = int((margins <= 0).sum())
         report.failed, report.accuracy, report.min_margin = failed, 1.0 - failed / num_facts, float(margins.min())
     timings["total"] = time.perf_counter() - start
@@ -191,6 +223,13 @@ def construct(
     if verify is True and report.failed:
         raise FactStorageError(_failure_message(report, decoder_failures(decoder, values, used, backend)), report)
     return mlp
+
+
+def verify_margins(mlp, keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor,
+                   chunk: int = VERIFY_CHUNK) -> torch.Tensor:
+    """Decode margins (F,) of every fact, ``chunk`` keys at a time (bounds the hidden activations)."""
+    return torch.cat([mlp.margins(keys[i : i + chunk], values, facts[i : i + chunk])
+                      for i in range(0, keys.shape[0], chunk)])
 
 
 def _failure_message(report: ConstructionReport, decoder_failed: int) -> str:
