@@ -17,21 +17,13 @@ from typing import Iterator, Optional, Union
 import torch
 
 from . import _ops, geometry
-from .decoder import OUTPUTS, choose_m, decoder_failures, output_embeddings
+from .decoder import OUTPUTS, choose_m, decoder_failures, output_embeddings, verify_margins
 from .encoder import assemble, build_per_gadget, build_shared_gate, gadget_width
-from .memory import VERIFY_CHUNK, check_fits, estimate_build
+from .memory import check_fits, estimate_build
 from .mlp import FactMLP
-from .report import ConstructionReport
+from .report import ConstructionReport, FactStorageError
 from .solvers import SOLVERS, pick_solver
 from .validation import check_choice, check_positive_int, validate_inputs
-
-
-class FactStorageError(RuntimeError):
-    """Raised by ``construct(..., verify=True)`` when some facts are not stored."""
-
-    def __init__(self, message: str, report: "ConstructionReport") -> None:
-        super().__init__(message)
-        self.report = report
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -223,13 +215,6 @@ def construct(
     if verify is True and report.failed:
         raise FactStorageError(_failure_message(report, decoder_failures(decoder, values, used, backend)), report)
     return mlp
-
-
-def verify_margins(mlp, keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor,
-                   chunk: int = VERIFY_CHUNK) -> torch.Tensor:
-    """Decode margins (F,) of every fact, ``chunk`` keys at a time (bounds the hidden activations)."""
-    return torch.cat([mlp.margins(keys[i : i + chunk], values, facts[i : i + chunk])
-                      for i in range(0, keys.shape[0], chunk)])
 
 
 def _failure_message(report: ConstructionReport, decoder_failed: int) -> str:

@@ -14,6 +14,7 @@ from typing import Union
 import torch
 
 from . import _ops, geometry
+from .memory import VERIFY_CHUNK
 
 OUTPUTS = ("margin_optimal", "values")
 M_GROWTH = 1.25  # geometric growth of m while the decoder check fails
@@ -97,3 +98,10 @@ def choose_m(m: Union[int, str, None], outputs: torch.Tensor, values: torch.Tens
         if current >= 64 * values.shape[1]:
             raise RuntimeError(f"no m up to {current} decodes every value; rho={rho:.3g} is too small")
         current = max(current + 1, math.ceil(current * M_GROWTH))
+
+
+def verify_margins(mlp: torch.nn.Module, keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor,
+                   chunk: int = VERIFY_CHUNK) -> torch.Tensor:
+    """Decode margins (F,) of every fact, ``chunk`` keys at a time (bounds the hidden activations)."""
+    return torch.cat([mlp.margins(keys[i : i + chunk], values, facts[i : i + chunk])
+                      for i in range(0, keys.shape[0], chunk)])

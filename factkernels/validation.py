@@ -50,20 +50,15 @@ def check_matrix(x: object, name: str, *, min_rows: int = 1, finite: bool = True
 
 
 def first_duplicate(t: torch.Tensor) -> Optional[tuple[int, int]]:
-    """First pair of equal rows of t (n, d), or None. Equal rows have bit-equal projections on
-    any direction, so sorting one projection finds every candidate pair in O(n log n)."""
-    direction = torch.randn(t.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    proj = t.double() @ direction.to(t.device)
-    order = proj.argsort()
-    same = torch.nonzero(proj[order[1:]] == proj[order[:-1]]).flatten()
-    if same.numel():
-        first, second = order[same], order[same + 1]
-        equal = (t[first] == t[second]).all(dim=1)
-        if bool(equal.any()):
-            k = int(torch.nonzero(equal)[0])
-            pair = sorted((int(first[k]), int(second[k])))
-            return pair[0], pair[1]
-    return None
+    """(i, j): the first row i of t (n, d) that has an equal row, and the next such row j > i; None
+    when all rows differ. Exact (lexicographic unique), so it does not depend on how a product rounds."""
+    _, group, counts = torch.unique(t, dim=0, return_inverse=True, return_counts=True)
+    if int(counts.max()) == 1:
+        return None
+    repeated = torch.nonzero(counts[group] > 1).flatten()
+    first = int(repeated[0])
+    second = int(repeated[1:][group[repeated[1:]] == group[first]][0])
+    return first, second
 
 
 def check_facts(facts: object, num_keys: int, num_values: int, device: torch.device, name: str = "f") -> torch.Tensor:
