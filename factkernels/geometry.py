@@ -67,6 +67,8 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from .validation import check_matrix as _check_matrix
+
 __all__ = [
     "decodability",
     "margin_optimal_outputs",
@@ -97,29 +99,6 @@ _CORRAL_BYTES = 1 << 28
 # ----------------------------------------------------------------------------
 # validation
 # ----------------------------------------------------------------------------
-
-
-def _check_matrix(x: object, name: str, *, min_rows: int = 1, finite: bool = True) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor of shape (n, d), got {type(x).__name__}; "
-            f"convert with torch.as_tensor({name}, dtype=torch.float32)"
-        )
-    if not x.is_floating_point():
-        raise TypeError(
-            f"{name} must be a floating-point tensor (float32 or float64), got {x.dtype}; "
-            f"convert with {name}.float()"
-        )
-    if x.dim() != 2:
-        raise ValueError(f"{name} must be a 2-D tensor of shape (n, d), got shape {tuple(x.shape)}")
-    if x.shape[0] < min_rows:
-        what = f"{min_rows} rows (values)" if min_rows >= 2 else "one row"
-        raise ValueError(f"{name} must have at least {what}, got shape {tuple(x.shape)}")
-    if x.shape[1] < 1:
-        raise ValueError(f"{name} must have at least one column (d >= 1), got shape {tuple(x.shape)}")
-    if finite and not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN or Inf entries; remove or replace them")
-    return x
 
 
 def _check_same(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:
