@@ -52,6 +52,21 @@ are ``O(chunk * n)`` plus ``O(chunk * k * (k + d))`` for corrals of size
 ``k <= d + 1 + added``, never ``O(n^3)``; about 8 iterations suffice for
 ``n = 1024, d = 64`` random values.
 
+Active-set (cutting-plane) method for large ``n``
+-------------------------------------------------
+The dense iteration above touches all ``n^2`` pairs every iteration.  For
+``n > _DENSE_MAX`` (``method="auto"``) each value instead keeps a list of
+*active constraints* (value indices).  One round solves every value's problem
+restricted to its active list with the same batched solver (explicit star
+vectors of the candidates, warm-started from the previous direction), then
+one streaming pass over ``V`` (:func:`factkernels._ops.star_topk`: tiles,
+running top-k, no ``n x n`` matrix, in the input precision) finds every
+value's most violated constraints; they are re-scored in float64 from
+explicit differences and appended.  A value is done when no constraint is
+violated beyond ``tol``: its restricted hull point norm is an upper bound of
+``rho_i`` and the float64 minimum over the streamed candidates its achieved
+margin.  Extra memory is ``O(n K)`` for the lists plus one bounded chunk.
+
 When ``rho_i <= 0`` (a duplicated value, or ``v_i`` inside the convex hull of
 the others) no output decodes ``v_i``: the minimum-norm point is ~0, the
 returned ``u_i`` is the best direction seen and its radius is its achieved
@@ -94,6 +109,11 @@ _RIDGE = 1e-11
 _CHUNK_ELEMS = 1 << 22
 # Bytes allowed for the corral buffers (X and its Gram) of one chunk.
 _CORRAL_BYTES = 1 << 28
+# Bytes allowed for the candidate stars and corrals of one chunk of the active-set method.
+_ACTIVE_BYTES = 1 << 26
+# Up to this many values "auto" solves densely (every value against all others
+# per iteration, fastest for small sets); above it, by active-set cutting planes.
+_DENSE_MAX = 2048
 # Smallest margins per value re-checked in float64 after a streaming pass in
 # the input precision (the true minimum is among them unless float32 rounding
 # reorders scores closer than ~1e-6).
@@ -140,6 +160,14 @@ def _check_tol(tol: float, max_iter: int) -> None:
         raise ValueError(f"tol must be a float in (0, 1), got {tol!r}")
     if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
         raise ValueError(f"max_iter must be a positive int, got {max_iter!r}")
+
+
+_METHODS = ("auto", "dense", "active_set")
+
+
+def _check_method(method: str) -> None:
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
 
 
 # ----------------------------------------------------------------------------
@@ -609,12 +637,12 @@ def _solve_active_set(
     lo = torch.full((n,), -math.inf, dtype=torch.float64, device=dev)
     hi = torch.full((n,), math.inf, dtype=torch.float64, device=dev)
     # pass 1 ranks the constraints of u_i = v_i / |v_i| (one GEMM tile per value tile)
-    _, active = _ops.star_topk(Wk, min(n - 1, n_init), backend=backend)
+    _, active = _ops.star_topk(Wk, min(n - 1, 2 * n_init), backend=backend)
     rows = torch.arange(n, device=dev)
     passes = 1
     while rows.numel() > 0:
         K = active.shape[1]
-        step = max(1, min(rows.numel(), _CORRAL_BYTES // (8 * (K + 1) * (2 * d + K + 2))))
+        step = max(1, min(rows.numel(), _ACTIVE_BYTES // (8 * (K + 1) * (2 * d + K + 2))))
         dup = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
         for s in range(0, rows.numel(), step):
             rs = rows[s : s + step]
@@ -622,7 +650,7 @@ def _solve_active_set(
             u, _, h = _solve_chunk(st, W, U[rs], tol=tol, max_iter=max_iter, n_init=n_init, n_add=n_add, n_fast=n_fast)
             U[rs], hi[rs], dup[s : s + step] = u, torch.minimum(hi[rs], h), st.dup_row
         # one streaming pass: the most violated constraints of every unfinished value
-        _, cand = _ops.star_topk(Wk, min(n - 1, n_add), U[rows].to(Wk.dtype), rows, backend=backend)
+        _, cand = _ops.star_topk(Wk, min(n - 1, 2 * n_add), U[rows].to(Wk.dtype), rows, backend=backend)
         passes += 1
         g = _exact_star_scores(W, U[rows], rows, cand)
         lo[rows] = g.min(dim=1).values
@@ -646,7 +674,7 @@ def _margin_optimal(
     tol: float,
     max_iter: int,
     *,
-    method: str = "active_set",
+    method: str = "auto",
     n_init: Optional[int] = None,
     n_add: Optional[int] = None,
     n_fast: int = 3,
@@ -662,7 +690,7 @@ def _margin_optimal(
         n, d = W.shape
         n_init = max(16, d // 4) if n_init is None else n_init
         n_add = max(6, d // 10) if n_add is None else n_add
-        if method == "dense":
+        if method == "dense" or (method == "auto" and n <= _DENSE_MAX):
             return _solve_dense(W, tol, max_iter, n_init, n_add, n_fast)
         Wk = W.to(V.dtype) if V.dtype in (torch.float32, torch.float64) else W
         U, lo, hi, _ = _solve_active_set(W, Wk, tol, max_iter, n_init, n_add, n_fast, backend)
@@ -675,7 +703,7 @@ def _margin_optimal(
 
 
 def margin_optimal_outputs(
-    V: Tensor, *, tol: float = 1e-6, max_iter: int = 200, return_radii: bool = False
+    V: Tensor, *, tol: float = 1e-6, max_iter: int = 200, return_radii: bool = False, method: str = "auto"
 ) -> Union[Tuple[Tensor, float], Tuple[Tensor, float, Tensor]]:
     """Margin-optimal output embeddings ``U*`` (Definition 3.2.1).
 
@@ -692,6 +720,9 @@ def margin_optimal_outputs(
             (in practice the solve is exact up to ~1e-12).
         max_iter: maximum number of batched outer iterations.
         return_radii: also return the per-value radii.
+        method: "dense" (every pair each iteration), "active_set" (cutting
+            planes with streaming passes, ``O(n d)`` extra memory beyond the
+            active lists) or "auto" (dense up to 2,048 values).
 
     Returns:
         ``(U, rho)`` or ``(U, rho, radii)`` where ``U`` is (n, d) with unit rows,
@@ -706,7 +737,8 @@ def margin_optimal_outputs(
     """
     V = _check_matrix(V, "V", min_rows=2)
     _check_tol(tol, max_iter)
-    U, lo, _ = _margin_optimal(V, float(tol), int(max_iter))
+    _check_method(method)
+    U, lo, _ = _margin_optimal(V, float(tol), int(max_iter), method=method)
     rho = float(lo.min())
     U = U.to(V.dtype)
     if return_radii:
@@ -714,7 +746,7 @@ def margin_optimal_outputs(
     return U, rho
 
 
-def decodability(V: Tensor, *, tol: float = 1e-6, max_iter: int = 200) -> float:
+def decodability(V: Tensor, *, tol: float = 1e-6, max_iter: int = 200, method: str = "auto") -> float:
     """Decodability ``rho(V)`` of value embeddings (Definition 3.1.1).
 
     ``rho(V) = min_i max_{||u||=1} min_{j != i} <v_i - v_j, u> / ||v_i - v_j||``.
@@ -723,6 +755,7 @@ def decodability(V: Tensor, *, tol: float = 1e-6, max_iter: int = 200) -> float:
         V: (n, d) floating tensor, n >= 2, finite.
         tol: relative duality-gap tolerance (see :func:`margin_optimal_outputs`).
         max_iter: maximum number of outer iterations.
+        method: "auto", "dense" or "active_set" (see :func:`margin_optimal_outputs`).
 
     Returns:
         ``rho(V)`` as a float in [-1, 1]; ``<= 0`` when some value cannot be
@@ -731,7 +764,8 @@ def decodability(V: Tensor, *, tol: float = 1e-6, max_iter: int = 200) -> float:
     """
     V = _check_matrix(V, "V", min_rows=2)
     _check_tol(tol, max_iter)
-    _, lo, _ = _margin_optimal(V, float(tol), int(max_iter))
+    _check_method(method)
+    _, lo, _ = _margin_optimal(V, float(tol), int(max_iter), method=method)
     return float(lo.min())
 
 
