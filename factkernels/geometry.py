@@ -109,8 +109,10 @@ _RIDGE = 1e-11
 _CHUNK_ELEMS = 1 << 22
 # Bytes allowed for the corral buffers (X and its Gram) of one chunk.
 _CORRAL_BYTES = 1 << 28
-# Bytes allowed for the candidate stars and corrals of one chunk of the active-set method.
-_ACTIVE_BYTES = 1 << 26
+# Bytes for the candidate stars and corrals of one chunk of the active-set
+# method: at least this, else about the size of the float64 values themselves
+# (extra memory O(n d), never O(n^2)).
+_ACTIVE_BYTES = 1 << 24
 # Up to this many values "auto" solves densely (every value against all others
 # per iteration, fastest for small sets); above it, by active-set cutting planes.
 _DENSE_MAX = 2048
@@ -612,7 +614,7 @@ def _exact_star_scores(W: Tensor, U: Tensor, rows: Tensor, cols: Tensor) -> Tens
     Identical values score 0, padding (``j = -1``) +inf; chunked by rows.
     """
     out = torch.empty(cols.shape, dtype=torch.float64, device=W.device)
-    step = max(1, _CHUNK_ELEMS // max(1, cols.shape[1] * W.shape[1]))
+    step = max(1, max(1 << 20, W.numel()) // (4 * max(1, cols.shape[1] * W.shape[1])))
     for s in range(0, rows.numel(), step):
         r, c = rows[s : s + step], cols[s : s + step]
         diff = W[r][:, None, :] - W[c.clamp(min=0)]
@@ -639,10 +641,11 @@ def _solve_active_set(
     # pass 1 ranks the constraints of u_i = v_i / |v_i| (one GEMM tile per value tile)
     _, active = _ops.star_topk(Wk, min(n - 1, 2 * n_init), backend=backend)
     rows = torch.arange(n, device=dev)
+    budget = max(_ACTIVE_BYTES, 8 * n * d)
     passes = 1
     while rows.numel() > 0:
         K = active.shape[1]
-        step = max(1, min(rows.numel(), _ACTIVE_BYTES // (8 * (K + 1) * (2 * d + K + 2))))
+        step = max(1, min(rows.numel(), budget // (8 * (K + 1) * (2 * d + K + 2))))
         dup = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
         for s in range(0, rows.numel(), step):
             rs = rows[s : s + step]
