@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -62,7 +63,7 @@ def main() -> None:
         "speedup_vs_construct_cholesky": t_construct / t_add,
         "stored_after_add": stored_add, "facts_after_add": args.facts + new, "construct_failed": mlp.report.failed,
         "target": ">= 20x faster than a rebuild (issue 13)",
-        "environment": {"python": platform.python_version(), "torch": torch.__version__,
+        "environment": {"load_average_1min": os.getloadavg()[0], "python": platform.python_version(), "torch": torch.__version__,
                         "factkernels": factkernels.__version__, "build": _ops.build_info(),
                         "processor": platform.processor(), "platform": platform.platform()},
         "command": f"python benchmarks/incremental.py --facts {args.facts} --values {args.values} --dim {args.dim} "
