@@ -9,6 +9,7 @@
 from ._ops import build_info
 from .construct import ConstructionReport, FactStorageError, construct
 from .geometry import decodability, margin_optimal_outputs, whiten
+from .incremental import FactBuilder
 from .mlp import FactMLP
 
 __version__ = "0.1.0"
@@ -16,6 +17,7 @@ __version__ = "0.1.0"
 __all__ = [
     "construct",
     "FactMLP",
+    "FactBuilder",
     "ConstructionReport",
     "FactStorageError",
     "decodability",

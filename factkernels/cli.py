@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -42,7 +44,50 @@ def _fact_set(args: argparse.Namespace, dtype: torch.dtype) -> tuple[torch.Tenso
                            kappa=args.kappa, dtype=dtype)
 
 
+def _run_construct_distributed(args: argparse.Namespace) -> int:
+    """One rank of ``torchrun ... -m factkernels construct --distributed``: this rank's rows of the facts."""
+    import torch.distributed as dist
+
+    from .distributed import construct_sharded, shard_rows
+
+    if args.solver not in ("auto", "cg"):
+        raise SystemExit("error: --distributed builds with the matrix-free solver: use --solver cg")
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        dtype = torch.float64 if args.float64 else torch.float32
+        keys, values, facts = _fact_set(args, dtype)
+        rows = shard_rows(keys.shape[0], rank, world_size)
+        start = time.perf_counter()
+        mlp = construct_sharded(keys[rows].to(device), values.to(device), facts[rows].to(device), m=args.m,
+                                outputs=args.outputs, activation=args.activation,
+                                width_multiplier=args.width_multiplier, seed=args.seed, backend=args.backend,
+                                verify="report", progress=not args.quiet and rank == 0)
+        seconds = time.perf_counter() - start
+        if rank == 0:
+            report = {"world_size": world_size, "num_facts": keys.shape[0], "m": mlp.m, "hidden": mlp.hidden_size,
+                      "failed": mlp.failed, "min_margin": mlp.min_margin, "cg_iterations": mlp.solve.iterations,
+                      "residual": mlp.solve.residual, "seconds": seconds}
+            print(json.dumps(report, indent=2))
+            if args.json:
+                Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+                payload = {"config": vars(args), "report": report, "environment": environment()}
+                Path(args.json).write_text(json.dumps(payload, indent=2, default=str))
+                print(f"wrote {args.json}")
+            if args.save:
+                mlp.save(args.save)
+        return 0 if mlp.failed == 0 else 1
+    finally:
+        dist.destroy_process_group()
+
+
 def _run_construct(args: argparse.Namespace) -> int:
+    if args.distributed:
+        return _run_construct_distributed(args)
     dtype = torch.float64 if args.float64 else torch.float32
     device = torch.device(args.device)
     try:
@@ -72,7 +117,8 @@ def _run_construct(args: argparse.Namespace) -> int:
 
 
 def _add_construct_options(p: argparse.ArgumentParser, *, d: int, facts: int) -> None:
-    p.add_argument("--d", type=int, default=d, help="embedding dimension (random embeddings)")
+    # --dim: torchrun rejects --d anywhere on its command line (ambiguous with its --duplicate-* options)
+    p.add_argument("--dim", "--d", dest="d", type=int, default=d, help="embedding dimension, random embeddings (alias --d)")
     p.add_argument("--facts", type=_count_or_path, default=facts,
                    help="number of keys F (random embeddings), or with --keys the map f as .npy/.csv")
     p.add_argument("--values", type=_count_or_path, default=None,
@@ -95,6 +141,8 @@ def _add_construct_options(p: argparse.ArgumentParser, *, d: int, facts: int) ->
     p.add_argument("--json", help="write config, report and environment to this JSON file")
     p.add_argument("--save", help="save the MLP to this .safetensors file")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--distributed", action="store_true",
+                   help="one rank of a torchrun launch: facts sharded by rows, matrix-free CG (see README)")
 
 
 def _run_info(args: argparse.Namespace) -> int:
@@ -102,7 +150,8 @@ def _run_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``factkernels`` parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="factkernels", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="build and verify a fact MLP on a built-in default (d=64, F=|V|=1024)")
@@ -117,7 +166,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     experiment_names = experiments.add_subparsers(dest="experiment", required=True)
     experiments_cli.add_commands(experiment_names)
     experiments_cli.add_tools(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.handler(args)
 
 

@@ -87,14 +87,18 @@ def gadget_width(num_facts: int, dim: int, width_multiplier: float) -> int:
     return max(1, math.ceil(width_multiplier * num_facts / (dim + 1)))
 
 
-def sample_gate(keys: torch.Tensor, rows: int, generator: torch.Generator, gate_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_gate(keys: torch.Tensor, rows: int, generator: torch.Generator, gate_scale: float = 1.0,
+                key_rms: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A generic gate: i.i.d. Gaussian rows scaled so pre-activations are ~N(0, gate_scale²),
     and a zero bias (Alg. 7's default; a random bias made the Gram ~10x worse conditioned).
 
-    keys: (F, d) -> (gate_weight (rows, d), gate_bias (rows,))
+    keys: (F, d) -> (gate_weight (rows, d), gate_bias (rows,)). key_rms: the keys' RMS norm
+    when ``keys`` is one shard of them (default: computed from ``keys``).
     """
     d = keys.shape[1]
-    key_rms = keys.square().sum(1).mean().sqrt().clamp_min(1e-12)
+    if key_rms is None:
+        key_rms = keys.square().sum(1).mean().sqrt()
+    key_rms = key_rms.clamp_min(1e-12)
     weight = torch.randn(rows, d, generator=generator, dtype=torch.float64).to(keys) * (gate_scale / key_rms)
     bias = torch.zeros(rows, dtype=keys.dtype, device=keys.device)
     return weight, bias

@@ -140,8 +140,9 @@ class FactBuilder:
         below = torch.linalg.solve_triangular(self._factor, cross.T, upper=False).T  # (k, F): rows of L
         corner_factor = self._cholesky(corner - below @ below.T)
         size = self._factor.shape[0]
-        factor = self._factor.new_zeros(size + K_new.shape[0], size + K_new.shape[0])
+        factor = self._factor.new_empty(size + K_new.shape[0], size + K_new.shape[0])
         factor[:size, :size] = self._factor
+        factor[:size, size:] = 0.0
         factor[size:, :size] = below
         factor[size:, size:] = corner_factor
         self._factor = factor
@@ -230,6 +231,7 @@ class FactBuilder:
         self._gate = sample_gate(self._keys, width, self._generator, self.gate_scale)
         self._op = GadgetOperator.whitened(self._gate_features(self._keys), augment(self._keys), backend=self.backend)
         self._factor = self._cholesky(self._op.dense().double())
+        self._forward = None
 
     def _regrow(self, keys: torch.Tensor, facts: torch.Tensor, values: torch.Tensor, new_values: bool) -> FactMLP:
         """Too many facts for the gate: a full rebuild with a gate sized for them."""
@@ -250,11 +252,25 @@ class FactBuilder:
         self._keys, self._facts = self._keys[keep], self._facts[keep]
         self._alive = self._alive[keep]
         self._factor = self._cholesky(self._op.dense().double())
+        self._forward = None
         self.rebuilds += 1
 
     def _solve(self, targets: torch.Tensor) -> torch.Tensor:
         """Dual variables α (F_all, m) of the kept rows' system, zero on tombstones."""
-        alpha = torch.cholesky_solve(targets, self._factor)
+        # L y = O by forward substitution, reusing the rows of y that an addition left unchanged
+        # (a bordered factor keeps its leading rows), then Lᵀ α = y: one F²m solve per change.
+        size = self._factor.shape[0]
+        cached = self._forward
+        if cached is not None and cached[0].shape[0] <= size and torch.equal(cached[0], targets[: cached[0].shape[0]]):
+            done, forward = cached[0].shape[0], cached[1]
+            if done < size:
+                rest = targets[done:] - self._factor[done:, :done] @ forward
+                rest = torch.linalg.solve_triangular(self._factor[done:, done:], rest, upper=False)
+                forward = torch.cat([forward, rest])
+        else:
+            forward = torch.linalg.solve_triangular(self._factor, targets, upper=False)
+        self._forward = (targets, forward)
+        alpha = torch.linalg.solve_triangular(self._factor, forward.T.contiguous(), upper=False, left=False).T
         dead = torch.nonzero(~self._alive).flatten()
         if dead.numel():
             # x = G⁻¹[O; z], z on the removed rows chosen so that x vanishes there: A_KK x_K = O_K.

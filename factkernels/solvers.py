@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from tqdm.auto import tqdm
@@ -35,12 +35,16 @@ DENSE_MAX_FACTS = 16384
 RESIDUAL_TOL = 1e-4
 
 
-def _inverse_sqrt(features: torch.Tensor) -> torch.Tensor:
-    """(featuresᵀ features / n)^(-1/2) for an (n, k) matrix, eigenvalues floored for safety: (k, k)."""
-    cov = (features.T @ features).double() / features.shape[0]
+def inverse_sqrt(cov: torch.Tensor) -> torch.Tensor:
+    """cov^(-1/2) of a (k, k) second-moment matrix (float64), eigenvalues floored for safety."""
     evals, evecs = torch.linalg.eigh(cov)
     evals = evals.clamp_min(evals.max() * 1e-12)
-    return ((evecs * evals.rsqrt()) @ evecs.T).to(features.dtype)
+    return (evecs * evals.rsqrt()) @ evecs.T
+
+
+def _inverse_sqrt(features: torch.Tensor) -> torch.Tensor:
+    """(featuresᵀ features / n)^(-1/2) for an (n, k) matrix: (k, k) in the features' dtype."""
+    return inverse_sqrt((features.T @ features).double() / features.shape[0]).to(features.dtype)
 
 
 @dataclass
@@ -54,6 +58,8 @@ class GadgetOperator:
     and float32 accuracy; the unknowns map back by θ = (W_s ⊗ W_p) θ'.
 
     gate_features: (F, h̃) Σ W_s;  keys_aug: (F, d+1) K̃ W_p;  transforms (h̃, h̃), (d+1, d+1).
+    reduce: when the rows are one shard of the facts (torch.distributed), the in-place sum of a
+        tensor over all shards; ``M̃ᵀ y`` and every sum over rows then cover all facts.
     """
 
     gate_features: torch.Tensor
@@ -61,6 +67,11 @@ class GadgetOperator:
     feature_transform: torch.Tensor
     key_transform: torch.Tensor
     backend: str = "auto"
+    reduce: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+
+    def total(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum of ``t`` over all shards (``t`` itself in one process)."""
+        return t if self.reduce is None else self.reduce(t)
 
     @classmethod
     def whitened(cls, gate_features: torch.Tensor, keys_aug: torch.Tensor, backend: str = "auto") -> "GadgetOperator":
@@ -84,7 +95,10 @@ class GadgetOperator:
     def transpose_matmul(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``M̃'ᵀ y`` for m columns: y (F, m) -> (coefficients (m, h̃, d+1), output bias (m,))."""
         coef = _ops.gadget_rmatvec(self.gate_features, self.keys_aug, y, backend=self.backend)
-        return coef, y.sum(0)
+        if self.reduce is None:
+            return coef, y.sum(0)
+        packed = self.reduce(torch.cat([coef.flatten(), y.sum(0)]))  # the one all-reduce of a product
+        return packed[: coef.numel()].view_as(coef), packed[coef.numel() :]
 
     def matmul(self, y: torch.Tensor) -> torch.Tensor:
         """Matrix-free ``M̃' M̃'ᵀ y``: y (F, m) -> (F, m)."""
@@ -113,9 +127,10 @@ def relative_residual(op: GadgetOperator, alpha: torch.Tensor, targets: torch.Te
     """||M̃ M̃ᵀ α − O|| / ||O||, with the dense Gram when given (in its own precision)."""
     if gram is not None:
         r = targets - gram @ alpha.to(gram.dtype)
-    else:
-        r = targets - op.matmul(alpha)
-    return float(r.norm() / targets.norm().clamp_min(1e-300))
+        return float(r.norm() / targets.norm().clamp_min(1e-300))
+    r = targets - op.matmul(alpha)
+    sums = op.total(torch.stack([r.square().sum(), targets.square().sum()]))
+    return float(sums[0].sqrt() / sums[1].sqrt().clamp_min(1e-300))
 
 
 def solve_cholesky(op: GadgetOperator, targets: torch.Tensor, *, tol: float = RESIDUAL_TOL) -> tuple[torch.Tensor, SolveInfo]:
@@ -170,29 +185,32 @@ def solve_cg(
     """Batched Jacobi-preconditioned CG on the matrix-free Gram, all m columns at once.
 
     targets: (F, m) -> α (F, m). Memory O(F (h̃ + d) + m h̃ d); no F×F matrix.
-    Stops when every column's relative residual is below ``tol``.
+    Stops when every column's relative residual is below ``tol``. With a sharded ``op``
+    (``op.reduce``), each rank holds its rows of targets and α; an iteration all-reduces the
+    product ``M̃ᵀ p`` (which also gives pᵀ M̃ M̃ᵀ p = ||M̃ᵀ p||²) and 2m scalars.
     """
     precond = op.diagonal().reciprocal().unsqueeze(1)
     alpha = torch.zeros_like(targets)
     r = targets.clone()
     z = precond * r
     p = z.clone()
-    rz = (r * z).sum(0)
-    bnorm = targets.norm(dim=0).clamp_min(1e-30)
+    rz, rr, bb = op.total(torch.stack([(r * z).sum(0), r.square().sum(0), targets.square().sum(0)]))
+    bnorm = bb.sqrt().clamp_min(1e-30)
     bar = tqdm(total=max_iter, desc="cg", disable=not progress, leave=False)
     it = 0
-    rel = (r.norm(dim=0) / bnorm).max()
+    rel = (rr.sqrt() / bnorm).max()
     while it < max_iter and rel > tol:
-        ap = op.matmul(p)
-        step = rz / (p * ap).sum(0).clamp_min(1e-300)
+        coef, out_bias = op.transpose_matmul(p)
+        ap = _ops.gadget_matvec(op.gate_features, op.keys_aug, coef, backend=op.backend) + out_bias
+        step = rz / (coef.square().sum((1, 2)) + out_bias.square()).clamp_min(1e-300)  # pᵀ G p = ||M̃ᵀ p||²
         alpha.addcmul_(p, step)
         r.addcmul_(ap, step, value=-1.0)
         z = precond * r
-        rz_new = (r * z).sum(0)
+        rz_new, rr = op.total(torch.stack([(r * z).sum(0), r.square().sum(0)]))
         p = z + p * (rz_new / rz.clamp_min(1e-300))
         rz = rz_new
         it += 1
-        rel = (r.norm(dim=0) / bnorm).max()
+        rel = (rr.sqrt() / bnorm).max()
         bar.update(1)
         bar.set_postfix(residual=f"{float(rel):.1e}")
     bar.close()

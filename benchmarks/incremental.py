@@ -1,0 +1,80 @@
+"""Incremental facts: add 1 % new facts with FactBuilder.add vs a full rebuild.
+
+    python benchmarks/incremental.py                      # F = 16,384, d = 128, m = 64, |V| = 1,024
+    python benchmarks/incremental.py --facts 8192 --out benchmarks/results/incremental_8192.json
+
+The rebuild is timed twice: a fresh FactBuilder on all facts (the same algorithm: float64
+factor, verification of every fact) and ``construct(..., solver="cholesky")`` with the same m.
+Every timed step verifies every stored fact. One repeat per step (each is seconds long).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+import factkernels
+from factkernels import _ops
+from factkernels.embeddings import random_fact_set
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--facts", type=int, default=16384, help="F before the addition")
+    parser.add_argument("--values", type=int, default=1024)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--m", type=int, default=64)
+    parser.add_argument("--fraction", type=float, default=0.01, help="new facts as a fraction of F")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    new = max(1, round(args.fraction * args.facts))
+    K, V, f = random_fact_set(args.facts + new, args.values, args.dim, seed=0)
+    builder, t_first = timed(lambda: factkernels.FactBuilder(K[: args.facts], V, f[: args.facts], m=args.m))
+    _, t_add = timed(lambda: builder.add(K[args.facts :], f[args.facts :]))
+    stored_add = int((builder.mlp.predict(builder.keys, builder.values) == builder.facts).sum())
+    del builder
+    fresh, t_rebuild = timed(lambda: factkernels.FactBuilder(K, V, f, m=args.m))
+    del fresh
+    mlp, t_construct = timed(lambda: factkernels.construct(K, V, f, m=args.m, solver="cholesky", progress=False))
+    result = {
+        "benchmark": "incremental add vs rebuild",
+        "setting": {"facts_before": args.facts, "facts_added": new, "values": args.values, "dim": args.dim, "m": args.m,
+                    "dtype": "float32", "outputs": "margin_optimal", "embeddings": "random spherical, seed 0",
+                    "threads": args.threads, "repeats": 1},
+        "seconds": {"first_build": t_first, "add": t_add, "rebuild_factbuilder": t_rebuild,
+                    "rebuild_construct_cholesky": t_construct},
+        "speedup_vs_rebuild_factbuilder": t_rebuild / t_add,
+        "speedup_vs_construct_cholesky": t_construct / t_add,
+        "stored_after_add": stored_add, "facts_after_add": args.facts + new, "construct_failed": mlp.report.failed,
+        "target": ">= 20x faster than a rebuild (issue 13)",
+        "environment": {"load_average_1min": os.getloadavg()[0], "python": platform.python_version(), "torch": torch.__version__,
+                        "factkernels": factkernels.__version__, "build": _ops.build_info(),
+                        "processor": platform.processor(), "platform": platform.platform()},
+        "command": f"python benchmarks/incremental.py --facts {args.facts} --values {args.values} --dim {args.dim} "
+                   f"--m {args.m} --fraction {args.fraction} --threads {args.threads}",
+    }
+    out = Path(args.out) if args.out else RESULTS / f"incremental_{args.facts}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result["seconds"], indent=2), result["speedup_vs_rebuild_factbuilder"],
+          result["speedup_vs_construct_cholesky"])
+
+
+if __name__ == "__main__":
+    main()
