@@ -91,3 +91,39 @@ def test_bad_arguments(toy, tmp_path):
 def test_cell_keys_are_stable_and_distinct():
     a, b = engine.cell_key({"x": 1, "y": 2}), engine.cell_key({"y": 2, "x": 1})
     assert a == b and a != engine.cell_key({"x": 1, "y": 3})
+
+
+def test_clean_json_is_strict_and_figures_are_png(tmp_path):
+    import math
+
+    import numpy as np
+    import torch
+
+    from factkernels.experiments.plotting import panels, save_figure
+
+    data = engine.clean_json({"x": torch.tensor([1.0, 2.0]), "nan": math.nan, "n": np.int64(3), "pair": (1, 2),
+                              "path": tmp_path})
+    assert data == {"x": [1.0, 2.0], "nan": None, "n": 3, "pair": [1, 2], "path": str(tmp_path)}
+    json.dumps(data, allow_nan=False)
+    fig, (ax,) = panels(1)
+    ax.plot([0, 1], [1, 0])
+    assert save_figure(fig, tmp_path, "line").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_and_list_show_every_claim(toy, tmp_path, capsys):
+    from factkernels.cli import main
+
+    engine.run("toy", tmp_path / "runs", scale="tiny", quiet=True)
+    out = tmp_path / "docs" / "CLAIMS.md"
+    assert main(["experiment", "report", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    toy_row = next(line for line in lines if "**toy-sum**" in line)
+    assert "| reproduced |" in toy_row and "4 cells even: True" in toy_row
+    assert "[toy](../runs/toy/toy.png)" in toy_row  # PNG links relative to the table
+    others = [c.id for name, e in engine.REGISTRY.items() if name != "toy" for c in e.claims]
+    for claim in others:  # registered claims without a summary: "not run" with the command that runs them
+        row = next(line for line in lines if f"**{claim}**" in line)
+        assert "| not run |" in row and "factkernels experiment" in row
+    assert main(["experiment", "list", "--results", str(tmp_path / "runs")]) == 0
+    printed = capsys.readouterr().out
+    assert all(claim in printed for claim in ["toy-sum", *others]) and "reproduced" in printed

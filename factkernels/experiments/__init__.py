@@ -6,4 +6,6 @@ The library (factkernels.*) never imports this package.
 
 from .engine import REGISTRY, Cell, Claim, Experiment, Finding, get, register, run
 
+from . import attention, capacity, transformer  # noqa: F401  (each experiment module registers itself)
+
 __all__ = ["REGISTRY", "Cell", "Claim", "Experiment", "Finding", "get", "register", "run"]

@@ -3,15 +3,15 @@
     factkernels experiment list                                   # every claim: where, setting, command, status
     factkernels experiment NAME --out runs/ [--scale tiny|quick|seed] [--shard i/N] [--resume]
     factkernels experiment merge runs/a runs/b --out runs/all      # cell files of several shards into one folder
+    factkernels experiment report runs/ --out CLAIMS.md            # markdown claims table from every summary.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from . import engine
+from . import attention, capacity, engine, report
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -28,29 +28,19 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status(out: Path, name: str) -> dict:
-    path = out / name / "summary.json"
-    if not path.exists():
-        return {}
-    return json.loads(path.read_text())["summary"].get("claims", {})
-
-
 def _list(args: argparse.Namespace) -> int:
-    out = Path(args.results)
-    rows = []
-    for name in sorted(engine.REGISTRY):
-        found = _status(out, name)
-        for claim in engine.REGISTRY[name].claims:
-            finding = found.get(claim.id, {})
-            rows.append({"claim": claim.id, "paper": claim.paper, "where": claim.where, "statement": claim.statement,
-                         "paper_value": claim.value, "command": f"factkernels experiment {name} --out {args.results}",
-                         "verdict": finding.get("verdict", "not run"), "ours": finding.get("ours", "")})
+    rows = report.claim_rows(args.results)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     for r in rows:
         print(f"{r['claim']:<34} {r['paper']} {r['where']:<12} {r['verdict']:<15} {r['statement']}\n"
               f"{'':<34} paper: {r['paper_value']}  ours: {r['ours'] or '-'}\n{'':<34} $ {r['command']}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    print(f"wrote {report.write_claims_table(args.results, args.out)}")
     return 0
 
 
@@ -62,9 +52,14 @@ def _merge(args: argparse.Namespace) -> int:
 def add_commands(experiment_subparsers) -> None:
     """Register ``list``, ``merge`` and one subcommand per registered experiment."""
     ls = experiment_subparsers.add_parser("list", help="every claim: where, setting, command, status")
-    ls.add_argument("--results", default="benchmarks/results", help="folder of experiment outputs to read status from")
+    ls.add_argument("--results", default="benchmarks/results/experiments",
+                    help="folder of experiment outputs (NAME/summary.json) to read status from")
     ls.add_argument("--json", action="store_true", help="print JSON rows")
     ls.set_defaults(handler=_list)
+    rp = experiment_subparsers.add_parser("report", help="markdown claims table from every RESULTS/*/summary.json")
+    rp.add_argument("results", help="folder of experiment outputs (NAME/summary.json)")
+    rp.add_argument("--out", required=True, help="markdown file to write, e.g. benchmarks/results/CLAIMS.md")
+    rp.set_defaults(handler=_report)
     mg = experiment_subparsers.add_parser("merge", help="copy the cell files of several runs into one folder")
     mg.add_argument("sources", nargs="+")
     mg.add_argument("--out", required=True)
@@ -81,3 +76,9 @@ def add_commands(experiment_subparsers) -> None:
         p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the experiment's)")
         p.add_argument("--quiet", action="store_true", help="no progress bars")
         p.set_defaults(handler=_run)
+
+
+def add_tools(subparsers) -> None:
+    """Register the top-level single-run commands that live beside the experiments (``capacity``, ``rgr-train``)."""
+    capacity.add_commands(subparsers)
+    attention.add_commands(subparsers)
