@@ -24,6 +24,9 @@ bin+gd      m (closed-form encoder)          as ours
 gd+gd       m (GD encoder of width ⌈mF/d⌉)   as gd+jl
 nongated    m (Alg. 8 gadgets + JL,          2hd + h + d (up, down and their biases) with
             outputs U*)                      h = 2m·⌈1.5F/(d+1)⌉
+hebbian_*   m, bilinear features (raw,       2md + dm (A₀, A₁ and the readout W; no biases)
+            ridge, data_dependent readout/
+            features; baselines.hebbian)
 naive       none (hidden = F, evaluated      2dF + F (in weights, thresholds, out weights)
             once)
 ==========  ===============================  ===============================================
@@ -46,6 +49,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .baselines import encoder_decoder, encoder_decoder_batch, gd_mlp, gd_mlp_batch, naive, ntk
+from .baselines.hebbian import hebbian
 from .construct import construct, validate_inputs
 from .embeddings import FactSet
 from .geometry import margin_optimal_outputs, whiten
@@ -124,6 +128,10 @@ def _nongated(K, V, f, size, seed, **options) -> nn.Module:
     return construct_nongated(K, V, f, m=size, seed=seed, **options)
 
 
+def _hebbian(K, V, f, size, seed, *, variant: str, **options) -> nn.Module:
+    return hebbian(K, V, f, m=size, variant=variant, seed=seed, **options)
+
+
 def _naive(K, V, f, size, seed, **options) -> nn.Module:
     return naive(K, V, f, **options)  # deterministic: no size, no seed
 
@@ -137,6 +145,8 @@ methods: dict[str, Method] = {method.name: method for method in (
     _hybrid_method("bin", "gd"),
     _hybrid_method("gd", "gd"),
     Method("nongated", _nongated, "m", start=8),
+    *(Method(f"hebbian_{variant}", functools.partial(_hebbian, variant=variant), "m", start=8)
+      for variant in ("raw", "ridge", "data_dependent")),
     Method("naive", _naive, "hidden", start=1, fixed=True),
 )}
 

@@ -105,9 +105,10 @@ def test_naive_is_evaluated_once(tiny):
 
 def test_registry_builders_return_storing_modules(tiny):
     K, V, f = tiny
-    assert set(methods) == {"ours", "ntk", "ntk_u*", "gd", "gd+jl", "bin+gd", "gd+gd", "nongated", "naive"}
+    assert set(methods) == {"ours", "ntk", "ntk_u*", "gd", "gd+jl", "bin+gd", "gd+gd", "nongated", "naive", "hebbian_raw",
+                            "hebbian_ridge", "hebbian_data_dependent"}
     sizes = {"ours": 24, "ntk": 2048, "ntk_u*": 2048, "gd": 8, "gd+jl": 24, "bin+gd": 6, "gd+gd": 6, "nongated": 24,
-             "naive": 0}
+             "naive": 0, "hebbian_raw": 4096, "hebbian_ridge": 64, "hebbian_data_dependent": 48}
     options = {"gd": dict(lr=1e-2, final_lr=1e-4, steps=2000), "bin+gd": dict(decoder_steps=100),
                "gd+gd": dict(decoder_steps=100)}
     for name, method in methods.items():
