@@ -24,6 +24,9 @@ bin+gd      m (closed-form encoder)          as ours
 gd+gd       m (GD encoder of width ⌈mF/d⌉)   as gd+jl
 nongated    m (Alg. 8 gadgets + JL,          2hd + h + d (up, down and their biases) with
             outputs U*)                      h = 2m·⌈1.5F/(d+1)⌉
+hebbian_*   m, bilinear features (raw,       2md + dm (A₀, A₁ and the readout W; no biases)
+            ridge, data_dependent readout/
+            features; baselines.hebbian)
 naive       none (hidden = F, evaluated      2dF + F (in weights, thresholds, out weights)
             once)
 ==========  ===============================  ===============================================
@@ -44,7 +47,8 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from .baselines import encoder_decoder, gd_mlp, naive, ntk
+from .baselines import encoder_decoder, encoder_decoder_batch, gd_mlp, gd_mlp_batch, naive, ntk
+from .baselines.hebbian import hebbian
 from .construct import construct
 from .embeddings import FactSet
 from .geometry import margin_optimal_outputs, whiten
@@ -62,6 +66,9 @@ class Method:
     start: first size tried; fixed: the method has no size (built once at size = F);
     prepare: ``(K, V, f, options) -> extra options`` computed once per fact set and passed to
     every build (work that depends on neither the size nor the seed, e.g. the outputs U*).
+    build_batch: ``(fact_sets, sizes, seeds, **options) -> modules``, the same models as one
+    build per (fact set, size, seed) but trained as one batch (the GD methods); the search
+    uses it to build every seed of a size at once.
     """
 
     name: str
@@ -70,6 +77,7 @@ class Method:
     start: int
     fixed: bool = False
     prepare: Optional[Callable[[torch.Tensor, torch.Tensor, torch.Tensor, dict], dict]] = None
+    build_batch: Optional[Callable[..., list[nn.Module]]] = None
 
     def __call__(self, K: torch.Tensor, V: torch.Tensor, f: torch.Tensor, size: int, seed: int, **options) -> nn.Module:
         return self.build(K, V, f, size, seed, **options)
@@ -100,12 +108,29 @@ def _gd(K, V, f, size, seed, **options) -> nn.Module:
     return gd_mlp(K, V, f, hidden=size, seed=seed, progress=False, **options)
 
 
+def _gd_batch(fact_sets, sizes, seeds, **options) -> list[nn.Module]:
+    return gd_mlp_batch(fact_sets, sizes, seeds, progress=False, **options)
+
+
 def _hybrid(K, V, f, size, seed, *, encoder: str, decoder: str, **options) -> nn.Module:
     return encoder_decoder(K, V, f, m=size, encoder=encoder, decoder=decoder, seed=seed, progress=False, **options)
 
 
+def _hybrid_batch(fact_sets, sizes, seeds, *, encoder: str, decoder: str, **options) -> list[nn.Module]:
+    return encoder_decoder_batch(fact_sets, sizes, seeds, encoder=encoder, decoder=decoder, progress=False, **options)
+
+
+def _hybrid_method(encoder: str, decoder: str) -> Method:
+    return Method(f"{encoder}+{decoder}", functools.partial(_hybrid, encoder=encoder, decoder=decoder), "m", start=8,
+                  build_batch=functools.partial(_hybrid_batch, encoder=encoder, decoder=decoder))
+
+
 def _nongated(K, V, f, size, seed, **options) -> nn.Module:
     return construct_nongated(K, V, f, m=size, seed=seed, **options)
+
+
+def _hebbian(K, V, f, size, seed, *, variant: str, **options) -> nn.Module:
+    return hebbian(K, V, f, m=size, variant=variant, seed=seed, **options)
 
 
 def _naive(K, V, f, size, seed, **options) -> nn.Module:
@@ -116,11 +141,13 @@ methods: dict[str, Method] = {method.name: method for method in (
     Method("ours", _ours, "m", start=8, prepare=_margin_optimal),
     Method("ntk", functools.partial(_ntk, margin_optimal=False), "hidden", start=256),
     Method("ntk_u*", functools.partial(_ntk, margin_optimal=True), "hidden", start=256),
-    Method("gd", _gd, "hidden", start=8),
-    Method("gd+jl", functools.partial(_hybrid, encoder="gd", decoder="jl"), "m", start=8),
-    Method("bin+gd", functools.partial(_hybrid, encoder="bin", decoder="gd"), "m", start=8),
-    Method("gd+gd", functools.partial(_hybrid, encoder="gd", decoder="gd"), "m", start=8),
+    Method("gd", _gd, "hidden", start=8, build_batch=_gd_batch),
+    _hybrid_method("gd", "jl"),
+    _hybrid_method("bin", "gd"),
+    _hybrid_method("gd", "gd"),
     Method("nongated", _nongated, "m", start=8),
+    *(Method(f"hebbian_{variant}", functools.partial(_hebbian, variant=variant), "m", start=8)
+      for variant in ("raw", "ridge", "data_dependent")),
     Method("naive", _naive, "hidden", start=1, fixed=True),
 )}
 
@@ -136,15 +163,21 @@ def encoder_width_method(name: str, m: int) -> Method:
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise ValueError(f"m must be a positive int, got {m!r}")
 
+    encoder, decoder = name.split("+")
+
     def build(K, V, f, size, seed, **options) -> nn.Module:
         return methods[name](K, V, f, m, seed, encoder_hidden=size, **options)
 
-    return Method(f"{name} encoder width at m={m}", build, "encoder hidden", start=1)
+    def build_batch(fact_sets, sizes, seeds, **options) -> list[nn.Module]:
+        return _hybrid_batch(fact_sets, m, seeds, encoder=encoder, decoder=decoder, encoder_hidden=sizes, **options)
+
+    return Method(f"{name} encoder width at m={m}", build, "encoder hidden", start=1, build_batch=build_batch)
 
 
 @dataclass
 class Trial:
-    """One size tried: accuracy per seed (in seed order; stops at the first seed that fails)."""
+    """One size tried: accuracy per seed (in seed order; built one at a time, it stops at the first seed
+    that fails; built as a batch, every seed is evaluated)."""
 
     size: int
     accuracies: list[float]
@@ -212,8 +245,12 @@ def _check_search(start: int, max_size: int, eps_acc: float) -> None:
 
 
 def _search(spec: Method, cases: Callable[[], Iterator[tuple[FactSet, int, dict]]], seed_list: list[int],
-            num_facts: int, start: Optional[int], max_size: int, eps_acc: float, progress: bool) -> StorageCost:
-    """Doubling then bisection over the size; ``cases()`` yields (fact set, seed, build options) per seed."""
+            num_facts: int, start: Optional[int], max_size: int, eps_acc: float, progress: bool,
+            batch: bool) -> StorageCost:
+    """Doubling then bisection over the size; ``cases()`` yields (fact set, seed, build options) per seed.
+
+    batch: build every seed of a size as one batch when the method can (then every seed is
+    evaluated; one at a time, the seeds after the first that fails are skipped)."""
     start = spec.start if start is None else start
     _check_search(start, max_size, eps_acc)
     allowed_failures = math.floor(eps_acc * num_facts)
@@ -222,12 +259,20 @@ def _search(spec: Method, cases: Callable[[], Iterator[tuple[FactSet, int, dict]
 
     def stores(size: int) -> bool:
         failures, parameters = [], 0
-        for (K, V, f), seed, options in cases():
-            module = spec(K, V, f, size, seed, **options)
-            parameters = module.num_parameters
-            failures.append(int((module.predict(K, V) != f).sum()))
-            if failures[-1] > allowed_failures:
-                break
+        if batch and spec.build_batch is not None:
+            listed = list(cases())
+            modules = spec.build_batch([fact_set for fact_set, _, _ in listed], [size] * len(listed),
+                                       [seed for _, seed, _ in listed], **listed[0][2])
+            for ((K, V, f), _, _), module in zip(listed, modules):
+                parameters = module.num_parameters
+                failures.append(int((module.predict(K, V) != f).sum()))
+        else:
+            for (K, V, f), seed, options in cases():
+                module = spec(K, V, f, size, seed, **options)
+                parameters = module.num_parameters
+                failures.append(int((module.predict(K, V) != f).sum()))
+                if failures[-1] > allowed_failures:
+                    break
         stored = len(failures) == len(seed_list) and max(failures) <= allowed_failures
         accuracies = [1.0 - x / num_facts for x in failures]
         trace.append(Trial(size, accuracies, parameters, stored))
@@ -269,6 +314,7 @@ def fact_storage_cost(
     max_size: int = 1 << 20,
     eps_acc: float = 0.0,
     progress: bool = True,
+    batch: bool = True,
     **options,
 ) -> StorageCost:
     """Smallest size (and its parameter count) at which ``method`` stores f for every seed.
@@ -282,6 +328,8 @@ def fact_storage_cost(
             :func:`sampled_storage_cost` also draws a new fact set per seed (the seed's protocol).
         start: first size tried (default: the method's); max_size: the search gives up above it.
         eps_acc: a size stores the facts when at most ⌊eps_acc·F⌋ facts fail for every seed.
+        batch: train every seed of a size as one batched model when the method has
+            ``build_batch`` (the GD methods); False builds them one at a time.
         options: passed to the method's builder (e.g. ``degree=4`` for "ntk", ``steps=5000`` for "gd").
 
     Returns:
@@ -296,7 +344,7 @@ def fact_storage_cost(
     def cases() -> Iterator[tuple[FactSet, int, dict]]:
         return ((FactSet(K, V, facts), seed, prepared) for seed in seed_list)
 
-    return _search(spec, cases, seed_list, facts.shape[0], start, max_size, eps_acc, progress)
+    return _search(spec, cases, seed_list, facts.shape[0], start, max_size, eps_acc, progress, batch)
 
 
 def sampled_storage_cost(
@@ -308,6 +356,7 @@ def sampled_storage_cost(
     max_size: int = 1 << 20,
     eps_acc: float = 0.0,
     progress: bool = True,
+    batch: bool = True,
     **options,
 ) -> StorageCost:
     """Fact-storage cost over sampled fact sets (seed 000, A.1.2): seed s draws ``sample(s)``
@@ -329,4 +378,5 @@ def sampled_storage_cost(
     sizes = {fs.K.shape[0] for fs, _, _ in fact_sets}
     if len(sizes) != 1:
         raise ValueError(f"sample must return fact sets of one size F, got sizes {sorted(sizes)}")
-    return _search(spec, lambda: iter(fact_sets), seed_list, sizes.pop(), start, max_size, eps_acc, progress)
+    return _search(spec, lambda: iter(fact_sets), seed_list, sizes.pop(), start, max_size, eps_acc, progress,
+                   batch)

@@ -116,21 +116,39 @@ def test_naive_rejects_dominated_keys_and_bad_outputs(tiny):
 # ----------------------------------------------------------------------------- the training loop
 
 
-def test_fit_stops_before_the_step_that_would_follow_success():
-    x = torch.tensor([2.0], requires_grad=True)
+def test_fit_stops_each_model_before_the_step_that_would_follow_success():
     seen = []
 
-    def objective():
-        seen.append(float(x.detach()))
-        return (x - 1).square().sum(), seen[-1] < 1.5
+    def objective(params, active):
+        (x,) = params
+        seen.append((active.tolist(), x.detach()[:, 0].tolist()))
+        return (x - 1).square().sum(1), x.detach()[:, 0] < 1.5
 
-    result = fit([x], objective, steps=1000, lr=0.1, final_lr=0.1, progress=False)
-    assert result.solved and 0 < result.steps < 1000
-    assert len(seen) == result.steps + 1 and float(x.detach()) == seen[-1] < 1.5  # no update after success
+    start = torch.tensor([[2.0], [3.0]])
+    (final,), results = fit([start], objective, steps=1000, lr=0.1, final_lr=0.1, progress=False)
+    assert all(r.solved and 0 < r.steps < 1000 for r in results) and results[0].steps < results[1].steps
+    assert len(seen) == results[1].steps + 1 and seen[-1][0] == [1]  # model 0 left the batch when it finished
+    assert float(final[0, 0]) == seen[results[0].steps][1][0] < 1.5  # no update after success
+    assert float(final[1, 0]) == seen[-1][1][0] < 1.5
 
-    y = torch.tensor([5.0], requires_grad=True)
-    result = fit([y], lambda: ((y.square().sum()), False), steps=50, lr=0.1, final_lr=1e-3, progress=False)
-    assert not result.solved and result.steps == 50 and result.loss < 25.0
+    (y,), results = fit([torch.tensor([[5.0]])], lambda p, a: (p[0].square().sum(1), torch.tensor([False])),
+                        steps=50, lr=0.1, final_lr=1e-3, progress=False)
+    assert not results[0].solved and results[0].steps == 50 and results[0].loss < 25.0
+
+
+def test_fit_takes_torch_adams_steps_with_a_cosine_rate():
+    x0 = torch.randn(3, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    (ours,), _ = fit([x0], lambda p, a: ((p[0] ** 4).sum(1), torch.zeros(3, dtype=torch.bool)), steps=30, lr=0.05,
+                     final_lr=1e-3, progress=False)
+    x = x0.clone().requires_grad_(True)
+    optimizer = torch.optim.Adam([x], lr=0.05)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=30, eta_min=1e-3)
+    for _ in range(30):
+        optimizer.zero_grad()
+        (x ** 4).sum().backward()
+        optimizer.step()
+        schedule.step()
+    assert torch.allclose(ours, x.detach(), rtol=1e-10, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------- GD MLP
@@ -245,3 +263,62 @@ def test_hybrids_reject_bad_options(tiny):
         baselines.encoder_decoder(K, V, f, 8, encoder="bin", encoder_hidden=10)
     with pytest.raises(ValueError, match="width_multiplier must be a positive number"):
         baselines.encoder_decoder(K, V, f, 8, width_multiplier=-1.0)
+
+
+# ----------------------------------------------------------------------------- batches == loops
+
+
+def _fact_sets(count: int):
+    return [tuple(t.double() if t.is_floating_point() else t for t in random_fact_set(24, 24, 16, seed=s, tied=True))
+            for s in range(count)]
+
+
+def test_gd_mlp_batch_trains_the_models_one_call_each_trains():
+    sets = _fact_sets(3)
+    hiddens, seeds = [6, 10, 8], [0, 1, 0]  # widths differ: the batch pads them to 10
+    batch = baselines.gd_mlp_batch(sets, hiddens, seeds, progress=False, **FAST_GD)
+    for (K, V, f), hidden, seed, mlp in zip(sets, hiddens, seeds, batch):
+        alone = baselines.gd_mlp(K, V, f, hidden, seed=seed, progress=False, **FAST_GD)
+        assert mlp.fit_results["mlp"].steps == alone.fit_results["mlp"].steps
+        assert mlp.fit_results["mlp"].solved == alone.fit_results["mlp"].solved
+        assert mlp.up_weight.shape == (hidden, 16) and mlp.down_weight.shape == (16, hidden)
+        for ours, theirs in zip(mlp.parameters(), alone.parameters()):
+            assert torch.allclose(ours, theirs, rtol=1e-8, atol=1e-10)
+        assert torch.equal(mlp.predict(K, V), alone.predict(K, V))
+    assert len({m.fit_results["mlp"].steps for m in batch}) > 1  # the models did stop at different steps
+
+
+@pytest.mark.parametrize("encoder,decoder", [("gd", "jl"), ("bin", "gd"), ("gd", "gd")])
+def test_hybrid_batch_builds_the_models_one_call_each_builds(encoder, decoder):
+    sets, seeds = _fact_sets(2), [4, 5]
+    options = dict(encoder=encoder, decoder=decoder, encoder_steps=300, decoder_steps=60, progress=False)
+    batch = baselines.encoder_decoder_batch(sets, 6, seeds, **options)
+    for (K, V, f), seed, mlp in zip(sets, seeds, batch):
+        alone = baselines.encoder_decoder(K, V, f, 6, seed=seed, **options)
+        assert {k: r.steps for k, r in mlp.fit_results.items()} == {k: r.steps for k, r in alone.fit_results.items()}
+        for ours, theirs in zip(mlp.parameters(), alone.parameters()):
+            assert torch.allclose(ours, theirs, rtol=1e-7, atol=1e-9)
+        assert torch.equal(mlp.predict(K, V), alone.predict(K, V))
+
+
+def test_gd_decoder_batch_pads_code_dimensions():
+    sets = _fact_sets(2)
+    batch = baselines.gd_decoder_batch([V for _, V, _ in sets], [f[:20] for _, _, f in sets], [4, 7], [0, 1], steps=40,
+                                       progress=False)
+    for (_, V, f), m, seed, (dec, result) in zip(sets, [4, 7], [0, 1], batch):
+        alone, _ = baselines.gd_decoder(V, f[:20], m, steps=40, seed=seed, progress=False)
+        assert dec.codes.shape == (24, m) and result.steps == 40
+        assert torch.allclose(dec.codes, alone.codes, atol=1e-10) and torch.allclose(dec.projection, alone.projection,
+                                                                                    atol=1e-10)
+
+
+def test_batches_reject_mismatched_arguments():
+    sets = _fact_sets(2)
+    with pytest.raises(ValueError, match=r"hidden must be an int or one int per model \(2\)"):
+        baselines.gd_mlp_batch(sets, [4], [0, 1])
+    with pytest.raises(ValueError, match=r"seeds must be one int per model \(2\)"):
+        baselines.gd_mlp_batch(sets, 4, [0])
+    with pytest.raises(ValueError, match="fact_sets must share one shape"):
+        baselines.gd_mlp_batch([sets[0], random_fact_set(24, 24, 8, seed=0)], 4, [0, 1])
+    with pytest.raises(ValueError, match="GD encoders of one batch need one m"):
+        baselines.encoder_decoder_batch(sets, [4, 5], [0, 1])

@@ -105,9 +105,10 @@ def test_naive_is_evaluated_once(tiny):
 
 def test_registry_builders_return_storing_modules(tiny):
     K, V, f = tiny
-    assert set(methods) == {"ours", "ntk", "ntk_u*", "gd", "gd+jl", "bin+gd", "gd+gd", "nongated", "naive"}
+    assert set(methods) == {"ours", "ntk", "ntk_u*", "gd", "gd+jl", "bin+gd", "gd+gd", "nongated", "naive", "hebbian_raw",
+                            "hebbian_ridge", "hebbian_data_dependent"}
     sizes = {"ours": 24, "ntk": 2048, "ntk_u*": 2048, "gd": 8, "gd+jl": 24, "bin+gd": 6, "gd+gd": 6, "nongated": 24,
-             "naive": 0}
+             "naive": 0, "hebbian_raw": 4096, "hebbian_ridge": 64, "hebbian_data_dependent": 48}
     options = {"gd": dict(lr=1e-2, final_lr=1e-4, steps=2000), "bin+gd": dict(decoder_steps=100),
                "gd+gd": dict(decoder_steps=100)}
     for name, method in methods.items():
@@ -217,3 +218,14 @@ def test_nongated_cost_and_its_parameter_count(tiny):
     hidden = 2 * cost.size * math.ceil(1.5 * 24 / 17)
     assert cost.size_name == "m" and cost.parameters == 2 * hidden * 16 + hidden + 16
     assert not next(t for t in cost.trace if t.size == cost.size - 1).stored
+
+
+def test_batched_gd_search_finds_the_size_of_the_one_at_a_time_search(tiny):
+    K, V, f = tiny
+    options = dict(lr=1e-2, final_lr=1e-4, steps=300)
+    batched = fact_storage_cost("gd", K, V, f, seeds=2, start=2, progress=False, **options)
+    looped = fact_storage_cost("gd", K, V, f, seeds=2, start=2, progress=False, batch=False, **options)
+    assert batched.size == looped.size and batched.parameters == looped.parameters
+    assert [t.size for t in batched.trace] == [t.size for t in looped.trace]
+    for ours, theirs in zip(batched.trace, looped.trace):  # the loop skips the seeds after the first failure
+        assert ours.stored == theirs.stored and ours.accuracies[:len(theirs.accuracies)] == theirs.accuracies

@@ -5,11 +5,18 @@ import json
 import numpy as np
 import pytest
 
+from factkernels import geometry
 from factkernels.capacity import sampled_storage_cost
 from factkernels.cli import main
 from factkernels.embeddings import family_fact_set
 from factkernels.experiments import engine
-from factkernels.experiments.capacity import DEFAULT_MULTIPLIER, cost_cell, loglog_fit, run_cost_cell
+import math
+
+import torch
+
+from factkernels.decoder import jl_bound
+from factkernels.experiments.capacity import (DEFAULT_MULTIPLIER, coherence, cost_cell, loglog_fit, run_cost_cell,
+                                              run_two_hot_cell, two_hot_cell)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -98,3 +105,31 @@ def test_bad_requests_are_rejected():
         cost_cell("ours", "gaussian", 16, 8, 1)
     with pytest.raises(SystemExit):
         main(["capacity", "--method", "transformer"])
+
+
+def test_coherence_is_the_largest_off_diagonal_cosine():
+    assert coherence(torch.eye(3)) == 0.0
+    assert coherence(torch.tensor([[2.0, 0.0], [1.0, 1.0], [0.0, -3.0]])) == pytest.approx(1 / math.sqrt(2))
+
+
+def test_cost_cells_report_coherence_and_the_jl_bound_above_the_searched_m():
+    result = run_cost_cell(cost_cell("ours", "anisotropic-16", 16, 8, 2, multipliers=[DEFAULT_MULTIPLIER]))
+    values = [family_fact_set("anisotropic-16", 16, 8, seed=s).V for s in range(2)]
+    assert result["coherence"] == pytest.approx(np.mean([coherence(V) for V in values]))
+    assert result["size"] < result["jl_bound"] == jl_bound(min(geometry.decodability(V) for V in values), 16)
+
+
+def test_two_hot_cell_stores_and_counts_bits():
+    result = run_two_hot_cell(two_hot_cell(4, 2))
+    assert all(p["stored"] for p in result["per_seed"]) and result["parameters"] > 0
+    assert result["bits"] == pytest.approx(math.log2(math.factorial(12)))
+    assert result["parameters_per_bit"] == pytest.approx(result["parameters"] / result["bits"])
+
+
+def test_encoder_width_search_runs_at_the_found_m():
+    config = cost_cell("gd+jl", "spherical", 16, 8, 1, encoder_width_search=True)
+    result = run_cost_cell(config)
+    search = result["width_search"]
+    assert search["m"] == result["size"] and search["default_width"] == math.ceil(result["size"] * 16 / 8)
+    assert search["width"] is not None and search["width"] <= 2 * search["default_width"]
+    assert search["parameters"] == 3 * search["width"] * 8 + 2 * search["width"] + 8

@@ -2,21 +2,31 @@
 
     baselines.ntk(K, V, f, hidden=4096)            # NTK MLP (Alg. 5), gated FactMLP
     baselines.naive(K, V, f)                       # one ReLU unit per key (B.3.1)
+    baselines.hebbian(K, V, f, m=64, variant="ridge")   # bilinear Hebbian MLP (the authors' later work)
     baselines.gd_mlp(K, V, f, hidden=32)           # SwiGLU MLP trained with cross-entropy
     baselines.encoder_decoder(K, V, f, m=32, encoder="gd", decoder="jl")   # GD+JL, Bin+GD, GD+GD
+    baselines.gd_mlp_batch([(K, V, f)] * 3, hiddens=32, seeds=[0, 1, 2])   # B models as one batch
 
 Each returns a module with ``.predict(K, V)`` and ``.num_parameters``.
 """
 
-from .gd import FitResult, encoder_decoder, fit, gd_decoder, gd_encoder, gd_mlp
+from .gd import (FitResult, encoder_decoder, encoder_decoder_batch, fit, gd_decoder, gd_decoder_batch, gd_encoder,
+                 gd_encoder_batch, gd_mlp, gd_mlp_batch)
+from .hebbian import HebbianMLP, hebbian
 from .naive import NaiveMLP, naive
 from .ntk import hermite_coefficient, normalized_hermite, ntk
 
 __all__ = [
     "ntk",
     "naive",
+    "hebbian",
+    "HebbianMLP",
     "NaiveMLP",
     "gd_mlp",
+    "gd_mlp_batch",
+    "gd_encoder_batch",
+    "gd_decoder_batch",
+    "encoder_decoder_batch",
     "gd_encoder",
     "gd_decoder",
     "encoder_decoder",

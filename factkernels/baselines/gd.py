@@ -1,4 +1,4 @@
-"""Gradient-descent baselines (seed 000, A.1.3).
+"""Gradient-descent baselines (seed 000, A.1.3), trained as batches of independent models.
 
 * :func:`gd_mlp` — a SwiGLU MLP trained with cross-entropy on the dot-product logits g(K) Vᵀ
   (full-batch Adam, cosine learning rate 1e-3 -> 1e-6, up to 20000 steps).
@@ -9,18 +9,27 @@
 * :func:`encoder_decoder` — the hybrids Bin+JL (= :func:`factkernels.construct`), GD+JL,
   Bin+GD and GD+GD, assembled into one gated FactMLP g(x) = D · enc(x).
 
-Every variant trains through the one loop :func:`fit`, which stops as soon as every fact
-is stored (checked on the forward pass of each step, before the update, so the returned
-weights are the ones that stored everything); only the decoder trains all its steps.
-Tensors live on the device and in the dtype of the keys; initial weights are drawn on the
-CPU from ``seed``.
+Each has a ``*_batch`` twin that trains B independent models (one per fact set, size and
+seed) as one stacked model: weights (B, ...) with block-batched GEMMs (``torch.bmm``), one
+Adam over the stacked tensors and per-model early stopping. Models of different widths are
+zero-padded to the widest: a padded unit has zero gate, up and down weights, so its
+gradient and Adam update are exactly zero and it never moves. Model b's initial weights
+(and key jitter) come from its own generator seeded with seeds[b], so a batch trains the
+same models as one call per model (up to GEMM rounding); the single-model functions are
+batches of one.
+
+Every variant trains through the one loop :func:`fit`, which stops each model as soon as it
+stores every fact (checked on the forward pass of each step, before the update, so the
+returned weights are the ones that stored everything) and drops it from the batch; only
+the decoder trains all its steps. Tensors live on the device and in the dtype of the keys;
+initial weights are drawn on the CPU.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F_nn
@@ -28,6 +37,7 @@ import torch.nn.functional as F_nn
 from .. import _ops, geometry
 from ..construct import construct
 from ..decoder import JLDecoder, jl_decoder
+from ..embeddings import FactSet
 from ..encoder import assemble, build_shared_gate
 from ..mlp import FactMLP
 from ..progress import progress_bar
@@ -40,81 +50,135 @@ DECODERS = ("jl", "gd")
 KEY_NOISE = 1e-7  # ε_key of the GD encoder
 BIN_WIDTH_MULTIPLIER = 1.5  # construct()'s default gadget width multiplier
 GD_WIDTH_MULTIPLIER = 1.0  # the seed's default for h = ⌈m (F/d) · multiplier⌉
+ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults
+ADAM_EPS = 1e-8
 
 
 @dataclass
 class FitResult:
-    """How a :func:`fit` run ended: optimizer steps taken, whether every fact was stored, last loss."""
+    """How one model's :func:`fit` run ended: optimizer steps taken, whether every fact was stored, last loss."""
 
     steps: int
     solved: bool
     loss: float
 
 
+Objective = Callable[[list[torch.Tensor], torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def cosine_lr(step: int, steps: int, lr: float, final_lr: float) -> float:
+    """The learning rate of update ``step`` (0-based) of a cosine schedule lr -> final_lr over ``steps``."""
+    return final_lr + (lr - final_lr) * (1 + math.cos(math.pi * step / steps)) / 2
+
+
 def fit(
     parameters: Sequence[torch.Tensor],
-    objective: Callable[[], tuple[torch.Tensor, bool]],
+    objective: Objective,
     *,
     steps: int,
     lr: float,
     final_lr: float,
     progress: bool = True,
     desc: str = "gd",
-) -> FitResult:
-    """Full-batch Adam with a cosine learning rate ``lr`` -> ``final_lr`` over ``steps`` steps.
+) -> tuple[list[torch.Tensor], list[FitResult]]:
+    """Full-batch Adam, cosine learning rate ``lr`` -> ``final_lr`` over ``steps``, on B stacked models.
 
-    ``objective()`` returns (loss, solved) from one forward pass; training stops before the
-    update of the first step whose forward pass stores every fact (``solved``).
+    parameters: tensors (B, ...) — row b of each is model b's. ``objective(params, active)``
+    gets the parameters of the models still training (rows ``active``, a (b,) index into
+    0..B−1, with requires_grad) and returns (loss (b,), solved (b,) bool) from one forward pass;
+    the models are independent, so the gradient of loss.sum() is each model's own. A model
+    stops before the update of the first step whose forward pass stores every fact; it is then
+    dropped from the batch. Adam is torch.optim.Adam's update (betas 0.9/0.999, eps 1e-8)
+    applied elementwise, so each model follows the trajectory it would follow alone.
+
+    Returns (final parameters (B, ...) detached, one :class:`FitResult` per model).
     """
-    optimizer = torch.optim.Adam(parameters, lr=lr)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps, eta_min=final_lr)
+    count = parameters[0].shape[0]
+    shapes = [p.shape[1:] for p in parameters]
+    sizes = [math.prod(shape) for shape in shapes]
+    # One flat (B, N) buffer: Adam is a handful of ops per step however many tensors a model has.
+    flat = torch.cat([p.detach().reshape(count, -1) for p in parameters], dim=1)
+    final = flat.clone()
+    results: list[Optional[FitResult]] = [None] * count
+    first_moment, second_moment = torch.zeros_like(flat), torch.zeros_like(flat)
+    active = torch.arange(count, device=flat.device)
+    beta1, beta2 = ADAM_BETAS
     with progress_bar(total=steps, desc=desc, enabled=progress, leave=False) as bar:
         for step in range(steps + 1):
-            optimizer.zero_grad(set_to_none=True)
-            loss, solved = objective()
-            if solved or step == steps:
-                return FitResult(step, solved, float(loss.detach()))
-            loss.backward()
-            optimizer.step()
-            schedule.step()
+            flat.requires_grad_(True)
+            params = [part.view(-1, *shape) for part, shape in zip(flat.split(sizes, dim=1), shapes)]
+            loss, solved = objective(params, active)
+            done = solved.detach().to(torch.bool) | (step == steps)
+            if bool(done.any()):
+                rows = active[done]
+                final[rows] = flat.detach()[done]
+                for row, value, ok in zip(rows.tolist(), loss.detach()[done].tolist(), solved[done].tolist()):
+                    results[row] = FitResult(step, bool(ok), float(value))
+                if bool(done.all()):
+                    break
+            (grad,) = torch.autograd.grad(loss.sum(), flat)
+            flat = flat.detach()
+            keep = ~done
+            if not bool(keep.all()):
+                index = keep.nonzero().squeeze(1)
+                active, flat, grad = active[index], flat[index], grad[index]
+                first_moment, second_moment = first_moment[index], second_moment[index]
+            rate = cosine_lr(step, steps, lr, final_lr)
+            correction1 = 1 - beta1 ** (step + 1)
+            correction2_sqrt = math.sqrt(1 - beta2 ** (step + 1))
+            first_moment.lerp_(grad, 1 - beta1)
+            second_moment.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (second_moment.sqrt() / correction2_sqrt).add_(ADAM_EPS)
+            flat = flat.addcdiv(first_moment, denom, value=-rate / correction1)
             bar.update(1)
             if step % 100 == 0:
-                bar.set_postfix(loss=f"{float(loss.detach()):.3g}")
-    raise AssertionError("unreachable")  # pragma: no cover
+                bar.set_postfix(loss=f"{float(loss.detach().mean()):.3g}", training=int(active.numel()))
+    final_params = [part.reshape(count, *shape) for part, shape in zip(final.split(sizes, dim=1), shapes)]
+    return final_params, [r for r in results]  # every model has a result: the last step finishes all
 
 
 # ----------------------------------------------------------------------------- the gated network
 
 
-@dataclass
-class _GatedNet:
-    """Trainable SwiGLU weights: gate/up (h, d_in) with biases (h,), down (d_out, h), down bias (d_out,)."""
+_GATED_NAMES = ("gate", "gate_bias", "up", "up_bias", "down", "down_bias")
 
-    gate: torch.Tensor
-    gate_bias: torch.Tensor
-    up: torch.Tensor
-    up_bias: torch.Tensor
-    down: torch.Tensor
-    down_bias: torch.Tensor
 
-    @classmethod
-    def init(cls, d_in: int, hidden: int, d_out: int, generator: torch.Generator, like: torch.Tensor) -> "_GatedNet":
-        """nn.Linear's default init, U(±1/√fan_in) for weights and biases, drawn on the CPU."""
+def _gated_init(d_in: int, hiddens: Sequence[int], d_out: int, seeds: Sequence[int],
+                like: torch.Tensor) -> list[torch.Tensor]:
+    """B stacked SwiGLU nets, nn.Linear's default init U(±1/√fan_in) drawn on the CPU per model from
+    Generator(seeds[b]), zero-padded to the widest: gate/up (B, H, d_in), gate/up bias (B, H),
+    down (B, d_out, H), down bias (B, d_out) with H = max(hiddens)."""
+    width = max(hiddens)
+    stacked = [torch.zeros(len(hiddens), *shape, dtype=torch.float64)
+               for shape in ((width, d_in), (width,), (width, d_in), (width,), (d_out, width), (d_out,))]
+    for b, (hidden, seed) in enumerate(zip(hiddens, seeds)):
+        generator = torch.Generator().manual_seed(seed)
 
         def uniform(*shape: int, fan_in: int) -> torch.Tensor:
-            t = (torch.rand(*shape, generator=generator, dtype=torch.float64) * 2 - 1) / math.sqrt(fan_in)
-            return t.to(like).requires_grad_(True)
+            return (torch.rand(*shape, generator=generator, dtype=torch.float64) * 2 - 1) / math.sqrt(fan_in)
 
-        return cls(uniform(hidden, d_in, fan_in=d_in), uniform(hidden, fan_in=d_in), uniform(hidden, d_in, fan_in=d_in),
-                   uniform(hidden, fan_in=d_in), uniform(d_out, hidden, fan_in=hidden), uniform(d_out, fan_in=hidden))
+        stacked[0][b, :hidden] = uniform(hidden, d_in, fan_in=d_in)
+        stacked[1][b, :hidden] = uniform(hidden, fan_in=d_in)
+        stacked[2][b, :hidden] = uniform(hidden, d_in, fan_in=d_in)
+        stacked[3][b, :hidden] = uniform(hidden, fan_in=d_in)
+        stacked[4][b, :, :hidden] = uniform(d_out, hidden, fan_in=hidden)
+        stacked[5][b] = uniform(d_out, fan_in=hidden)
+    return [t.to(like) for t in stacked]
 
-    def parameters(self) -> list[torch.Tensor]:
-        return [self.gate, self.gate_bias, self.up, self.up_bias, self.down, self.down_bias]
 
-    def __call__(self, x: torch.Tensor, activation: str) -> torch.Tensor:
-        """x: (n, d_in) -> (n, d_out), differentiable (torch twin of the fused kernel)."""
-        return _ops.gated_forward(x, self.gate, self.gate_bias, self.up, self.up_bias, self.down, self.down_bias,
-                                  activation, backend="torch")
+def _gated_apply(params: Sequence[torch.Tensor], x: torch.Tensor, activation: str) -> torch.Tensor:
+    """Stacked SwiGLU forward: x (B, n, d_in) -> (B, n, d_out) (the batched twin of ``_ops.gated_forward``)."""
+    gate, gate_bias, up, up_bias, down, down_bias = params
+    hidden = _ops.activate(torch.baddbmm(gate_bias.unsqueeze(1), x, gate.transpose(1, 2)), activation)
+    hidden = hidden * torch.baddbmm(up_bias.unsqueeze(1), x, up.transpose(1, 2))
+    return torch.baddbmm(down_bias.unsqueeze(1), hidden, down.transpose(1, 2))
+
+
+def _gated_mlp(params: Sequence[torch.Tensor], b: int, hidden: int, activation: str) -> FactMLP:
+    """Model b of stacked gated weights, cut back to its own width, as a FactMLP."""
+    gate, gate_bias, up, up_bias, down, down_bias = (p[b] for p in params)
+    return FactMLP(gate[:hidden], gate_bias[:hidden], up[:hidden], up_bias[:hidden], down[:, :hidden], down_bias,
+                   activation=activation)
 
 
 def _check_rates(lr: float, final_lr: float) -> None:
@@ -124,16 +188,93 @@ def _check_rates(lr: float, final_lr: float) -> None:
         raise ValueError(f"final_lr must be in [0, lr={lr}], got {final_lr!r}")
 
 
-def _all_decoded(outputs: torch.Tensor, values: torch.Tensor, targets: torch.Tensor) -> bool:
-    """Whether argmax_j <outputs_i, v_j> = targets_i for every row: outputs (n, d), values (|V|, d)."""
+def _per_model(name: str, values: Union[int, Sequence[int]], count: int) -> list[int]:
+    """One positive int per model: broadcast an int, or check a sequence of ``count`` of them."""
+    listed = [values] * count if isinstance(values, int) and not isinstance(values, bool) else list(values)
+    if len(listed) != count:
+        raise ValueError(f"{name} must be an int or one int per model ({count}), got {len(listed)}")
+    for value in listed:
+        _check_count(name, value)
+    return listed
+
+
+def _seeds(seeds: Sequence[int], count: int) -> list[int]:
+    listed = list(seeds)
+    if len(listed) != count or not all(isinstance(s, int) and not isinstance(s, bool) for s in listed):
+        raise ValueError(f"seeds must be one int per model ({count}), got {seeds!r}")
+    return listed
+
+
+def _stack_fact_sets(fact_sets: Sequence[FactSet]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validate B fact sets of one shape and stack them: K (B, F, d_in), V (B, |V|, d_out), f (B, F)."""
+    if len(fact_sets) == 0:
+        raise ValueError("fact_sets must hold at least one (K, V, f)")
+    checked = [(K, V, validate_inputs(K, V, f)) for K, V, f in fact_sets]
+    shapes = {(K.shape, V.shape) for K, V, _ in checked}
+    if len(shapes) != 1:
+        raise ValueError(f"fact_sets must share one shape (K, V) to train as a batch, got {sorted(map(str, shapes))}")
+    return (torch.stack([K for K, _, _ in checked]), torch.stack([V for _, V, _ in checked]),
+            torch.stack([f for _, _, f in checked]))
+
+
+def _all_decoded(outputs: torch.Tensor, values: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per model, whether argmax_j <outputs_bi, v_bj> = targets_bi for every row i:
+    outputs (B, n, d), values (B, |V|, d), targets (B, n) -> (B,) bool."""
     with torch.no_grad():
-        return bool((_ops.decode(outputs, values, backend="torch")[0] == targets).all())
+        return (torch.bmm(outputs, values.transpose(1, 2)).argmax(2) == targets).all(1)
 
 
 # ----------------------------------------------------------------------------- GD MLP
 
 
 GD_LOSSES = ("ce", "mse")
+
+
+def gd_mlp_batch(
+    fact_sets: Sequence[FactSet],
+    hiddens: Union[int, Sequence[int]],
+    seeds: Sequence[int],
+    *,
+    steps: int = 20000,
+    lr: float = 1e-3,
+    final_lr: float = 1e-6,
+    activation: str = "silu",
+    loss: str = "ce",
+    progress: bool = True,
+) -> list[FactMLP]:
+    """B SwiGLU MLPs trained as one batch: model b stores fact set b with width hiddens[b] from seed seeds[b].
+
+    fact_sets: B triples (K (F, d_in), V (|V|, d_out), f (F,)) of one shape (the same one B times
+    for several seeds on one fact set). Otherwise as :func:`gd_mlp`, which is the batch of one.
+    """
+    K, V, facts = _stack_fact_sets(fact_sets)
+    count = K.shape[0]
+    hiddens = _per_model("hidden", hiddens, count)
+    seeds = _seeds(seeds, count)
+    _check_count("steps", steps)
+    _check_rates(lr, final_lr)
+    _ops.check_activation(activation)
+    if loss not in GD_LOSSES:
+        raise ValueError(f"loss must be one of {GD_LOSSES}, got {loss!r}")
+    targets = torch.gather(V, 1, facts.unsqueeze(2).expand(-1, -1, V.shape[2]))  # (B, F, d_out)
+
+    def objective(params: list[torch.Tensor], active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        outputs = _gated_apply(params, K[active], activation)  # (b, F, d_out)
+        logits = torch.bmm(outputs, V[active].transpose(1, 2))  # (b, F, |V|)
+        if loss == "ce":
+            value = F_nn.cross_entropy(logits.transpose(1, 2), facts[active], reduction="none").mean(1)
+        else:
+            value = (outputs - targets[active]).square().sum(2).mean(1)
+        return value, (logits.argmax(2) == facts[active]).all(1)
+
+    params, results = fit(_gated_init(K.shape[2], hiddens, V.shape[2], seeds, K), objective, steps=steps, lr=lr,
+                          final_lr=final_lr, progress=progress, desc=f"gd mlp x{count} h<={max(hiddens)}")
+    mlps = []
+    for b, (hidden, result) in enumerate(zip(hiddens, results)):
+        mlp = _gated_mlp(params, b, hidden, activation)
+        mlp.fit_results = {"mlp": result}
+        mlps.append(mlp)
+    return mlps
 
 
 def gd_mlp(
@@ -158,32 +299,65 @@ def gd_mlp(
     Returns a FactMLP with biases (gate/up (hidden, d_in), down (d_out, hidden)); its
     ``fit_results`` attribute holds {"mlp": :class:`FitResult`}.
     """
-    facts = validate_inputs(K, V, f)
     _check_count("hidden", hidden)
-    _check_count("steps", steps)
-    _check_rates(lr, final_lr)
-    _ops.check_activation(activation)
-    if loss not in GD_LOSSES:
-        raise ValueError(f"loss must be one of {GD_LOSSES}, got {loss!r}")
-    net = _GatedNet.init(K.shape[1], hidden, V.shape[1], torch.Generator().manual_seed(seed), K)
-
-    def objective() -> tuple[torch.Tensor, bool]:
-        outputs = net(K, activation)  # (F, d_out)
-        logits = outputs @ V.T  # (F, |V|)
-        if loss == "ce":
-            value = F_nn.cross_entropy(logits, facts)
-        else:
-            value = (outputs - V[facts]).square().sum(dim=1).mean()
-        return value, bool((logits.argmax(1) == facts).all())
-
-    result = fit(net.parameters(), objective, steps=steps, lr=lr, final_lr=final_lr, progress=progress,
-                 desc=f"gd mlp h={hidden}")
-    mlp = FactMLP(*net.parameters(), activation=activation)
-    mlp.fit_results = {"mlp": result}
-    return mlp
+    return gd_mlp_batch([FactSet(K, V, f)], [hidden], [seed], steps=steps, lr=lr, final_lr=final_lr,
+                        activation=activation, loss=loss, progress=progress)[0]
 
 
 # ----------------------------------------------------------------------------- GD encoder / decoder
+
+
+def gd_encoder_batch(
+    keys: Sequence[torch.Tensor],
+    targets: Sequence[torch.Tensor],
+    hiddens: Union[int, Sequence[int]],
+    seeds: Sequence[int],
+    *,
+    stored: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None,
+    steps: int = 1000,
+    lr: float = 1e-2,
+    key_noise: float = KEY_NOISE,
+    activation: str = "silu",
+    progress: bool = True,
+) -> list[tuple[FactMLP, FitResult]]:
+    """B gated encoders trained as one batch: model b maps keys[b] (F, d) to targets[b] (F, m).
+
+    ``stored(outputs (b, F, m), active (b,)) -> (b,) bool`` stops model active[i] early.
+    Model b's key jitter comes from Generator(seeds[b]) on the keys' device. Otherwise as
+    :func:`gd_encoder`, which is the batch of one.
+    """
+    if len(keys) == 0 or len(keys) != len(targets):
+        raise ValueError(f"keys and targets must be non-empty and of one length, got {len(keys)} and {len(targets)}")
+    for K, target in zip(keys, targets):
+        if not isinstance(target, torch.Tensor) or target.dim() != 2 or target.shape[0] != K.shape[0]:
+            raise ValueError(f"targets must be a ({K.shape[0]}, m) tensor (one code per key), got "
+                             f"{tuple(target.shape) if isinstance(target, torch.Tensor) else type(target).__name__}")
+    if len({K.shape for K in keys}) != 1 or len({t.shape for t in targets}) != 1:
+        raise ValueError("keys (and targets) must share one shape to train as a batch")
+    count = len(keys)
+    hiddens = _per_model("hidden", hiddens, count)
+    seeds = _seeds(seeds, count)
+    _check_count("steps", steps)
+    _check_rates(lr, lr)
+    if not (isinstance(key_noise, (int, float)) and key_noise >= 0):
+        raise ValueError(f"key_noise must be a non-negative number, got {key_noise!r}")
+    _ops.check_activation(activation)
+    K, codes = torch.stack(list(keys)), torch.stack(list(targets))  # (B, F, d), (B, F, m)
+    noise = [torch.Generator(device=K.device).manual_seed(seed) for seed in seeds]
+
+    def objective(params: list[torch.Tensor], active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        jitter = torch.stack([torch.randn(K.shape[1:], generator=noise[b], device=K.device, dtype=K.dtype)
+                              for b in active.tolist()]) * key_noise
+        outputs = _gated_apply(params, K[active] + jitter, activation)
+        loss = (outputs - codes[active]).square().sum(2).mean(1)
+        solved = (stored(outputs.detach(), active) if stored is not None
+                  else torch.zeros(active.shape, dtype=torch.bool, device=K.device))
+        return loss, solved
+
+    params, results = fit(_gated_init(K.shape[2], hiddens, codes.shape[2], seeds, K), objective, steps=steps, lr=lr,
+                          final_lr=lr, progress=progress, desc=f"gd encoder x{count} h<={max(hiddens)}")
+    return [(_gated_mlp(params, b, hidden, activation), result)
+            for b, (hidden, result) in enumerate(zip(hiddens, results))]
 
 
 def gd_encoder(
@@ -205,27 +379,69 @@ def gd_encoder(
     constant ``lr``. ``stored(outputs (F, m)) -> bool`` stops training early (e.g. when the
     decoded codes give every fact). Returns the encoder as a FactMLP (down = E (m, hidden)).
     """
-    if not isinstance(targets, torch.Tensor) or targets.dim() != 2 or targets.shape[0] != K.shape[0]:
-        raise ValueError(f"targets must be a ({K.shape[0]}, m) tensor (one code per key), got "
-                         f"{tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__}")
     _check_count("hidden", hidden)
+    batch_stored = None if stored is None else (
+        lambda outputs, active: torch.tensor([bool(stored(outputs[0]))], device=outputs.device))
+    return gd_encoder_batch([K], [targets], [hidden], [seed], stored=batch_stored, steps=steps, lr=lr,
+                            key_noise=key_noise, activation=activation, progress=progress)[0]
+
+
+def gd_decoder_batch(
+    values: Sequence[torch.Tensor],
+    used: Sequence[torch.Tensor],
+    ms: Union[int, Sequence[int]],
+    seeds: Sequence[int],
+    *,
+    steps: int = 1000,
+    lr: float = 1.0,
+    final_lr: float = 0.01,
+    progress: bool = True,
+) -> list[tuple[JLDecoder, FitResult]]:
+    """B learned decoders trained as one batch: model b has codes (|V|, ms[b]) for values[b] and
+    trains on used[b]. Codes and matrices are zero-padded to the largest m (padding gets zero
+    gradient) and the cross-entropy of model b averages over its own used values. Otherwise
+    as :func:`gd_decoder`, which is the batch of one.
+    """
+    count = len(values)
+    if count == 0 or len(used) != count or len({V.shape for V in values}) != 1:
+        raise ValueError("values must be a non-empty sequence of one shape, with one used tensor per model")
+    for V, u in zip(values, used):
+        if u.dim() != 1 or u.numel() == 0 or int(u.min()) < 0 or int(u.max()) >= V.shape[0]:
+            raise ValueError(f"used must be a non-empty 1-D tensor of value indices in [0, {V.shape[0]})")
+    ms = _per_model("m", ms, count)
+    seeds = _seeds(seeds, count)
     _check_count("steps", steps)
-    _check_rates(lr, lr)
-    if not (isinstance(key_noise, (int, float)) and key_noise >= 0):
-        raise ValueError(f"key_noise must be a non-negative number, got {key_noise!r}")
-    _ops.check_activation(activation)
-    net = _GatedNet.init(K.shape[1], hidden, targets.shape[1], torch.Generator().manual_seed(seed), K)
-    noise = torch.Generator(device=K.device).manual_seed(seed)
+    _check_rates(lr, final_lr)
+    V = torch.stack(list(values))  # (B, |V|, d)
+    num_values, dim, width = V.shape[1], V.shape[2], max(ms)
+    longest = max(u.numel() for u in used)
+    index = torch.zeros(count, longest, dtype=torch.int64, device=V.device)  # used values, padded with 0
+    weight = torch.zeros(count, longest, dtype=V.dtype, device=V.device)  # 1/k_b on real entries, 0 on padding
+    codes = torch.zeros(count, num_values, width, dtype=torch.float64)
+    matrix = torch.zeros(count, width, dim, dtype=torch.float64)
+    for b, (u, m, seed) in enumerate(zip(used, ms, seeds)):
+        index[b, :u.numel()] = u
+        weight[b, :u.numel()] = 1.0 / u.numel()
+        generator = torch.Generator().manual_seed(seed)
+        codes[b, :, :m] = torch.randn(num_values, m, generator=generator, dtype=torch.float64) / math.sqrt(m)
+        matrix[b, :m] = torch.randn(m, dim, generator=generator, dtype=torch.float64) / math.sqrt(m)
 
-    def objective() -> tuple[torch.Tensor, bool]:
-        jitter = torch.randn(K.shape, generator=noise, device=K.device, dtype=K.dtype) * key_noise
-        outputs = net(K + jitter, activation)
-        loss = (outputs - targets).square().sum(1).mean()
-        return loss, stored is not None and stored(outputs.detach())
+    def objective(params: list[torch.Tensor], active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = index[active]  # (b, k)
+        chosen = torch.gather(params[0], 1, rows.unsqueeze(2).expand(-1, -1, width))  # (b, k, m)
+        logits = torch.bmm(torch.bmm(chosen, params[1]), V[active].transpose(1, 2))  # (b, k, |V|)
+        loss = (F_nn.cross_entropy(logits.transpose(1, 2), rows, reduction="none") * weight[active]).sum(1)
+        return loss, torch.zeros(active.shape, dtype=torch.bool, device=V.device)  # never early: see gd_decoder
 
-    result = fit(net.parameters(), objective, steps=steps, lr=lr, final_lr=lr, progress=progress,
-                 desc=f"gd encoder h={hidden}")
-    return FactMLP(*net.parameters(), activation=activation), result
+    (codes, matrix), results = fit([codes.to(V), matrix.to(V)], objective, steps=steps, lr=lr, final_lr=final_lr,
+                                   progress=progress, desc=f"gd decoder x{count} m<={width}")
+    decoders = []
+    for b, (m, result) in enumerate(zip(ms, results)):
+        code, mat = codes[b, :, :m], matrix[b, :m]
+        code = code / code.norm(dim=1, keepdim=True).clamp_min(1e-30)
+        mat = mat / mat.norm(dim=1).square().mean().sqrt().clamp_min(1e-30)
+        decoders.append((JLDecoder(mat.T.contiguous(), code.contiguous()), result))
+    return decoders
 
 
 def gd_decoder(
@@ -249,29 +465,88 @@ def gd_decoder(
     leaves near-zero margins, which the encoder's fitting error then flips. Returns the
     decoder as a :class:`JLDecoder` container with projection D = Mᵀ (d, m) and codes C.
     """
-    if used.dim() != 1 or used.numel() == 0 or int(used.min()) < 0 or int(used.max()) >= V.shape[0]:
-        raise ValueError(f"used must be a non-empty 1-D tensor of value indices in [0, {V.shape[0]})")
     _check_count("m", m)
-    _check_count("steps", steps)
-    _check_rates(lr, final_lr)
-    generator = torch.Generator().manual_seed(seed)
-    codes = (torch.randn(V.shape[0], m, generator=generator, dtype=torch.float64) / math.sqrt(m)).to(V)
-    matrix = (torch.randn(m, V.shape[1], generator=generator, dtype=torch.float64) / math.sqrt(m)).to(V)
-    codes.requires_grad_(True)
-    matrix.requires_grad_(True)
-
-    def objective() -> tuple[torch.Tensor, bool]:  # never stops early: see the docstring
-        return F_nn.cross_entropy(codes[used] @ matrix @ V.T, used), False
-
-    result = fit([codes, matrix], objective, steps=steps, lr=lr, final_lr=final_lr, progress=progress,
-                 desc=f"gd decoder m={m}")
-    codes, matrix = codes.detach(), matrix.detach()
-    codes = codes / codes.norm(dim=1, keepdim=True).clamp_min(1e-30)
-    matrix = matrix / matrix.norm(dim=1).square().mean().sqrt().clamp_min(1e-30)
-    return JLDecoder(matrix.T.contiguous(), codes), result
+    return gd_decoder_batch([V], [used], [m], [seed], steps=steps, lr=lr, final_lr=final_lr, progress=progress)[0]
 
 
 # ----------------------------------------------------------------------------- hybrids
+
+
+def encoder_decoder_batch(
+    fact_sets: Sequence[FactSet],
+    ms: Union[int, Sequence[int]],
+    seeds: Sequence[int],
+    *,
+    encoder: str = "gd",
+    decoder: str = "jl",
+    width_multiplier: Optional[float] = None,
+    encoder_hidden: Union[None, int, Sequence[int]] = None,
+    encoder_steps: int = 1000,
+    decoder_steps: int = 1000,
+    progress: bool = True,
+) -> list[FactMLP]:
+    """B hybrid fact MLPs (see :func:`encoder_decoder`, the batch of one): model b stores fact set b
+    with code dimension ms[b] from seed seeds[b]. The GD decoders train as one batch, then the GD
+    encoders (which need one m for the batch); closed-form parts are built per model.
+    ``encoder_hidden``: one width or one per model (GD encoder only).
+    """
+    K, V, facts = _stack_fact_sets(fact_sets)
+    count, num_facts, d_in = K.shape
+    if encoder not in ENCODERS:
+        raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+    ms = _per_model("m", ms, count)
+    seeds = _seeds(seeds, count)
+    if width_multiplier is not None and not (isinstance(width_multiplier, (int, float)) and width_multiplier > 0):
+        raise ValueError(f"width_multiplier must be a positive number, got {width_multiplier!r}")
+    if encoder_hidden is not None:
+        if encoder != "gd":
+            raise ValueError(f"encoder_hidden sets the GD encoder's width; it does not apply to encoder={encoder!r}")
+        encoder_hidden = _per_model("encoder_hidden", encoder_hidden, count)
+    if encoder == "bin" and decoder == "jl":
+        return [construct(K[b], V[b], facts[b], m=ms[b], outputs="margin_optimal", seed=seeds[b], verify="report",
+                          progress=progress, width_multiplier=width_multiplier or BIN_WIDTH_MULTIPLIER)
+                for b in range(count)]
+
+    fit_results: list[dict] = [{} for _ in range(count)]
+    if decoder == "jl":
+        decoders = [jl_decoder(geometry.margin_optimal_outputs(V[b])[0], ms[b], torch.Generator().manual_seed(seeds[b]))
+                    for b in range(count)]
+    else:
+        trained = gd_decoder_batch(list(V), [torch.unique(facts[b]) for b in range(count)], ms, seeds,
+                                   steps=decoder_steps, progress=progress)
+        decoders = [dec for dec, _ in trained]
+        for results, (_, result) in zip(fit_results, trained):
+            results["decoder"] = result
+
+    if encoder == "bin":
+        mlps = []
+        for b, dec in enumerate(decoders):
+            enc = build_shared_gate(K[b], dec.codes[facts[b]], width_multiplier=width_multiplier or BIN_WIDTH_MULTIPLIER,
+                                    activation="silu", solver=pick_solver(num_facts, K.device),
+                                    generator=torch.Generator().manual_seed(seeds[b]), progress=progress)
+            mlps.append(assemble(enc, dec.projection, activation="silu"))
+    else:
+        if len(set(ms)) != 1:
+            raise ValueError(f"the GD encoders of one batch need one m, got ms={ms}")
+        hiddens = encoder_hidden or [math.ceil(m * num_facts / d_in * (width_multiplier or GD_WIDTH_MULTIPLIER))
+                                     for m in ms]
+        projections = torch.stack([dec.projection for dec in decoders])  # (B, d_out, m)
+
+        def stored(outputs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+            return _all_decoded(torch.bmm(outputs, projections[active].transpose(1, 2)), V[active], facts[active])
+
+        encoders = gd_encoder_batch(list(K), [dec.codes[facts[b]] for b, dec in enumerate(decoders)], hiddens, seeds,
+                                    stored=stored, steps=encoder_steps, progress=progress)
+        mlps = []
+        for results, dec, (enc, result) in zip(fit_results, decoders, encoders):
+            results["encoder"] = result
+            mlps.append(FactMLP(enc.gate_weight, enc.gate_bias, enc.up_weight, enc.up_bias,
+                                dec.projection @ enc.down_weight, dec.projection @ enc.down_bias))
+    for mlp, results in zip(mlps, fit_results):
+        mlp.fit_results = results
+    return mlps
 
 
 def encoder_decoder(
@@ -302,43 +577,9 @@ def encoder_decoder(
     Returns a gated FactMLP (SwiGLU layout); for the hybrids with a trained part,
     ``fit_results`` holds the :class:`FitResult` of each ({"decoder": ..., "encoder": ...}).
     """
-    facts = validate_inputs(K, V, f)
-    if encoder not in ENCODERS:
-        raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
-    if decoder not in DECODERS:
-        raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
     _check_count("m", m)
-    if width_multiplier is not None and not (isinstance(width_multiplier, (int, float)) and width_multiplier > 0):
-        raise ValueError(f"width_multiplier must be a positive number, got {width_multiplier!r}")
     if encoder_hidden is not None:
-        if encoder != "gd":
-            raise ValueError(f"encoder_hidden sets the GD encoder's width; it does not apply to encoder={encoder!r}")
         _check_count("encoder_hidden", encoder_hidden)
-    if encoder == "bin" and decoder == "jl":
-        return construct(K, V, facts, m=m, outputs="margin_optimal", seed=seed, verify="report", progress=progress,
-                         width_multiplier=width_multiplier or BIN_WIDTH_MULTIPLIER)
-
-    fit_results: dict = {}
-    used = torch.unique(facts)
-    if decoder == "jl":
-        dec = jl_decoder(geometry.margin_optimal_outputs(V)[0], m, torch.Generator().manual_seed(seed))
-    else:
-        dec, fit_results["decoder"] = gd_decoder(V, used, m, steps=decoder_steps, seed=seed,
-                                                    progress=progress)
-    targets = dec.codes[facts]  # (F, m)
-    num_facts, d_in = K.shape
-
-    if encoder == "bin":
-        enc = build_shared_gate(K, targets, width_multiplier=width_multiplier or BIN_WIDTH_MULTIPLIER,
-                                activation="silu", solver=pick_solver(num_facts, K.device),
-                                generator=torch.Generator().manual_seed(seed), progress=progress)
-        mlp = assemble(enc, dec.projection, activation="silu")
-    else:
-        hidden = encoder_hidden or math.ceil(m * num_facts / d_in * (width_multiplier or GD_WIDTH_MULTIPLIER))
-        enc, fit_results["encoder"] = gd_encoder(
-            K, targets, hidden, stored=lambda out: _all_decoded(out @ dec.projection.T, V, facts),
-            steps=encoder_steps, seed=seed, progress=progress)
-        mlp = FactMLP(enc.gate_weight, enc.gate_bias, enc.up_weight, enc.up_bias,
-                      dec.projection @ enc.down_weight, dec.projection @ enc.down_bias)
-    mlp.fit_results = fit_results
-    return mlp
+    return encoder_decoder_batch([FactSet(K, V, f)], [m], [seed], encoder=encoder, decoder=decoder,
+                                 width_multiplier=width_multiplier, encoder_hidden=encoder_hidden,
+                                 encoder_steps=encoder_steps, decoder_steps=decoder_steps, progress=progress)[0]

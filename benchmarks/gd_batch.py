@@ -1,0 +1,65 @@
+"""GD cost searches with every seed of a size trained as one batch vs one model at a time.
+
+    python benchmarks/gd_batch.py                       # writes benchmarks/results/gd_batch.json
+    python benchmarks/gd_batch.py --d 16 --facts 64 --seeds 3 --gd-steps 3000
+
+For each GD method ("gd" and the hybrids "gd+jl", "bin+gd", "gd+gd") it runs
+:func:`factkernels.capacity.sampled_storage_cost` twice on the same sampled fact sets:
+``batch=True`` (one stacked model per size) and ``batch=False`` (one model per seed, stopping at
+the first seed that fails), checks both find the same size, and records the wall times.
+One torch thread (as the experiments run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from factkernels.capacity import sampled_storage_cost
+from factkernels.embeddings import family_fact_set
+from factkernels.environment import environment
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--d", type=int, default=16)
+    parser.add_argument("--facts", type=int, default=64)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--gd-steps", type=int, default=3000, help="step cap of the GD MLP (the seed: 20000)")
+    parser.add_argument("--methods", default="gd,gd+jl,bin+gd,gd+gd")
+    parser.add_argument("--out", default=str(RESULTS / "gd_batch.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    sample = functools.partial(family_fact_set, "spherical", args.facts, args.d)
+    rows = []
+    for method in args.methods.split(","):
+        options = {"steps": args.gd_steps} if method == "gd" else {}
+        row = {"method": method}
+        for name, batch in (("batched", True), ("one_at_a_time", False)):
+            start = time.perf_counter()
+            cost = sampled_storage_cost(method, sample, seeds=args.seeds, progress=False, batch=batch, **options)
+            row[name] = {"seconds": time.perf_counter() - start, "size": cost.size, "parameters": cost.parameters,
+                         "sizes_tried": [t.size for t in cost.trace]}
+        row["same_size"] = row["batched"]["size"] == row["one_at_a_time"]["size"]
+        row["speedup"] = row["one_at_a_time"]["seconds"] / row["batched"]["seconds"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    total = {k: sum(r[k]["seconds"] for r in rows) for k in ("batched", "one_at_a_time")}
+    payload = {"setting": {"family": "spherical", "d": args.d, "facts": args.facts, "seeds": args.seeds,
+                           "gd_steps": args.gd_steps, "threads": 1},
+               "rows": rows, "total_seconds": total, "total_speedup": total["one_at_a_time"] / total["batched"],
+               "environment": environment()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(payload, indent=2))
+    print(f"total speedup {payload['total_speedup']:.2f}x -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
