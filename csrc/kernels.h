@@ -96,6 +96,26 @@ struct DecodeArgs {
   T* part_val; int64_t* part_idx;
 };
 
+// Smallest star scores of outputs against values, streaming over w in tiles with
+// O(r k) state, never forming the r x n score matrix (margin-optimal outputs, seed 000 Def. 3.2.1):
+//   score(i, j) = <p_i, w_s - w_j> / ||w_s - w_j||   for j != s = self[i]
+//   p_i = w_s when p is null (the outputs are the values themselves).
+//   ||w_s - w_j||^2 = sq[s] + sq[j] - 2 <w_s, w_j> (one GEMM tile each for <p_i, w_j> and
+//   <w_s, w_j>), or from the explicit difference when that is at most kCloseRel (sq[s] + sq[j])
+//   (cancellation; kCloseRel = 1e-6 double, 1e-3 float); identical values score 0.
+//   vals[i, :k] ascending (lowest j first on ties), idx[i, :k]; +inf and -1 past the n - 1 others.
+//   p: (r, d) or null, w: (n, d), sq: (n,) = |w_j|^2, self: (r,) int64 in [0, n); vals, idx: (r, k)
+template <typename T>
+struct StarTopkArgs {
+  const T* p; int64_t ldp;
+  const T* w; int64_t ldw;
+  const T* sq;
+  const int64_t* self;
+  T* vals;
+  int64_t* idx;
+  int64_t r, n, d, k;
+};
+
 // Fused max-over-heads attention scores (seed 002, Sec. 3), never forming (batch, h, lq, lk):
 //   scores[b, p, q]   = max_k <q[b, k, p, :], k[b, k, q, :]>
 //   decision[b, p, q] = scores[b, p, q] > tau[b]
@@ -120,6 +140,7 @@ template <typename T> void gadget_rmatvec(const GadgetProductArgs<T>& a);
 template <typename T> void gated_forward(const GatedForwardArgs<T>& a);
 template <typename T> void decode(const DecodeArgs<T>& a);
 template <typename T> void max_head_scores(const MaxHeadScoresArgs<T>& a);
+template <typename T> void star_topk(const StarTopkArgs<T>& a);
 int num_threads();
 }  // namespace cpu
 
@@ -132,6 +153,7 @@ template <typename T> void gadget_rmatvec(const GadgetProductArgs<T>& a, uintptr
 template <typename T> void gated_forward(const GatedForwardArgs<T>& a, uintptr_t stream);
 template <typename T> void decode(const DecodeArgs<T>& a, uintptr_t stream);
 template <typename T> void max_head_scores(const MaxHeadScoresArgs<T>& a, uintptr_t stream);
+template <typename T> void star_topk(const StarTopkArgs<T>& a, uintptr_t stream);
 int device_count();
 // Makes `device` current for its lifetime, then restores the caller's device.
 class DeviceGuard {

@@ -625,3 +625,70 @@ def max_head_scores(queries: torch.Tensor, keys: torch.Tensor, tau=None, *, deci
     if decision is None:
         return scores
     return decision if decision_only else (scores, decision)
+
+
+# ----------------------------------------------------------------------------- star scores
+
+# Relative squared distance below which star scores use the explicit difference (csrc/kernels.h).
+STAR_CLOSE_REL = {torch.float32: 1e-3, torch.float64: 1e-6}
+
+
+def star_topk(
+    values: torch.Tensor, k: int, outputs: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None,
+    *, backend: str = "auto", chunk: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` smallest star scores of every output over all values, never the r×|V| matrix.
+
+    values W: (n, d); rows: (r,) int64 in [0, n), the value s_i each output belongs to (default
+    all n, in order); outputs P: (r, d), or None for p_i = w_{s_i}  ->  (scores (r, k), index (r, k))
+    with score(i, j) = <p_i, w_s − w_j> / ‖w_s − w_j‖ over j ≠ s = rows[i], ascending (lowest j
+    first on ties); identical values score 0; +inf and −1 past the n − 1 others. Distances come from
+    ‖w_s‖² + ‖w_j‖² − 2<w_s, w_j> except for pairs closer than ``STAR_CLOSE_REL`` (explicit
+    differences). These are the constraints of the margin-optimal outputs (seed 000, Def. 3.2.1)
+    and the per-value margins of given outputs. The torch twin streams over rows in chunks of ``chunk``.
+    """
+    _matrix("values", values)
+    n, d = values.shape
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    if rows is None:
+        rows = torch.arange(n, device=values.device)
+    if not isinstance(rows, torch.Tensor) or rows.dim() != 1 or rows.dtype != torch.int64:
+        raise TypeError("rows must be a 1-D int64 tensor of value indices")
+    if rows.device != values.device:
+        raise ValueError(f"rows is on {rows.device} but values is on {values.device}")
+    if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n):
+        raise ValueError(f"rows must lie in [0, {n}) (indices of values)")
+    if outputs is not None:
+        _matrix("outputs", outputs, rows=rows.shape[0], cols=d)
+        _same("values", values, outputs=outputs)
+    r = rows.shape[0]
+    sq = (values * values).sum(dim=1)
+    if not _use_kernel(backend, values, outputs):
+        close = STAR_CLOSE_REL.get(values.dtype, 1e-6)
+        scores = torch.full((r, k), math.inf, dtype=values.dtype, device=values.device)
+        index = torch.full((r, k), -1, dtype=torch.int64, device=values.device)
+        kk = min(k, n)
+        for lo in range(0, r, chunk):
+            s = rows[lo : lo + chunk]
+            ws = values[s]
+            p = ws if outputs is None else outputs[lo : lo + chunk]
+            sqs = sq[s, None]
+            d2 = sqs + sq[None, :] - 2.0 * (ws @ values.T)
+            num = (p * ws).sum(dim=1, keepdim=True) - p @ values.T
+            g = num / d2.clamp_min(0.0).sqrt()
+            ci, cj = (d2 <= close * (sqs + sq[None, :])).nonzero(as_tuple=True)
+            diff = ws[ci] - values[cj]
+            nrm = diff.norm(dim=1)
+            g[ci, cj] = torch.where(nrm > 0, (p[ci] * diff).sum(dim=1) / nrm.clamp_min(1e-300), 0.0)
+            g[torch.arange(s.numel(), device=s.device), s] = math.inf
+            g, order = torch.sort(g, dim=1, stable=True)
+            scores[lo : lo + chunk, :kk] = g[:, :kk]
+            index[lo : lo + chunk, :kk] = torch.where(torch.isinf(g[:, :kk]), -1, order[:, :kk])
+        return scores, index
+    values, outputs, rows = _rowmajor(values), _rowmajor(outputs), rows.contiguous()
+    scores = torch.empty(r, k, dtype=values.dtype, device=values.device)
+    index = torch.empty(r, k, dtype=torch.int64, device=values.device)
+    _C.star_topk(*_launch_args(values), _ptr(outputs), 0 if outputs is None else _ld(outputs), _ptr(values),
+                 _ld(values), _ptr(sq), _ptr(rows), _ptr(scores), _ptr(index), r, n, d, k, _stream(values))
+    return scores, index

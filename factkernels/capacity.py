@@ -45,11 +45,12 @@ import torch
 from torch import nn
 
 from .baselines import encoder_decoder, gd_mlp, naive, ntk
-from .construct import construct, validate_inputs
+from .construct import construct
 from .embeddings import FactSet
 from .geometry import margin_optimal_outputs, whiten
 from .nongated import construct_nongated
 from .progress import progress_bar
+from .validation import validate_inputs
 
 Builder = Callable[..., nn.Module]
 

@@ -17,80 +17,13 @@ from typing import Iterator, Optional, Union
 import torch
 
 from . import _ops, geometry
-from .decoder import JLDecoder, decoder_failures, initial_m, jl_bound, jl_decoder
-from .encoder import assemble, build_per_gadget, build_shared_gate
+from .decoder import OUTPUTS, choose_m, decoder_failures, output_embeddings, verify_margins
+from .encoder import assemble, build_per_gadget, build_shared_gate, gadget_width
+from .memory import check_fits, estimate_build
 from .mlp import FactMLP
-from .report import ConstructionReport
+from .report import ConstructionReport, FactStorageError
 from .solvers import SOLVERS, pick_solver
-
-OUTPUTS = ("margin_optimal", "values")
-M_GROWTH = 1.25  # geometric growth of m while the decoder check fails
-
-
-class FactStorageError(RuntimeError):
-    """Raised by ``construct(..., verify=True)`` when some facts are not stored."""
-
-    def __init__(self, message: str, report: "ConstructionReport") -> None:
-        super().__init__(message)
-        self.report = report
-
-
-# ----------------------------------------------------------------------------- validation
-
-
-def _validate_embeddings(name: str, t: torch.Tensor) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"{name} must be float32 or float64, got {t.dtype}")
-    if t.dim() != 2 or t.shape[0] == 0 or t.shape[1] == 0:
-        raise ValueError(f"{name} must be a non-empty 2-D tensor (rows = embeddings), got shape {tuple(t.shape)}")
-    if not torch.isfinite(t).all():
-        raise ValueError(f"{name} contains NaN or Inf")
-
-
-def _first_duplicate(t: torch.Tensor) -> Optional[tuple[int, int]]:
-    """First pair of equal rows, or None. Equal rows have bit-equal projections on any
-    direction, so sorting one projection finds every candidate pair in O(n log n)."""
-    direction = torch.randn(t.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    proj = t.double() @ direction.to(t.device)
-    order = proj.argsort()
-    same = torch.nonzero(proj[order[1:]] == proj[order[:-1]]).flatten()
-    if same.numel():
-        first, second = order[same], order[same + 1]
-        equal = (t[first] == t[second]).all(dim=1)
-        if bool(equal.any()):
-            k = int(torch.nonzero(equal)[0])
-            pair = sorted((int(first[k]), int(second[k])))
-            return pair[0], pair[1]
-    return None
-
-
-def validate_inputs(keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor) -> torch.Tensor:
-    """Check K (F, d_in), V (|V|, d_out), f (F,) and return f as int64; raise naming the argument."""
-    _validate_embeddings("K", keys)
-    _validate_embeddings("V", values)
-    if values.dtype != keys.dtype:
-        raise TypeError(f"V has dtype {values.dtype} but K has {keys.dtype}; use one dtype")
-    if values.device != keys.device:
-        raise ValueError(f"V is on {values.device} but K is on {keys.device}; use one device")
-    if not isinstance(facts, torch.Tensor):
-        raise TypeError(f"f must be a torch.Tensor of value indices, got {type(facts).__name__}")
-    if facts.dtype.is_floating_point or facts.dtype.is_complex or facts.dtype == torch.bool:
-        raise TypeError(f"f must be an integer tensor, got {facts.dtype}")
-    if facts.dim() != 1 or facts.shape[0] != keys.shape[0]:
-        raise ValueError(f"f must have shape ({keys.shape[0]},) (one value index per key), got {tuple(facts.shape)}")
-    if facts.device != keys.device:
-        raise ValueError(f"f is on {facts.device} but K is on {keys.device}; use one device")
-    if facts.numel() and (int(facts.min()) < 0 or int(facts.max()) >= values.shape[0]):
-        raise ValueError(f"f must index values in [0, {values.shape[0]}), got range [{int(facts.min())}, {int(facts.max())}]")
-    dup = _first_duplicate(values)
-    if dup is not None:
-        raise ValueError(f"V has duplicate rows {dup[0]} and {dup[1]}: rho(V) = 0, no MLP can tell them apart")
-    dup = _first_duplicate(keys)
-    if dup is not None:
-        raise ValueError(f"K has duplicate rows {dup[0]} and {dup[1]}: keys must be distinct (generic)")
-    return facts.to(torch.int64)
+from .validation import check_choice, check_positive_int, validate_inputs
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -105,24 +38,35 @@ def _timed(timings: dict, name: str, device: torch.device) -> Iterator[None]:
     timings[name] = time.perf_counter() - start
 
 
-def _choose_m(m: Union[int, str, None], outputs: torch.Tensor, values: torch.Tensor, used: torch.Tensor, rho: float,
-              generator: torch.Generator, backend: str) -> tuple[JLDecoder, str]:
-    """JL decoder for a given m, for Thm B.5.3's bound, or the smallest m (geometric search) that decodes."""
-    if isinstance(m, int):
-        return jl_decoder(outputs, m, generator), "given"
-    if m == "bound":
-        bound = jl_bound(rho, values.shape[0])
-        return jl_decoder(outputs, bound, generator), "Thm B.5.3 bound (delta=0.1)"
-    tried = []
-    current = initial_m(rho, values.shape[0])
-    while True:
-        decoder = jl_decoder(outputs, current, generator)
-        tried.append(current)
-        if decoder_failures(decoder, values, used, backend) == 0:
-            return decoder, "auto: " + " -> ".join(map(str, tried))
-        if current >= 64 * values.shape[1]:
-            raise RuntimeError(f"no m up to {current} decodes every value; rho={rho:.3g} is too small")
-        current = max(current + 1, math.ceil(current * M_GROWTH))
+def _memory_guard(num_facts: int, values: torch.Tensor, d_in: int, m: int, width: int, solver: str, outputs,
+                  verify, hidden: Optional[int], max_memory: Optional[int], backend: str) -> str:
+    """Check that the build fits before allocating it and resolve solver="auto" from the same
+    estimate; returns the solver. Raises MemoryBudgetError naming the argument to change."""
+    fused = backend != "torch" and _ops.build_info()["compiled"]
+    kwargs = dict(m=m, gadget_width=width, dtype=values.dtype, verify=verify is not False, fused_forward=fused,
+                  outputs=outputs if isinstance(outputs, str) else "given",
+                  width_argument="width_multiplier" if hidden is None else "hidden")
+    shape = (num_facts, values.shape[0], d_in, values.shape[1])
+    if solver == "auto":
+        rest = estimate_build(*shape, solver="cg", **kwargs).total
+        solver = pick_solver(num_facts, values.device, other_bytes=rest, budget=max_memory)
+    check_fits(estimate_build(*shape, solver=solver, **kwargs), values.device, max_memory)
+    return solver
+
+
+def _gadget_width(num_facts: int, d_in: int, m, width_multiplier: float, hidden: Optional[int]) -> int:
+    """h̃ from the width multiplier, or hidden // m (checked to give h̃(d_in+1)+1 >= F)."""
+    if hidden is None:
+        return gadget_width(num_facts, d_in, width_multiplier)
+    if not isinstance(m, int):
+        raise ValueError("hidden needs an explicit integer m (hidden = m x gadget width)")
+    width = hidden // m
+    if width * (d_in + 1) + 1 < num_facts:
+        raise ValueError(
+            f"hidden={hidden} is too few hidden units for F={num_facts}: each of the m={m} gadgets "
+            f"needs width*(d_in+1)+1 >= F, i.e. hidden >= {m * math.ceil((num_facts - 1) / (d_in + 1))}"
+        )
+    return width
 
 
 def _check_options(m, solver, outputs, values, activation, width_multiplier, hidden, whiten, verify, backend) -> None:
@@ -131,8 +75,7 @@ def _check_options(m, solver, outputs, values, activation, width_multiplier, hid
             raise TypeError(f"m must be an int, None (smallest m that verifies) or 'bound', got {m!r}")
         if m < 1:
             raise ValueError(f"m must be >= 1, got {m}")
-    if solver not in SOLVERS:
-        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    check_choice("solver", solver, SOLVERS)
     if isinstance(outputs, torch.Tensor):
         if outputs.shape != values.shape or outputs.dtype != values.dtype or outputs.device != values.device:
             raise ValueError(f"outputs given as a tensor must match V: shape {tuple(values.shape)}, {values.dtype}, "
@@ -142,8 +85,7 @@ def _check_options(m, solver, outputs, values, activation, width_multiplier, hid
     elif not isinstance(outputs, str) or outputs not in OUTPUTS:
         raise ValueError(f"outputs must be one of {OUTPUTS} or a (|V|, d_out) tensor of output embeddings, got {outputs!r}")
     _ops.check_activation(activation)
-    if backend not in _ops.BACKENDS:
-        raise ValueError(f"backend must be one of {_ops.BACKENDS}, got {backend!r}")
+    check_choice("backend", backend, _ops.BACKENDS)
     if not (isinstance(whiten, (int, float)) and 0.0 <= float(whiten) <= 1.0):
         raise ValueError(f"whiten must be a strength alpha in [0, 1], got {whiten!r}")
     if verify not in (True, False, "report"):
@@ -153,9 +95,7 @@ def _check_options(m, solver, outputs, values, activation, width_multiplier, hid
             f"width_multiplier={width_multiplier} gives too few hidden units: each gadget needs "
             f"h~(d+1) >= F, so width_multiplier must be >= 1 (1.25-2 is well conditioned)"
         )
-    if hidden is not None:
-        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
-            raise ValueError(f"hidden must be a positive int, got {hidden!r}")
+    check_positive_int("hidden", hidden, allow_none=True)
 
 
 # ----------------------------------------------------------------------------- construct
@@ -180,6 +120,7 @@ def construct(
     cg_tol: float = 1e-4,
     cg_max_iter: Optional[int] = None,
     progress: bool = True,
+    max_memory: Optional[int] = None,
 ) -> FactMLP:
     """Build a gated MLP g with argmax_j <g(k_i), v_j> = f(i) for every key.
 
@@ -201,6 +142,11 @@ def construct(
             records the result in the report, False skips the check.
         seed: seeds the gate and the JL projection (same seed, same MLP on CPU).
         backend: "auto" | "kernels" | "torch" (see factkernels._ops).
+        max_memory: bytes the build may use (default: the free memory of the device). The
+            build's peak is estimated before anything large is allocated
+            (:func:`factkernels.memory.estimate_build`); a build that does not fit raises
+            :class:`factkernels.memory.MemoryBudgetError` naming the argument to change, and
+            solver="auto" picks the dense Cholesky only when it fits with room to spare.
 
     Returns:
         FactMLP with ``.report`` (a :class:`ConstructionReport`).
@@ -208,8 +154,15 @@ def construct(
     timings: dict = {}
     facts = validate_inputs(K, V, f)
     _check_options(m, solver, outputs, V, activation, width_multiplier, hidden, whiten, verify, backend)
+    check_positive_int("max_memory", max_memory, allow_none=True)
     num_facts, d_in = K.shape
     device = K.device
+    width = _gadget_width(num_facts, d_in, m, width_multiplier, hidden)
+    if hidden is not None:
+        width_multiplier = width * (d_in + 1) / num_facts
+    # Before anything large: the build with the given m (or the smallest m a search can pick).
+    _memory_guard(num_facts, V, d_in, m if isinstance(m, int) else 1, width, solver if solver != "auto" else "cg",
+                  outputs, verify, hidden, max_memory, backend)
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
 
@@ -223,35 +176,13 @@ def construct(
 
     used = torch.unique(facts)
     with _timed(timings, "outputs", device):
-        if isinstance(outputs, torch.Tensor):
-            out_embed, rho = outputs, float(geometry.output_margins(values, outputs).min())
-        elif outputs == "margin_optimal":
-            out_embed, rho = geometry.margin_optimal_outputs(values)
-        else:
-            out_embed = values
-            rho = float(geometry.output_margins(values, values).min())
-        if not rho > 0:
-            hint = " (try outputs='margin_optimal')" if isinstance(outputs, str) and outputs == "values" else ""
-            label = "the given outputs" if isinstance(outputs, torch.Tensor) else f"outputs={outputs!r}"
-            raise ValueError(f"V is not decodable with {label}: rho = {rho:.3g} <= 0{hint}")
-
-    if hidden is not None:
-        m_fixed = m if isinstance(m, int) else None
-        if m_fixed is None:
-            raise ValueError("hidden needs an explicit integer m (hidden = m x gadget width)")
-        width = hidden // m_fixed
-        if width * (d_in + 1) + 1 < num_facts:
-            raise ValueError(
-                f"hidden={hidden} is too few hidden units for F={num_facts}: each of the m={m_fixed} gadgets "
-                f"needs width*(d_in+1)+1 >= F, i.e. hidden >= {m_fixed * math.ceil((num_facts - 1) / (d_in + 1))}"
-            )
-        width_multiplier = width * (d_in + 1) / num_facts
+        out_embed, rho = output_embeddings(values, outputs)
 
     with _timed(timings, "m_search", device):
-        decoder, m_search = _choose_m(m, out_embed, values, used, rho, generator, backend)
+        decoder, m_search = choose_m(m, out_embed, values, used, rho, generator, backend)
     targets = decoder.codes[facts]  # (F, m)
 
-    chosen = pick_solver(num_facts, device) if solver == "auto" else solver
+    chosen = _memory_guard(num_facts, V, d_in, decoder.m, width, solver, outputs, verify, hidden, max_memory, backend)
     with _timed(timings, "solve", device):
         if chosen == "per_gadget":
             encoder = build_per_gadget(keys, targets, width_multiplier=width_multiplier, activation=activation,
@@ -262,7 +193,6 @@ def construct(
                                         cg_tol=cg_tol, cg_max_iter=cg_max_iter, progress=progress)
 
     with _timed(timings, "assemble", device):
-        width = encoder.gadget_width
         mlp = assemble(encoder, decoder.projection, activation=activation, backend=backend,
                        key_transform=key_transform, value_transform=value_transform)
 
@@ -276,7 +206,7 @@ def construct(
     )
     if verify is not False:
         with _timed(timings, "verify", device):
-            margins = mlp.margins(K, V, facts)
+            margins = verify_margins(mlp, K, V, facts)
         failed = int((margins <= 0).sum())
         report.failed, report.accuracy, report.min_margin = failed, 1.0 - failed / num_facts, float(margins.min())
     timings["total"] = time.perf_counter() - start

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Union
 
 import torch
 
-from . import _ops
+from . import _ops, geometry
+from .memory import VERIFY_CHUNK
+
+OUTPUTS = ("margin_optimal", "values")
+M_GROWTH = 1.25  # geometric growth of m while the decoder check fails
 
 
 @dataclass
@@ -53,3 +58,50 @@ def jl_bound(rho: float, num_values: int, delta: float = 0.1) -> int:
 def initial_m(rho: float, num_values: int) -> int:
     """Empirical starting point ρ⁻² ln|V| for the search over m (the bound's shape, constant 1)."""
     return max(1, math.ceil(math.log(max(num_values, 2)) / rho**2))
+
+
+def output_embeddings(values: torch.Tensor, outputs: Union[str, torch.Tensor]) -> tuple[torch.Tensor, float]:
+    """Output embeddings U (|V|, d) and their margin ρ for ``outputs`` = "margin_optimal" (U*),
+    "values" (U = V) or a given U; raise ValueError when ρ <= 0 (some value cannot be decoded)."""
+    if isinstance(outputs, torch.Tensor):
+        out_embed, rho = outputs, float(geometry.output_margins(values, outputs).min())
+    elif outputs == "margin_optimal":
+        out_embed, rho = geometry.margin_optimal_outputs(values)
+    else:
+        out_embed, rho = values, float(geometry.output_margins(values, values).min())
+    if not rho > 0:
+        hint = " (try outputs='margin_optimal')" if isinstance(outputs, str) and outputs == "values" else ""
+        label = "the given outputs" if isinstance(outputs, torch.Tensor) else f"outputs={outputs!r}"
+        raise ValueError(f"V is not decodable with {label}: rho = {rho:.3g} <= 0{hint}")
+    return out_embed, rho
+
+
+def choose_m(m: Union[int, str, None], outputs: torch.Tensor, values: torch.Tensor, used: torch.Tensor, rho: float,
+             generator: torch.Generator, backend: str) -> tuple[JLDecoder, str]:
+    """JL decoder for a given m, for Thm B.5.3's bound (m = "bound"), or (m = None) the smallest m,
+    searched geometrically from :func:`initial_m`, whose decoder decodes every value in ``used``.
+
+    outputs: U (|V|, d); values: V (|V|, d); used: (k,) value indices. Returns (decoder, how m was found).
+    """
+    if isinstance(m, int):
+        return jl_decoder(outputs, m, generator), "given"
+    if m == "bound":
+        bound = jl_bound(rho, values.shape[0])
+        return jl_decoder(outputs, bound, generator), "Thm B.5.3 bound (delta=0.1)"
+    tried = []
+    current = initial_m(rho, values.shape[0])
+    while True:
+        decoder = jl_decoder(outputs, current, generator)
+        tried.append(current)
+        if decoder_failures(decoder, values, used, backend) == 0:
+            return decoder, "auto: " + " -> ".join(map(str, tried))
+        if current >= 64 * values.shape[1]:
+            raise RuntimeError(f"no m up to {current} decodes every value; rho={rho:.3g} is too small")
+        current = max(current + 1, math.ceil(current * M_GROWTH))
+
+
+def verify_margins(mlp: torch.nn.Module, keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor,
+                   chunk: int = VERIFY_CHUNK) -> torch.Tensor:
+    """Decode margins (F,) of every fact, ``chunk`` keys at a time (bounds the hidden activations)."""
+    return torch.cat([mlp.margins(keys[i : i + chunk], values, facts[i : i + chunk])
+                      for i in range(0, keys.shape[0], chunk)])

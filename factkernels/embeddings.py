@@ -41,6 +41,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from . import geometry
+from .validation import check_positive_int
 
 SHIPPED_FILE = "minilm_tokens.safetensors"
 SHIPPED_TOKENS = 4096
@@ -124,11 +125,6 @@ class FactSet(NamedTuple):
     f: torch.Tensor
 
 
-def _check_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 @functools.lru_cache(maxsize=1)
 def _centred_tokens() -> tuple[torch.Tensor, torch.Tensor]:
     """The shipped slice centred, float64 (4096, 384), and its principal directions (384, 384)."""
@@ -170,9 +166,9 @@ def random_fact_set(num_facts: int, num_values: int, dim: int, *, seed: int, tie
     Returns:
         :class:`FactSet` (K (F, d), V (|V|, d), f (F,) int64).
     """
-    _check_count("num_facts", num_facts)
-    _check_count("num_values", num_values)
-    _check_count("dim", dim)
+    check_positive_int("num_facts", num_facts)
+    check_positive_int("num_values", num_values)
+    check_positive_int("dim", dim)
     if source not in EMBEDDING_SOURCES:
         raise ValueError(f"source must be one of {EMBEDDING_SOURCES}, got {source!r}")
     if fact_map is None:

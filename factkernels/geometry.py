@@ -52,6 +52,21 @@ are ``O(chunk * n)`` plus ``O(chunk * k * (k + d))`` for corrals of size
 ``k <= d + 1 + added``, never ``O(n^3)``; about 8 iterations suffice for
 ``n = 1024, d = 64`` random values.
 
+Active-set (cutting-plane) method for large ``n``
+-------------------------------------------------
+The dense iteration above touches all ``n^2`` pairs every iteration.  For
+``n > _DENSE_MAX`` (``method="auto"``) each value instead keeps a list of
+*active constraints* (value indices).  One round solves every value's problem
+restricted to its active list with the same batched solver (explicit star
+vectors of the candidates, warm-started from the previous direction), then
+one streaming pass over ``V`` (:func:`factkernels._ops.star_topk`: tiles,
+running top-k, no ``n x n`` matrix, in the input precision) finds every
+value's most violated constraints; they are re-scored in float64 from
+explicit differences and appended.  A value is done when no constraint is
+violated beyond ``tol``: its restricted hull point norm is an upper bound of
+``rho_i`` and the float64 minimum over the streamed candidates its achieved
+margin.  Extra memory is ``O(n K)`` for the lists plus one bounded chunk.
+
 When ``rho_i <= 0`` (a duplicated value, or ``v_i`` inside the convex hull of
 the others) no output decodes ``v_i``: the minimum-norm point is ~0, the
 returned ``u_i`` is the best direction seen and its radius is its achieved
@@ -66,6 +81,9 @@ from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
+
+from . import _ops
+from .validation import check_matrix as _check_matrix
 
 __all__ = [
     "decodability",
@@ -92,34 +110,22 @@ _RIDGE = 1e-11
 _CHUNK_ELEMS = 1 << 22
 # Bytes allowed for the corral buffers (X and its Gram) of one chunk.
 _CORRAL_BYTES = 1 << 28
+# Bytes for the candidate stars and corrals of one chunk of the active-set
+# method: at least this, else about the size of the float64 values themselves
+# (extra memory O(n d), never O(n^2)).
+_ACTIVE_BYTES = 1 << 24
+# Up to this many values "auto" solves densely (every value against all others
+# per iteration, fastest for small sets); above it, by active-set cutting planes.
+_DENSE_MAX = 2048
+# Smallest margins per value re-checked in float64 after a streaming pass in
+# the input precision (the true minimum is among them unless float32 rounding
+# reorders scores closer than ~1e-6).
+_RECHECK = 4
 
 
 # ----------------------------------------------------------------------------
 # validation
 # ----------------------------------------------------------------------------
-
-
-def _check_matrix(x: object, name: str, *, min_rows: int = 1, finite: bool = True) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor of shape (n, d), got {type(x).__name__}; "
-            f"convert with torch.as_tensor({name}, dtype=torch.float32)"
-        )
-    if not x.is_floating_point():
-        raise TypeError(
-            f"{name} must be a floating-point tensor (float32 or float64), got {x.dtype}; "
-            f"convert with {name}.float()"
-        )
-    if x.dim() != 2:
-        raise ValueError(f"{name} must be a 2-D tensor of shape (n, d), got shape {tuple(x.shape)}")
-    if x.shape[0] < min_rows:
-        what = f"{min_rows} rows (values)" if min_rows >= 2 else "one row"
-        raise ValueError(f"{name} must have at least {what}, got shape {tuple(x.shape)}")
-    if x.shape[1] < 1:
-        raise ValueError(f"{name} must have at least one column (d >= 1), got shape {tuple(x.shape)}")
-    if finite and not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN or Inf entries; remove or replace them")
-    return x
 
 
 def _check_same(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:
@@ -134,6 +140,14 @@ def _check_tol(tol: float, max_iter: int) -> None:
         raise ValueError(f"tol must be a float in (0, 1), got {tol!r}")
     if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
         raise ValueError(f"max_iter must be a positive int, got {max_iter!r}")
+
+
+_METHODS = ("auto", "dense", "active_set")
+
+
+def _check_method(method: str) -> None:
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
 
 
 # ----------------------------------------------------------------------------
@@ -159,6 +173,78 @@ class _Star(NamedTuple):
     close_x: Tensor
     dup_row: Tensor
     n_other: int
+
+    def margins(self, W: Tensor, P: Tensor) -> Tensor:
+        """``g[k, j] = <x_{i_k j}, P_k>`` (r, n); +inf for ``j = i_k`` and duplicates."""
+        g = torch.addmm((P * self.Wr).sum(dim=1, keepdim=True), P, W.T, beta=1.0, alpha=-1.0).mul_(self.inv)
+        if self.close_r.numel() > 0:
+            g[self.close_r, self.close_j] = (self.close_x * P[self.close_r]).sum(dim=1)
+        g[torch.arange(P.shape[0], device=P.device), self.self_j] = math.inf
+        if self.dup_r.numel() > 0:
+            g[self.dup_r, self.dup_j] = math.inf
+        return g
+
+    def vectors(self, W: Tensor, cand: Tensor) -> Tensor:
+        """Unit star vectors ``x_{i_k j}`` for the columns ``cand`` (r, a) -> (r, a, d)."""
+        xn = (self.Wr[:, None, :] - W[cand]) * self.inv.gather(1, cand)[:, :, None]
+        if self.close_r.numel() > 0:  # exact directions for very close pairs
+            pr, pt = (cand[self.close_r] == self.close_j[:, None]).nonzero(as_tuple=True)
+            xn[self.close_r[pr], pt] = self.close_x[pr]
+        return xn
+
+    def subset(self, keep: Tensor) -> "_Star":
+        """Restrict the star geometry to the rows ``keep`` (indices)."""
+        r = self.inv.shape[0]
+        pos = torch.full((r,), -1, dtype=torch.long, device=keep.device)
+        pos[keep] = torch.arange(keep.numel(), device=keep.device)
+        sc = pos[self.close_r] >= 0
+        sd = pos[self.dup_r] >= 0
+        return _Star(
+            self.Wr[keep], self.inv[keep], self.self_j[keep],
+            pos[self.dup_r][sd], self.dup_j[sd],
+            pos[self.close_r][sc], self.close_j[sc], self.close_x[sc],
+            self.dup_row[keep], self.n_other,
+        )  # fmt: skip
+
+
+class _CandStar(NamedTuple):
+    """Star of a chunk of rows restricted to candidate columns, as explicit vectors (float64).
+
+    ``X[k, c]`` is the unit star vector of row ``k`` towards its candidate ``c``
+    (c < K), zero in the extra column ``K`` that free corral slots point at
+    (``self_j``) and for padding or duplicated candidates (``valid`` False);
+    ``dup_row`` marks rows with a duplicated candidate.
+    """
+
+    X: Tensor
+    valid: Tensor
+    self_j: Tensor
+    dup_row: Tensor
+    n_other: int
+
+    def margins(self, W: Tensor, P: Tensor) -> Tensor:
+        g = torch.bmm(self.X, P[:, :, None]).squeeze(2)
+        return g.masked_fill_(~self.valid, math.inf)
+
+    def vectors(self, W: Tensor, cand: Tensor) -> Tensor:
+        return self.X[torch.arange(cand.shape[0], device=cand.device)[:, None], cand]
+
+    def subset(self, keep: Tensor) -> "_CandStar":
+        return _CandStar(self.X[keep], self.valid[keep], self.self_j[keep], self.dup_row[keep], self.n_other)
+
+
+def _cand_star(W: Tensor, rows: Tensor, cand: Tensor) -> _CandStar:
+    """Candidate star of ``rows`` (r,) towards ``cand`` (r, K) value indices, -1 for padding."""
+    r, K = cand.shape
+    diff = W[rows][:, None, :] - W[cand.clamp(min=0)]
+    nrm = diff.norm(dim=2)
+    real = cand >= 0
+    valid = real & (nrm > 0)
+    X = torch.zeros(r, K + 1, W.shape[1], dtype=W.dtype, device=W.device)
+    X[:, :K] = diff.div_(nrm.clamp_min(1e-300)[:, :, None]).mul_(valid[:, :, None])
+    valid = torch.cat([valid, valid.new_zeros(r, 1)], dim=1)
+    self_j = torch.full((r,), K, dtype=torch.long, device=W.device)
+    return _CandStar(X, valid, self_j, (real & (nrm == 0)).any(dim=1), K)
 
 
 def _star(W: Tensor, sq: Tensor, rows: Tensor) -> _Star:
@@ -191,32 +277,6 @@ def _star(W: Tensor, sq: Tensor, rows: Tensor) -> _Star:
     n_dup = torch.zeros(c, dtype=torch.long, device=W.device).index_add_(0, dr, torch.ones_like(dr))
     n_other = int((W.shape[0] - 1 - n_dup).max())
     return _Star(Wr, inv, rows.clone(), dr, dj, cr, cj, cx, dup_row, n_other)
-
-
-def _star_margins(st: _Star, W: Tensor, P: Tensor) -> Tensor:
-    """``g[k, j] = <x_{i_k j}, P_k>`` (r, n); +inf for ``j = i_k`` and duplicates."""
-    g = torch.addmm((P * st.Wr).sum(dim=1, keepdim=True), P, W.T, beta=1.0, alpha=-1.0).mul_(st.inv)
-    if st.close_r.numel() > 0:
-        g[st.close_r, st.close_j] = (st.close_x * P[st.close_r]).sum(dim=1)
-    g[torch.arange(P.shape[0], device=P.device), st.self_j] = math.inf
-    if st.dup_r.numel() > 0:
-        g[st.dup_r, st.dup_j] = math.inf
-    return g
-
-
-def _star_subset(st: _Star, keep: Tensor) -> _Star:
-    """Restrict the star geometry to the rows ``keep`` (indices)."""
-    r = st.inv.shape[0]
-    pos = torch.full((r,), -1, dtype=torch.long, device=keep.device)
-    pos[keep] = torch.arange(keep.numel(), device=keep.device)
-    sc = pos[st.close_r] >= 0
-    sd = pos[st.dup_r] >= 0
-    return _Star(
-        st.Wr[keep], st.inv[keep], st.self_j[keep],
-        pos[st.dup_r][sd], st.dup_j[sd],
-        pos[st.close_r][sc], st.close_j[sc], st.close_x[sc],
-        st.dup_row[keep], st.n_other,
-    )  # fmt: skip
 
 
 def _normalize_values(V: Tensor) -> Tensor:
@@ -317,9 +377,9 @@ def _grow(t: Tensor, k: int, dims: Tuple[int, ...], fill: Optional[Tensor] = Non
 
 
 def _solve_chunk(
+    st: Union[_Star, _CandStar],
     W: Tensor,
-    sq: Tensor,
-    rows: Tensor,
+    P: Tensor,
     *,
     tol: float,
     max_iter: int,
@@ -327,30 +387,18 @@ def _solve_chunk(
     n_add: int,
     n_fast: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """Margin-optimal directions of ``rows`` (float64 ``W``, centred).
+    """Margin-optimal directions of the rows of star ``st`` (float64 ``W``, centred).
 
-    Returns ``(U, lower, upper)``: unit directions (c, d), their achieved
+    ``P`` (c, d) holds unit start directions.  Returns ``(U, lower, upper)``: unit directions (c, d), their achieved
     margins (c,) and the smallest hull-point norm seen (c,), an upper bound of
     ``rho_i`` when ``rho_i > 0``.  The state of unconverged rows only is kept
     (compacted when rows finish); corral slots freed by dropped points are
     reused, so corrals never need compaction.
     """
     dev, dt = W.device, W.dtype
-    n, d = W.shape
-    c = rows.numel()
-    st = _star(W, sq, rows)
+    d = W.shape[1]
+    c = P.shape[0]
     dup_row, n_other = st.dup_row, st.n_other
-
-    # initial direction: normalised centroid of the star (of a column subset
-    # when n is large: it only seeds the first corral)
-    sub = torch.arange(0, n, max(1, n // 256), device=dev)
-    inv_s = st.inv[:, sub]
-    P = st.Wr * inv_s.sum(dim=1, keepdim=True) - inv_s @ W[sub]
-    del inv_s
-    pn = P.norm(dim=1, keepdim=True)
-    fallback = st.Wr / st.Wr.norm(dim=1, keepdim=True).clamp_min(1e-300)
-    P = torch.where(pn > 1e-12, P / pn.clamp_min(1e-300), fallback)
-    P[(P == 0).all(dim=1), 0] = 1.0
 
     kcap = max(1, min(n_other, d + 1 + n_add))  # corral (<= d + 1) + additions
     kb = max(1, min(kcap, n_init + 4 * n_add))  # current slot buffer size
@@ -369,7 +417,7 @@ def _solve_chunk(
     it = 0
     while True:
         # ---- certificate against all j (one GEMM): g[k, j] = <x_{i_k j}, p_k>
-        g = _star_margins(st, W, P)
+        g = st.margins(W, P)
         pp = (P * P).sum(dim=1)
         gmin = g.min(dim=1).values
         pnr = pp.sqrt()
@@ -391,7 +439,7 @@ def _solve_chunk(
             nd = int(done.sum())
             if nd * 8 >= done.numel():
                 kk = (~done).nonzero(as_tuple=True)[0]
-                st = _star_subset(st, kk)
+                st = st.subset(kk)
                 gid, P, g, pp, prev_pp = gid[kk], P[kk], g[kk], pp[kk], prev_pp[kk]
                 idx, occ, lam, X, Q = idx[kk], occ[kk], lam[kk], X[kk], Q[kk]
         it += 1
@@ -429,10 +477,7 @@ def _solve_chunk(
             ok = (vals < thr[:, None]) & (t[None, :] < (d + 1 - cnt)[:, None])
             cand = torch.where(ok, cand, st.self_j[:, None])
             sl = torch.argsort(occ.to(torch.int8), dim=1, stable=True)[:, :a]  # free slots
-            xn = (st.Wr[:, None, :] - W[cand]) * st.inv.gather(1, cand)[:, :, None]
-            if st.close_r.numel() > 0:  # exact directions for very close pairs
-                pr, pt = (cand[st.close_r] == st.close_j[:, None]).nonzero(as_tuple=True)
-                xn[st.close_r[pr], pt] = st.close_x[pr]
+            xn = st.vectors(W, cand)
             ri = torch.arange(r, device=dev)[:, None].expand(-1, a)
             idx[ri, sl] = cand
             lam[ri, sl] = 0.0
@@ -441,7 +486,8 @@ def _solve_chunk(
             if it == 1:
                 lam[:, 0] = ok[:, 0].to(dt)  # start from the worst point (slot 0)
             # Gram rows of the new points against every slot in use
-            kw = max(int(sl.max()), int(occ.any(dim=0).nonzero()[-1])) + 1
+            in_use = occ.any(dim=0).nonzero()  # empty when no row has a valid candidate
+            kw = max(int(sl.max()), int(in_use[-1]) if in_use.numel() else 0) + 1
             Qn = torch.bmm(xn, X[:, :kw].transpose(1, 2))  # (r, a, kw)
             Q[ri, sl, :kw] = Qn
             Q[ri, :kw, sl] = Qn
@@ -507,14 +553,113 @@ def _solve_chunk(
     return best_u, best_lo, best_hi
 
 
+def _unit_start(Wr: Tensor, P: Tensor) -> Tensor:
+    """Unit rows of ``P`` (c, d); rows ~0 fall back to the value direction, then to ``e_0``."""
+    pn = P.norm(dim=1, keepdim=True)
+    fallback = Wr / Wr.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    P = torch.where(pn > 1e-12, P / pn.clamp_min(1e-300), fallback)
+    P[(P == 0).all(dim=1), 0] = 1.0
+    return P
+
+
+def _solve_dense(W: Tensor, tol: float, max_iter: int, n_init: int, n_add: int, n_fast: int):
+    """Every value against all ``n`` others per iteration (one chunk of rows at a time)."""
+    n, d = W.shape
+    sq = (W * W).sum(dim=1)
+    U = torch.empty(n, d, dtype=torch.float64, device=W.device)
+    lo = torch.empty(n, dtype=torch.float64, device=W.device)
+    hi = torch.empty(n, dtype=torch.float64, device=W.device)
+    k_est = min(n - 1, d + 1 + n_add)
+    step = max(1, min(n, _CHUNK_ELEMS // n, _CORRAL_BYTES // (8 * k_est * (k_est + d + 2))))
+    for s in range(0, n, step):
+        rows = torch.arange(s, min(n, s + step), device=W.device)
+        st = _star(W, sq, rows)
+        # start: normalised centroid of the star (of a column subset when n is
+        # large: it only seeds the first corral)
+        sub = torch.arange(0, n, max(1, n // 256), device=W.device)
+        inv_s = st.inv[:, sub]
+        P = _unit_start(st.Wr, st.Wr * inv_s.sum(dim=1, keepdim=True) - inv_s @ W[sub])
+        del inv_s
+        U[rows], lo[rows], hi[rows] = _solve_chunk(
+            st, W, P, tol=tol, max_iter=max_iter, n_init=n_init, n_add=n_add, n_fast=n_fast
+        )
+    return U, lo, hi
+
+
+def _exact_star_scores(W: Tensor, U: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
+    """Float64 ``<x_{rows[k] j}, U_k>`` for ``j = cols[k, c]`` (r, c), from explicit differences.
+
+    Identical values score 0, padding (``j = -1``) +inf; chunked by rows.
+    """
+    out = torch.empty(cols.shape, dtype=torch.float64, device=W.device)
+    step = max(1, max(1 << 20, W.numel()) // (4 * max(1, cols.shape[1] * W.shape[1])))
+    for s in range(0, rows.numel(), step):
+        r, c = rows[s : s + step], cols[s : s + step]
+        diff = W[r][:, None, :] - W[c.clamp(min=0)]
+        nrm = diff.norm(dim=2)
+        g = torch.bmm(diff, U[s : s + step, :, None]).squeeze(2) / nrm.clamp_min(1e-300)
+        g = torch.where(nrm > 0, g, torch.zeros_like(g))
+        out[s : s + step] = torch.where(c >= 0, g, torch.full_like(g, math.inf))
+    return out
+
+
+def _solve_active_set(
+    W: Tensor, Wk: Tensor, tol: float, max_iter: int, n_init: int, n_add: int, n_fast: int, backend: str
+):
+    """Cutting planes: each value's problem on its active constraints, one streaming pass per round.
+
+    ``W`` float64 centred values, ``Wk`` the same in the precision of the
+    streaming pass.  Returns ``(U, lower, upper, passes)``.
+    """
+    n, d = W.shape
+    dev = W.device
+    U = _unit_start(W, W.clone())
+    lo = torch.full((n,), -math.inf, dtype=torch.float64, device=dev)
+    hi = torch.full((n,), math.inf, dtype=torch.float64, device=dev)
+    # pass 1 ranks the constraints of u_i = v_i / |v_i| (one GEMM tile per value tile)
+    _, active = _ops.star_topk(Wk, min(n - 1, 2 * n_init), backend=backend)
+    rows = torch.arange(n, device=dev)
+    budget = max(_ACTIVE_BYTES, 8 * n * d)
+    passes = 1
+    while rows.numel() > 0:
+        K = active.shape[1]
+        step = max(1, min(rows.numel(), budget // (8 * (K + 1) * (2 * d + K + 2))))
+        dup = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
+        for s in range(0, rows.numel(), step):
+            rs = rows[s : s + step]
+            st = _cand_star(W, rs, active[s : s + step])
+            u, _, h = _solve_chunk(st, W, U[rs], tol=tol, max_iter=max_iter, n_init=n_init, n_add=n_add, n_fast=n_fast)
+            U[rs], hi[rs], dup[s : s + step] = u, torch.minimum(hi[rs], h), st.dup_row
+        # one streaming pass: the most violated constraints of every unfinished value
+        _, cand = _ops.star_topk(Wk, min(n - 1, 2 * n_add), U[rows].to(Wk.dtype), rows, backend=backend)
+        passes += 1
+        g = _exact_star_scores(W, U[rows], rows, cand)
+        lo[rows] = g.min(dim=1).values
+        known = (cand[:, :, None] == active[:, None, :]).any(dim=2)
+        new = (g < hi[rows, None] * (1.0 - tol)) & (cand >= 0) & ~known
+        done = ~new.any(dim=1) | dup | (hi[rows] <= math.sqrt(_ZERO_PP)) | (passes > max_iter)
+        keep = ~done
+        rows, active, new, cand = rows[keep], active[keep], new[keep], cand[keep]
+        if rows.numel() == 0:
+            break
+        # append the new constraints, valid ones first, trimmed to the widest row
+        add = torch.where(new, cand, torch.full_like(cand, -1))
+        add = add.gather(1, torch.argsort((~new).to(torch.int8), dim=1, stable=True))
+        active = torch.cat([active, add[:, : int(new.sum(dim=1).max())]], dim=1)
+    lo.clamp_(-1.0, 1.0)
+    return U, lo, hi, passes
+
+
 def _margin_optimal(
     V: Tensor,
     tol: float,
     max_iter: int,
     *,
+    method: str = "auto",
     n_init: Optional[int] = None,
     n_add: Optional[int] = None,
     n_fast: int = 3,
+    backend: str = "auto",
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Float64 ``(U, lower radii, upper bounds)`` for a validated ``V`` (n, d).
 
@@ -526,18 +671,10 @@ def _margin_optimal(
         n, d = W.shape
         n_init = max(16, d // 4) if n_init is None else n_init
         n_add = max(6, d // 10) if n_add is None else n_add
-        sq = (W * W).sum(dim=1)
-        U = torch.empty(n, d, dtype=torch.float64, device=W.device)
-        lo = torch.empty(n, dtype=torch.float64, device=W.device)
-        hi = torch.empty(n, dtype=torch.float64, device=W.device)
-        k_est = min(n - 1, d + 1 + n_add)
-        step = max(1, min(n, _CHUNK_ELEMS // n, _CORRAL_BYTES // (8 * k_est * (k_est + d + 2))))
-        for s in range(0, n, step):
-            rows = torch.arange(s, min(n, s + step), device=W.device)
-            u, l, h = _solve_chunk(
-                W, sq, rows, tol=tol, max_iter=max_iter, n_init=n_init, n_add=n_add, n_fast=n_fast
-            )
-            U[rows], lo[rows], hi[rows] = u, l, h
+        if method == "dense" or (method == "auto" and n <= _DENSE_MAX):
+            return _solve_dense(W, tol, max_iter, n_init, n_add, n_fast)
+        Wk = W.to(V.dtype) if V.dtype in (torch.float32, torch.float64) else W
+        U, lo, hi, _ = _solve_active_set(W, Wk, tol, max_iter, n_init, n_add, n_fast, backend)
     return U, lo, hi
 
 
@@ -547,7 +684,7 @@ def _margin_optimal(
 
 
 def margin_optimal_outputs(
-    V: Tensor, *, tol: float = 1e-6, max_iter: int = 200, return_radii: bool = False
+    V: Tensor, *, tol: float = 1e-6, max_iter: int = 200, return_radii: bool = False, method: str = "auto"
 ) -> Union[Tuple[Tensor, float], Tuple[Tensor, float, Tensor]]:
     """Margin-optimal output embeddings ``U*`` (Definition 3.2.1).
 
@@ -564,6 +701,9 @@ def margin_optimal_outputs(
             (in practice the solve is exact up to ~1e-12).
         max_iter: maximum number of batched outer iterations.
         return_radii: also return the per-value radii.
+        method: "dense" (every pair each iteration), "active_set" (cutting
+            planes with streaming passes, ``O(n d)`` extra memory beyond the
+            active lists) or "auto" (dense up to 2,048 values).
 
     Returns:
         ``(U, rho)`` or ``(U, rho, radii)`` where ``U`` is (n, d) with unit rows,
@@ -578,7 +718,8 @@ def margin_optimal_outputs(
     """
     V = _check_matrix(V, "V", min_rows=2)
     _check_tol(tol, max_iter)
-    U, lo, _ = _margin_optimal(V, float(tol), int(max_iter))
+    _check_method(method)
+    U, lo, _ = _margin_optimal(V, float(tol), int(max_iter), method=method)
     rho = float(lo.min())
     U = U.to(V.dtype)
     if return_radii:
@@ -586,7 +727,7 @@ def margin_optimal_outputs(
     return U, rho
 
 
-def decodability(V: Tensor, *, tol: float = 1e-6, max_iter: int = 200) -> float:
+def decodability(V: Tensor, *, tol: float = 1e-6, max_iter: int = 200, method: str = "auto") -> float:
     """Decodability ``rho(V)`` of value embeddings (Definition 3.1.1).
 
     ``rho(V) = min_i max_{||u||=1} min_{j != i} <v_i - v_j, u> / ||v_i - v_j||``.
@@ -595,6 +736,7 @@ def decodability(V: Tensor, *, tol: float = 1e-6, max_iter: int = 200) -> float:
         V: (n, d) floating tensor, n >= 2, finite.
         tol: relative duality-gap tolerance (see :func:`margin_optimal_outputs`).
         max_iter: maximum number of outer iterations.
+        method: "auto", "dense" or "active_set" (see :func:`margin_optimal_outputs`).
 
     Returns:
         ``rho(V)`` as a float in [-1, 1]; ``<= 0`` when some value cannot be
@@ -603,11 +745,12 @@ def decodability(V: Tensor, *, tol: float = 1e-6, max_iter: int = 200) -> float:
     """
     V = _check_matrix(V, "V", min_rows=2)
     _check_tol(tol, max_iter)
-    _, lo, _ = _margin_optimal(V, float(tol), int(max_iter))
+    _check_method(method)
+    _, lo, _ = _margin_optimal(V, float(tol), int(max_iter), method=method)
     return float(lo.min())
 
 
-def output_margins(V: Tensor, U: Tensor) -> Tensor:
+def output_margins(V: Tensor, U: Tensor, *, backend: str = "auto") -> Tensor:
     """Per-value normalized worst margin of outputs ``U`` for values ``V``.
 
     ``m_i = min_{j != i} <v_i - v_j, u_i> / (||v_i - v_j|| * ||u_i||)``.
@@ -617,10 +760,13 @@ def output_margins(V: Tensor, U: Tensor) -> Tensor:
     Args:
         V: (n, d) floating tensor of values, n >= 2.
         U: (n, d) tensor of outputs with nonzero rows, same dtype/device as V.
+        backend: "auto", "kernels" or "torch" for the streaming pass (see ``factkernels._ops``).
 
     Returns:
         (n,) tensor of margins (dtype of V); ``m.min()`` is the worst margin.
-        Computed in float64, ``O(chunk * n)`` memory.
+        One fused streaming pass (:func:`factkernels._ops.star_topk`) in the
+        precision of ``V`` finds each value's few smallest margins, which are
+        then recomputed in float64 from explicit differences; ``O(n d)`` memory.
     """
     V = _check_matrix(V, "V", min_rows=2)
     U = _check_matrix(U, "U", min_rows=1, finite=False)
@@ -636,16 +782,10 @@ def output_margins(V: Tensor, U: Tensor) -> Tensor:
         Ud = Ud / un[:, None]
         W = _normalize_values(V)  # margins are invariant to translation and scale
         n = W.shape[0]
-        sq = (W * W).sum(dim=1)
-        out = torch.empty(n, dtype=torch.float64, device=W.device)
-        step = max(1, min(n, _CHUNK_ELEMS // n))
-        for s in range(0, n, step):
-            rows = torch.arange(s, min(n, s + step), device=W.device)
-            st = _star(W, sq, rows)
-            g = _star_margins(st, W, Ud[rows])
-            if st.dup_r.numel() > 0:
-                g[st.dup_r, st.dup_j] = 0.0  # identical values cannot be separated
-            out[rows] = g.min(dim=1).values.clamp_(-1.0, 1.0)
+        rows = torch.arange(n, device=W.device)
+        # the few smallest margins in the input precision (streaming), then those pairs in float64
+        _, cand = _ops.star_topk(W.to(V.dtype), min(n - 1, _RECHECK), Ud.to(V.dtype), backend=backend)
+        out = _exact_star_scores(W, Ud, rows, cand).min(dim=1).values.clamp_(-1.0, 1.0)
     return out.to(V.dtype)
 
 

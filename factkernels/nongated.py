@@ -21,11 +21,11 @@ import math
 import torch
 from torch import nn
 
-from . import _ops, geometry
-from .construct import OUTPUTS, validate_inputs
-from .decoder import jl_decoder
+from . import _ops
+from .decoder import OUTPUTS, jl_decoder, output_embeddings
 from .encoder import augment, build_shared_gate, gadget_width, sample_gate
 from .mlp import DecodingMLP
+from .validation import check_choice, check_positive_int, validate_inputs
 
 FIRST_STEP = 0.1  # largest |ε_r a_r(k_i)| tried: a tenth of the gate pre-activations' scale
 MAX_HALVINGS = 40
@@ -148,17 +148,15 @@ def construct_nongated(
         NonGatedMLP with up (2mh̃, d_in), down (d_out, 2mh̃) and their biases.
     """
     facts = validate_inputs(K, V, f)
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ValueError(f"m must be a positive int, got {m!r}")
-    if outputs not in OUTPUTS:
-        raise ValueError(f"outputs must be one of {OUTPUTS}, got {outputs!r}")
+    check_positive_int("m", m)
+    check_choice("outputs", outputs, OUTPUTS)
     _ops.check_activation(activation)
     if not (isinstance(width_multiplier, (int, float)) and width_multiplier >= 1.0):
         raise ValueError(f"width_multiplier must be >= 1 (each gadget needs h~(d+1) >= F), got {width_multiplier!r}")
     if not (isinstance(tol, (int, float)) and tol > 0 and math.isfinite(tol)):
         raise ValueError(f"tol must be a positive number, got {tol!r}")
     generator = torch.Generator().manual_seed(seed)
-    out_embed = geometry.margin_optimal_outputs(V)[0] if outputs == "margin_optimal" else V
+    out_embed, _ = output_embeddings(V, outputs)
     decoder = jl_decoder(out_embed, m, generator)
     encoder = nongated_encoder(K, decoder.codes[facts], width_multiplier=width_multiplier, activation=activation,
                                tol=tol, generator=generator)

@@ -66,3 +66,12 @@ class ConstructionReport:
     @classmethod
     def from_dict(cls, data: dict) -> "ConstructionReport":
         return cls(**data)
+
+
+class FactStorageError(RuntimeError):
+    """Raised by ``construct(..., verify=True)`` (and ``FactBuilder``, with report None) when some
+    facts are not stored."""
+
+    def __init__(self, message: str, report: Optional["ConstructionReport"]) -> None:
+        super().__init__(message)
+        self.report = report

@@ -16,7 +16,6 @@ O(F (h̃ + d)) memory and no F×F matrix.
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -25,8 +24,11 @@ import torch
 from tqdm.auto import tqdm
 
 from . import _ops
+from .memory import available_memory, dense_gram_bytes
 
 SOLVERS = ("auto", "cholesky", "cg", "per_gadget")
+# Above this many facts the O(F³) Cholesky is slower than CG even when the Gram fits.
+DENSE_MAX_FACTS = 16384
 
 # Relative residual ||Gα − O|| / ||O|| above which a float32 solve is refined or
 # redone in float64.
@@ -205,20 +207,12 @@ def solve_cg(
     return alpha, SolveInfo("cg", str(targets.dtype).replace("torch.", ""), residual, it)
 
 
-def available_memory(device: torch.device) -> int:
-    """Bytes of free memory on ``device`` (a conservative estimate)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-        return 4 << 30
-
-
-def pick_solver(num_facts: int, device: torch.device) -> str:
-    """``cholesky`` while the F×F Gram (and a float64 fallback copy) fits comfortably, else ``cg``."""
-    dense_bytes = 3 * num_facts * num_facts * 8
-    if num_facts <= 16384 and dense_bytes < available_memory(device) // 2:
+def pick_solver(num_facts: int, device: torch.device, *, other_bytes: int = 0, budget: Optional[int] = None) -> str:
+    """``cholesky`` while F <= DENSE_MAX_FACTS and the dense Gram (with its factor and a float64
+    copy) plus ``other_bytes`` (the rest of the build, :func:`factkernels.memory.estimate_build`)
+    fits in half of ``budget`` (default: the free memory of ``device``); else matrix-free ``cg``."""
+    budget = available_memory(device) if budget is None else budget
+    if num_facts <= DENSE_MAX_FACTS and dense_gram_bytes(num_facts) + other_bytes <= budget // 2:
         return "cholesky"
     return "cg"
 

@@ -17,10 +17,10 @@ from typing import Union
 import torch
 from torch import nn
 
-from . import geometry
-from .construct import OUTPUTS, _choose_m, validate_inputs
+from .decoder import OUTPUTS, choose_m, output_embeddings
 from .encoder import two_hot_gadgets, two_hot_keys
 from .mlp import DecodingMLP
+from .validation import check_choice, check_positive_int, validate_inputs
 
 
 class TwoHotMLP(DecodingMLP):
@@ -74,17 +74,10 @@ def construct_two_hot(
     if isinstance(V, torch.Tensor):
         keys = keys.to(V.device)
     facts = validate_inputs(keys, V, f)
-    if outputs not in OUTPUTS:
-        raise ValueError(f"outputs must be one of {OUTPUTS}, got {outputs!r}")
-    if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
-        raise ValueError(f"m must be a positive int or None (smallest m that decodes), got {m!r}")
-    if outputs == "margin_optimal":
-        out_embed, rho = geometry.margin_optimal_outputs(V)
-    else:
-        out_embed, rho = V, float(geometry.output_margins(V, V).min())
-    if not rho > 0:
-        raise ValueError(f"V is not decodable with outputs={outputs!r}: rho = {rho:.3g} <= 0")
-    decoder, m_search = _choose_m(m, out_embed, V, torch.unique(facts), rho, torch.Generator().manual_seed(seed), "auto")
+    check_choice("outputs", outputs, OUTPUTS)
+    check_positive_int("m", m, allow_none=True)
+    out_embed, rho = output_embeddings(V, outputs)
+    decoder, m_search = choose_m(m, out_embed, V, torch.unique(facts), rho, torch.Generator().manual_seed(seed), "auto")
     up = two_hot_gadgets(decoder.codes[facts], dim)  # (m, d, d)
     mlp = TwoHotMLP(up.reshape(-1, dim), decoder.projection.repeat_interleave(dim, dim=1))
     mlp.m, mlp.m_search = decoder.m, m_search

@@ -479,3 +479,62 @@ def test_bad_options_and_outputs():
         geo.spherical(3, 0)
     with pytest.raises(TypeError, match="dtype"):
         geo.spherical(3, 2, dtype=torch.int64)
+
+
+# ---------------------------------------------------------------------------
+# active-set (cutting-plane) method with streaming passes
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind,n,d", [("sphere", 300, 16), ("aniso", 200, 8), ("lattice", 150, 3), ("gauss", 40, 60)])
+def test_active_set_matches_dense(kind, n, d):
+    V = _values(kind, n, d, 21)
+    U0, lo0, hi0 = geo._margin_optimal(V, 1e-6, 200, method="dense")
+    U1, lo1, hi1 = geo._margin_optimal(V, 1e-6, 200, method="active_set")
+    pos = lo0 > 1e-3
+    assert pos.any()
+    assert torch.allclose(lo1[pos], lo0[pos], atol=1e-9)  # same radii where a value is decodable
+    assert bool((lo1[~pos] <= 1e-6).all())  # the others (no unique best direction) stay undecodable
+    assert lo1.min().item() <= 1e-6 if lo0.min() <= 1e-3 else lo1.min().item() == pytest.approx(lo0.min().item())
+    assert (U1[pos] - U0[pos]).norm(dim=1).max().item() < 1e-6  # same U* where it is unique
+    assert bool((hi1[pos] - lo1[pos] <= 1e-6 * hi1[pos]).all())  # certified
+    # the radii are the margins the returned outputs achieve
+    assert torch.allclose(geo.output_margins(V, U1), lo1, atol=1e-9)
+
+
+def test_active_set_few_passes_and_public_api():
+    V = _values("sphere", 600, 12, 4)
+    W = geo._normalize_values(V)
+    U, lo, hi, passes = geo._solve_active_set(W, W, 1e-6, 200, 16, 6, 3, "auto")
+    assert passes <= 10  # a handful of streaming passes, not one per iteration
+    rho_ref = geo.decodability(V, method="dense")
+    assert geo.decodability(V, method="active_set") == pytest.approx(rho_ref, abs=1e-9)
+    U32, rho32 = geo.margin_optimal_outputs(V.float(), method="active_set")  # float32 streaming passes
+    assert U32.dtype == torch.float32 and rho32 == pytest.approx(rho_ref, abs=1e-5)
+    with pytest.raises(ValueError, match="method"):
+        geo.margin_optimal_outputs(V, method="fast")
+
+
+def test_active_set_duplicates_and_nonpositive():
+    V = geo.spherical(60, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    V[10] = V[4]
+    V[20] = 0.25 * (V[1] + V[2] + V[3] + V[5]) * 0.1  # deep inside the hull: rho_i < 0
+    _, lo0, _ = geo._margin_optimal(V, 1e-6, 200, method="dense")
+    U, lo, _ = geo._margin_optimal(V, 1e-6, 200, method="active_set")
+    assert lo[4].item() <= 0 and lo[10].item() <= 0 and lo[20].item() < 0
+    assert torch.isfinite(U).all()
+    ok = lo0 > 1e-3
+    assert torch.allclose(lo[ok], lo0[ok], atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_output_margins_streaming_matches_definition(dtype):
+    V = _values("gauss", 90, 7, 8, dtype=dtype)
+    V[5] = V[9]  # identical values: margin 0
+    U = torch.randn(90, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype)
+    ref = _direct_margins(V.double().numpy(), U.double().numpy())
+    for backend in ("kernels", "torch"):
+        m = geo.output_margins(V, U, backend=backend)
+        assert m.dtype == dtype
+        assert np.allclose(m.double().numpy(), ref, atol=1e-6 if dtype == torch.float32 else 1e-12)
+    assert m[5].item() <= 0.0 and m[9].item() <= 0.0

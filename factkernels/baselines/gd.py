@@ -26,12 +26,14 @@ import torch
 import torch.nn.functional as F_nn
 
 from .. import _ops, geometry
-from ..construct import construct, validate_inputs
+from ..construct import construct
 from ..decoder import JLDecoder, jl_decoder
 from ..encoder import assemble, build_shared_gate
 from ..mlp import FactMLP
 from ..progress import progress_bar
 from ..solvers import pick_solver
+from ..validation import check_positive_int as _check_count
+from ..validation import validate_inputs
 
 ENCODERS = ("bin", "gd")
 DECODERS = ("jl", "gd")
@@ -113,11 +115,6 @@ class _GatedNet:
         """x: (n, d_in) -> (n, d_out), differentiable (torch twin of the fused kernel)."""
         return _ops.gated_forward(x, self.gate, self.gate_bias, self.up, self.up_bias, self.down, self.down_bias,
                                   activation, backend="torch")
-
-
-def _check_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def _check_rates(lr: float, final_lr: float) -> None:

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from .. import geometry
-from ..construct import OUTPUTS, validate_inputs
+from ..decoder import OUTPUTS
 from ..mlp import DecodingMLP
+from ..validation import check_choice, validate_inputs
 
 
 class NaiveMLP(DecodingMLP):
@@ -50,8 +51,7 @@ def naive(K: torch.Tensor, V: torch.Tensor, f: torch.Tensor, *, outputs: str = "
     b_j is the midpoint of (max(β_j, α_j − 1), α_j), so a single key (no β) is handled too.
     """
     facts = validate_inputs(K, V, f)
-    if outputs not in OUTPUTS:
-        raise ValueError(f"outputs must be one of {OUTPUTS}, got {outputs!r}")
+    check_choice("outputs", outputs, OUTPUTS)
     gram = K @ K.T  # (F, F)
     alpha = gram.diagonal().clone()
     beta = gram.fill_diagonal_(-torch.inf).max(dim=1).values.maximum(alpha - 1.0)

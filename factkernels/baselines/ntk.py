@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from .. import _ops, geometry
-from ..construct import validate_inputs
 from ..mlp import FactMLP
+from ..validation import check_positive_int, validate_inputs
 
 # |c_k| below this counts as zero: the degree-k term of σ is absent and the construction cannot work.
 _COEFFICIENT_TOL = 1e-8
@@ -52,8 +52,7 @@ def hermite_coefficient(activation: str, degree: int) -> float:
 
 def _check_options(hidden: int, degree: int, activation: str, seed: int) -> float:
     """Validate the options and return σ's Hermite coefficient c_k."""
-    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
-        raise ValueError(f"hidden must be a positive int (the hidden width h), got {hidden!r}")
+    check_positive_int("hidden", hidden)
     if isinstance(degree, bool) or not isinstance(degree, int) or degree < 0:
         raise ValueError(f"degree must be a non-negative int (the Hermite degree k), got {degree!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):

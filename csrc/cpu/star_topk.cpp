@@ -1,0 +1,158 @@
+// Fused star scores: the k smallest (<p_i, w_s - w_j> / |w_s - w_j|) of every row over all
+// values j, streaming over w in packed tiles with O(r k) state, never the r x n scores.
+// One tile of P W^T and one of W_s W^T (the same packed panel) give numerators and
+// distances; the rare close pairs are recomputed from their explicit difference.
+#include <vector>
+
+#include "cpu/common.h"
+
+namespace factkernels {
+namespace cpu {
+namespace {
+
+// Relative squared distance below which the Gram identity cancels too much.
+template <typename T> constexpr T kCloseRel = sizeof(T) == 8 ? T(1e-6) : T(1e-3);
+
+// Inserts (s, j) into the ascending list v[0, k) (precondition: s < v[k - 1]); ties keep the earlier j.
+template <typename T> FK_INLINE void insert(T* v, int64_t* ix, int64_t k, T s, int64_t j) {
+  int64_t pos = k - 1;
+  while (pos > 0 && s < v[pos - 1]) {
+    v[pos] = v[pos - 1];
+    ix[pos] = ix[pos - 1];
+    --pos;
+  }
+  v[pos] = s;
+  ix[pos] = j;
+}
+
+// <p, ws - wj> / |ws - wj| from the explicit difference; 0 for identical values.
+template <typename T> T exact_score(const T* p, const T* ws, const T* wj, int64_t d) {
+  T nn = 0, num = 0;
+  for (int64_t c = 0; c < d; ++c) {
+    const T df = ws[c] - wj[c];
+    nn += df * df;
+    num += p[c] * df;
+  }
+  return nn > 0 ? num / std::sqrt(nn) : T(0);
+}
+
+// Merges the ascending list (bv, bi) of a later range of j into (av, ai) (earlier wins ties).
+template <typename T> void merge(T* av, int64_t* ai, const T* bv, const int64_t* bi, int64_t k, T* tv, int64_t* ti) {
+  int64_t x = 0, y = 0;
+  for (int64_t o = 0; o < k; ++o) {
+    if (bv[y] < av[x]) {
+      tv[o] = bv[y];
+      ti[o] = bi[y++];
+    } else {
+      tv[o] = av[x];
+      ti[o] = ai[x++];
+    }
+  }
+  std::copy(tv, tv + k, av);
+  std::copy(ti, ti + k, ai);
+}
+
+}  // namespace
+
+template <typename T> void star_topk(const StarTopkArgs<T>& a) {
+  const int64_t r = a.r, n = a.n, d = a.d, k = a.k;
+  if (r <= 0 || k <= 0) return;
+  constexpr int NR = kNR<T>;
+  constexpr int64_t kVTile = 16 * NR;  // values packed per tile: kVTile x d stays in L2
+  const int64_t nrb = ceil_div(r, kRowBlock);
+  const int64_t ntiles = std::max<int64_t>(1, ceil_div(n, kVTile));
+  // With few row blocks the values are split into chunks as well, merged in j order after.
+  const int64_t want = std::max<int64_t>(1, ceil_div(2 * num_threads(), nrb));
+  const int64_t tiles_per_chunk = ceil_div(ntiles, std::min(ntiles, want));
+  const int64_t nchunks = ceil_div(ntiles, tiles_per_chunk);
+
+  // Chunk 0 writes the outputs in place; later chunks keep their own lists.
+  std::vector<T> extra_v((nchunks - 1) * r * k, std::numeric_limits<T>::infinity());
+  std::vector<int64_t> extra_i((nchunks - 1) * r * k, -1);
+  std::fill(a.vals, a.vals + r * k, std::numeric_limits<T>::infinity());
+  std::fill(a.idx, a.idx + r * k, int64_t(-1));
+  auto lists = [&](int64_t ch, int64_t i, T*& v, int64_t*& ix) {
+    v = ch == 0 ? a.vals + i * k : extra_v.data() + ((ch - 1) * r + i) * k;
+    ix = ch == 0 ? a.idx + i * k : extra_i.data() + ((ch - 1) * r + i) * k;
+  };
+
+  const Buffer<T> scratch = alloc_buffer<T>(num_threads() * kVTile * std::max<int64_t>(d, 1));
+  const T close = kCloseRel<T>;
+  parallel_tasks(nrb * nchunks, [&](int64_t t, int tid, auto isa) FK_LAMBDA_INLINE {
+    const int64_t rb = t / nchunks, ch = t % nchunks;
+    T* vp = scratch.get() + tid * kVTile * d;
+    alignas(64) T c1[kMR * NR];  // <p_i, w_j>
+    alignas(64) T c2[kMR * NR];  // <w_s, w_j>
+    alignas(64) T sc[NR];
+    const int64_t i_begin = rb * kRowBlock, i_end = std::min(r, i_begin + kRowBlock);
+    const int64_t tile_end = std::min(ntiles, (ch + 1) * tiles_per_chunk);
+    for (int64_t tile = ch * tiles_per_chunk; tile < tile_end; ++tile) {
+      const int64_t v0 = tile * kVTile, nvt = std::min(kVTile, n - v0), np = ceil_div(nvt, NR);
+      for (int64_t q = 0; q < np; ++q)
+        pack_panel(a.w + (v0 + q * NR) * a.ldw, a.ldw, 1, std::min<int64_t>(NR, nvt - q * NR), d, vp + q * NR * d);
+      for (int64_t i0 = i_begin; i0 < i_end; i0 += kMR) {
+        const int64_t rows = std::min<int64_t>(kMR, i_end - i0);
+        const T* wr[kMR];
+        const T* pr[kMR];
+        T pw[kMR];
+        for (int ii = 0; ii < kMR; ++ii) {
+          const int64_t i = i0 + std::min<int64_t>(ii, rows - 1);
+          wr[ii] = a.w + a.self[i] * a.ldw;
+          pr[ii] = a.p ? a.p + i * a.ldp : wr[ii];
+          pw[ii] = a.p ? dot(isa, pr[ii], wr[ii], d) : a.sq[a.self[i]];
+        }
+        for (int64_t q = 0; q < np; ++q) {
+          const int64_t j0 = v0 + q * NR, cols = std::min<int64_t>(NR, n - j0);
+          micro_kernel(isa, d, pr, vp + q * NR * d, c1, NR, cols);
+          if (a.p) micro_kernel(isa, d, wr, vp + q * NR * d, c2, NR, cols);
+          const T* g = a.p ? c2 : c1;
+          for (int64_t ii = 0; ii < rows; ++ii) {
+            const int64_t i = i0 + ii, s = a.self[i];
+            const T sqs = a.sq[s];
+            // NaN marks pairs for the exact path (close pairs, the value itself)
+            for (int64_t jj = 0; jj < cols; ++jj) {
+              const T sqj = a.sq[j0 + jj];
+              const T d2 = sqs + sqj - T(2) * g[ii * NR + jj];
+              sc[jj] = d2 > close * (sqs + sqj) ? (pw[ii] - c1[ii * NR + jj]) / std::sqrt(d2)
+                                                : std::numeric_limits<T>::quiet_NaN();
+            }
+            T* v;
+            int64_t* ix;
+            lists(ch, i, v, ix);
+            T thr = v[k - 1];
+            for (int64_t jj = 0; jj < cols; ++jj) {
+              T x = sc[jj];
+              if (x >= thr) continue;  // most scores stop here
+              const int64_t j = j0 + jj;
+              if (x != x) {
+                if (j == s) continue;
+                x = exact_score(pr[ii], wr[ii], a.w + j * a.ldw, d);
+                if (!(x < thr)) continue;
+              }
+              insert(v, ix, k, x, j);
+              thr = v[k - 1];
+            }
+          }
+        }
+      }
+    }
+  }, r * n * d * (a.p ? 2 : 1));
+
+  if (nchunks > 1) {
+    std::vector<T> tv(k);
+    std::vector<int64_t> ti(k);
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t ch = 1; ch < nchunks; ++ch) {
+        T* v;
+        int64_t* ix;
+        lists(ch, i, v, ix);
+        merge(a.vals + i * k, a.idx + i * k, v, ix, k, tv.data(), ti.data());
+      }
+  }
+}
+
+template void star_topk<float>(const StarTopkArgs<float>&);
+template void star_topk<double>(const StarTopkArgs<double>&);
+
+}  // namespace cpu
+}  // namespace factkernels

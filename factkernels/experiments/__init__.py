@@ -1,0 +1,11 @@
+"""Experiments: every claim of the seed papers as a grid of cells (see :mod:`.engine`).
+
+Importing this package registers every experiment module in :data:`engine.REGISTRY`.
+The library (factkernels.*) never imports this package.
+"""
+
+from .engine import REGISTRY, Cell, Claim, Experiment, Finding, get, register, run
+
+from . import attention, capacity, transformer  # noqa: F401  (each experiment module registers itself)
+
+__all__ = ["REGISTRY", "Cell", "Claim", "Experiment", "Finding", "get", "register", "run"]

@@ -1,0 +1,84 @@
+"""``factkernels experiment ...``: run any registered experiment, list the claims, merge shards.
+
+    factkernels experiment list                                   # every claim: where, setting, command, status
+    factkernels experiment NAME --out runs/ [--scale tiny|quick|seed] [--shard i/N] [--resume]
+    factkernels experiment merge runs/a runs/b --out runs/all      # cell files of several shards into one folder
+    factkernels experiment report runs/ --out CLAIMS.md            # markdown claims table from every summary.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from . import attention, capacity, engine, report
+
+
+def _run(args: argparse.Namespace) -> int:
+    scale = "quick" if args.quick else args.scale
+    result = engine.run(args.experiment, args.out, scale=scale, shard=engine.parse_shard(args.shard),
+                        resume=args.resume, threads=args.threads, quiet=args.quiet)
+    print(f"{result.experiment} ({scale}): {result.total} cells, ran {result.ran}, kept {result.kept}, "
+          f"missing {result.missing}")
+    if result.summary is None:
+        print(f"summary waits for the {result.missing} missing cells (other shards, or rerun with --resume)")
+        return 0
+    print(json.dumps(result.summary.get("claims", {}), indent=2))
+    print("wrote " + ", ".join(result.files))
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    rows = report.claim_rows(args.results)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        print(f"{r['claim']:<34} {r['paper']} {r['where']:<12} {r['verdict']:<15} {r['statement']}\n"
+              f"{'':<34} paper: {r['paper_value']}  ours: {r['ours'] or '-'}\n{'':<34} $ {r['command']}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    print(f"wrote {report.write_claims_table(args.results, args.out)}")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    print(f"copied {engine.merge(args.sources, args.out)} cell files into {args.out}")
+    return 0
+
+
+def add_commands(experiment_subparsers) -> None:
+    """Register ``list``, ``merge`` and one subcommand per registered experiment."""
+    ls = experiment_subparsers.add_parser("list", help="every claim: where, setting, command, status")
+    ls.add_argument("--results", default="benchmarks/results/experiments",
+                    help="folder of experiment outputs (NAME/summary.json) to read status from")
+    ls.add_argument("--json", action="store_true", help="print JSON rows")
+    ls.set_defaults(handler=_list)
+    rp = experiment_subparsers.add_parser("report", help="markdown claims table from every RESULTS/*/summary.json")
+    rp.add_argument("results", help="folder of experiment outputs (NAME/summary.json)")
+    rp.add_argument("--out", required=True, help="markdown file to write, e.g. benchmarks/results/CLAIMS.md")
+    rp.set_defaults(handler=_report)
+    mg = experiment_subparsers.add_parser("merge", help="copy the cell files of several runs into one folder")
+    mg.add_argument("sources", nargs="+")
+    mg.add_argument("--out", required=True)
+    mg.set_defaults(handler=_merge)
+    for name in sorted(engine.REGISTRY):
+        experiment = engine.REGISTRY[name]
+        p = experiment_subparsers.add_parser(name, help=experiment.help)
+        p.add_argument("--out", default="results", help="output folder: OUT/NAME/cells/*.json, summary.json, PNGs")
+        p.add_argument("--scale", choices=engine.SCALES, default="seed",
+                       help="tiny: seconds (CI); quick: minutes on 2 CPU cores; seed: the paper's grid")
+        p.add_argument("--quick", action="store_true", help="same as --scale quick")
+        p.add_argument("--shard", default=None, help="i/N: run every N-th cell, starting at the i-th")
+        p.add_argument("--resume", action="store_true", help="keep finished cells, run the rest")
+        p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the experiment's)")
+        p.add_argument("--quiet", action="store_true", help="no progress bars")
+        p.set_defaults(handler=_run)
+
+
+def add_tools(subparsers) -> None:
+    """Register the top-level single-run commands that live beside the experiments (``capacity``, ``rgr-train``)."""
+    capacity.add_commands(subparsers)
+    attention.add_commands(subparsers)

@@ -1,0 +1,271 @@
+"""The experiment engine: every experiment is a grid of cells, and every cell is one JSON file.
+
+An :class:`Experiment` names the paper claims it tests and gives four functions:
+
+    grid(scale)            -> list of cell configs (JSON-able dicts), scale in SCALES
+    run_cell(config)       -> dict of numbers for that cell (no file I/O, seeded, deterministic)
+    summarize(cells)       -> summary dict; summary["claims"][claim_id] is a :class:`Finding` dict
+    plot(summary, cells)   -> {name: matplotlib figure} (optional)
+
+:func:`run` executes a grid into ``OUT/NAME/cells/KEY.json`` the moment each cell finishes, so a run
+can be stopped and resumed (``resume=True`` keeps finished cells), split across processes or machines
+(``shard=(i, N)`` runs the cells whose index is i−1 mod N) and merged (copy the cell files into one
+folder, or :func:`merge`). When every cell of the grid is present, :func:`summarize_dir` writes
+``OUT/NAME/summary.json`` and the PNGs.
+
+Cell file: {"experiment", "key", "config", "result", "seconds", "environment"}.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Union
+
+import torch
+from tqdm.auto import tqdm
+
+from ..environment import environment
+
+PathLike = Union[str, Path]
+
+
+def clean_json(value: Any) -> Any:
+    """JSON-safe copy: NaN/Inf become None, tuples lists, tensors and numpy scalars plain numbers."""
+    if isinstance(value, dict):
+        return {str(k): clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    if hasattr(value, "tolist"):  # torch / numpy arrays and scalars
+        return clean_json(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+SCALES = ("tiny", "quick", "seed")
+"""tiny: seconds, run in CI; quick: minutes on 2 CPU cores; seed: the paper's own grid."""
+
+VERDICTS = ("reproduced", "partly", "not reproduced", "not run")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of a seed paper. paper: "000" or "002"; where: figure/section; value: the paper's number."""
+
+    id: str
+    paper: str
+    where: str
+    statement: str
+    value: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What we measured for a claim: ours (our number, as text), setting (what ran and how it differs
+    from the paper), verdict (one of VERDICTS) and reason (why, in a sentence)."""
+
+    ours: str
+    setting: str
+    verdict: str
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A finished cell: its config, its numbers and the file it came from."""
+
+    key: str
+    config: dict
+    result: dict
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A named grid of cells and the claims it tests (see the module docstring)."""
+
+    name: str
+    help: str
+    claims: tuple[Claim, ...]
+    grid: Callable[[str], list[dict]]
+    run_cell: Callable[[dict], dict]
+    summarize: Callable[[list[Cell]], dict]
+    plot: Optional[Callable[[dict, list[Cell]], dict]] = None
+    threads: Optional[int] = 1
+    """torch threads for the run (None: torch's default). Small cells run fastest on one thread."""
+    tags: tuple[str, ...] = field(default=())
+
+
+REGISTRY: dict[str, Experiment] = {}
+
+
+def register(experiment: Experiment) -> Experiment:
+    """Add an experiment to :data:`REGISTRY` (names are unique) and return it."""
+    if experiment.name in REGISTRY and REGISTRY[experiment.name] is not experiment:
+        raise ValueError(f"experiment {experiment.name!r} is registered twice")
+    REGISTRY[experiment.name] = experiment
+    return experiment
+
+
+def get(name: str) -> Experiment:
+    if name not in REGISTRY:
+        raise ValueError(f"unknown experiment {name!r}; choose from {sorted(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def set_threads(threads: Optional[int]) -> None:
+    """The one thread-count switch for experiments: torch intra-op threads (None leaves torch's default)."""
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+
+
+def cell_key(config: dict) -> str:
+    """A stable file name for a config: short readable prefix + hash of its canonical JSON."""
+    canonical = json.dumps(clean_json(config), sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha1(canonical.encode()).hexdigest()[:12]
+    readable = "_".join(f"{k}-{v}" for k, v in sorted(config.items()) if isinstance(v, (int, float, str)))
+    readable = "".join(c if c.isalnum() or c in "-_." else "-" for c in readable)[:60]
+    return f"{readable}_{digest}" if readable else digest
+
+
+def parse_shard(text: Optional[str]) -> Optional[tuple[int, int]]:
+    """"i/N" (1 <= i <= N) -> (i, N); None -> None."""
+    if text is None:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"shard must look like i/N, got {text!r}") from None
+    if not 1 <= i <= n:
+        raise ValueError(f"shard i/N needs 1 <= i <= N, got {text!r}")
+    return i, n
+
+
+def cells_dir(out: PathLike, name: str) -> Path:
+    return Path(out) / name / "cells"
+
+
+def load_cells(out: PathLike, name: str) -> dict[str, Cell]:
+    """Every finished cell of experiment ``name`` under ``out``, by key."""
+    found = {}
+    for path in sorted(cells_dir(out, name).glob("*.json")):
+        data = json.loads(path.read_text())
+        found[data["key"]] = Cell(data["key"], data["config"], data["result"], data.get("seconds", 0.0))
+    return found
+
+
+def _write_cell(out: PathLike, name: str, key: str, config: dict, result: dict, seconds: float) -> Path:
+    folder = cells_dir(out, name)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{key}.json"
+    tmp = path.with_suffix(".tmp")  # a killed run never leaves half a cell behind
+    payload = {"experiment": name, "key": key, "config": config, "result": result, "seconds": seconds,
+               "environment": environment()}
+    tmp.write_text(json.dumps(clean_json(payload), indent=1, allow_nan=False))
+    tmp.replace(path)
+    return path
+
+
+@dataclass
+class RunResult:
+    """What :func:`run` did: cells in the grid, run now, kept from before, and the summary if complete."""
+
+    experiment: str
+    total: int
+    ran: int
+    kept: int
+    missing: int
+    summary: Optional[dict]
+    files: list[str]
+
+
+def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple[int, int]] = None,
+        resume: bool = False, threads: Optional[int] = None, quiet: bool = False,
+        grid: Optional[list[dict]] = None) -> RunResult:
+    """Run experiment ``name`` at ``scale`` into ``out`` (see the module docstring).
+
+    resume: keep cells already on disk (default: recompute them). shard: (i, N) runs every N-th cell.
+    grid: run these configs instead of ``experiment.grid(scale)``. Returns a :class:`RunResult`; the
+    summary is written once every cell of the grid is on disk.
+    """
+    experiment = get(name)
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    configs = experiment.grid(scale) if grid is None else grid
+    keys = [cell_key(c) for c in configs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"experiment {name!r} has duplicate cells in its {scale} grid")
+    mine = [(k, c) for idx, (k, c) in enumerate(zip(keys, configs)) if shard is None or idx % shard[1] == shard[0] - 1]
+    done = load_cells(out, name) if resume else {}
+    todo = [(k, c) for k, c in mine if k not in done]
+    set_threads(threads if threads is not None else experiment.threads)
+    bar = tqdm(todo, desc=name, disable=True if quiet else None, unit="cell")
+    for key, config in bar:
+        bar.set_postfix_str(key[:40])
+        start = time.perf_counter()
+        result = experiment.run_cell(dict(config))
+        _write_cell(out, name, key, config, result, time.perf_counter() - start)
+    present = load_cells(out, name)
+    missing = [k for k in keys if k not in present]
+    summary, files = None, []
+    if not missing:
+        summary, files = summarize_dir(name, out, keys=keys)
+    return RunResult(name, len(keys), len(todo), len(mine) - len(todo), len(missing), summary, files)
+
+
+def summarize_dir(name: str, out: PathLike, *, keys: Optional[Iterable[str]] = None) -> tuple[dict, list[str]]:
+    """Summarize the cells of ``name`` under ``out`` (only ``keys`` when given); write summary.json + PNGs."""
+    from .plotting import save_figure  # matplotlib only when a summary is written
+
+    experiment = get(name)
+    present = load_cells(out, name)
+    cells = [present[k] for k in keys] if keys is not None else list(present.values())
+    summary = experiment.summarize(cells)
+    claims = summary.get("claims", {})
+    unknown = set(claims) - {c.id for c in experiment.claims}
+    if unknown:
+        raise ValueError(f"{name}: summary names claims it does not declare: {sorted(unknown)}")
+    summary["claims"] = {k: (v.to_dict() if isinstance(v, Finding) else Finding(**v).to_dict())
+                         for k, v in claims.items()}
+    folder = Path(out) / name
+    files = []
+    if experiment.plot is not None:
+        for fig_name, fig in experiment.plot(summary, cells).items():
+            files.append(str(save_figure(fig, folder, fig_name)))
+    payload = {"experiment": name, "claims_tested": [asdict(c) for c in experiment.claims], "cells": len(cells),
+               "summary": summary, "figures": files, "environment": environment()}
+    path = folder / "summary.json"
+    path.write_text(json.dumps(clean_json(payload), indent=2, allow_nan=False))
+    return summary, [str(path), *files]
+
+
+def merge(sources: Iterable[PathLike], out: PathLike) -> int:
+    """Copy every cell file under each source folder (any experiment) into ``out``; return how many."""
+    copied = 0
+    for src in sources:
+        for path in Path(src).glob("*/cells/*.json"):
+            dest = Path(out) / path.parent.parent.name / "cells" / path.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest)
+            copied += 1
+    return copied
+
+
+__all__ = ["Cell", "Claim", "Experiment", "Finding", "REGISTRY", "RunResult", "SCALES", "VERDICTS", "cell_key", "clean_json", "get",
+           "load_cells", "merge", "parse_shard", "register", "run", "set_threads", "summarize_dir"]

@@ -1,0 +1,288 @@
+"""Incremental facts: add, remove and change facts of a constructed MLP without a rebuild.
+
+The shared-gate gadget system (see :mod:`factkernels.solvers`) is ``G α = O`` with the
+Gram ``G = (S Sᵀ) ∘ (P Pᵀ) + 1 1ᵀ`` of whitened gate features S = Σ W_s and keys
+P = K̃ W_p. :class:`FactBuilder` keeps what a rebuild would redo: the gate, the whitening
+transforms W_s, W_p of the first build (they span the same space for any key set, so
+later rows border the Gram cleanly), S, P and the Cholesky factor L of G (float64).
+
+* ``add``: k new facts border G with k rows; L extends by one triangular solve and a
+  k×k Cholesky, O(F²k) instead of O(F³).
+* ``remove``: removed facts stay in L as tombstones; the kept system is solved from the
+  full factor through its r×r Schur complement (x = G⁻¹[O; z] with z chosen so that
+  x vanishes on the removed rows), O(F²r). When a quarter of the rows are tombstones the
+  factor is recomputed on the kept rows.
+* ``update``: new targets only, one solve with the same factor.
+* New values extend U* (recomputed for the enlarged value set) and may grow m: the Gram
+  does not depend on m, only the right-hand sides do.
+
+After every change ``.mlp`` is reassembled and every fact verified (chunked fused decode).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+from . import _ops
+from .decoder import OUTPUTS, JLDecoder, M_GROWTH, decoder_failures, jl_decoder, output_embeddings, verify_margins
+from .encoder import GatedEncoder, assemble, augment, gadget_width, sample_gate
+from .memory import check_fits, estimate_build
+from .mlp import FactMLP
+from .report import FactStorageError
+from .solvers import GadgetOperator, SolveInfo
+from .validation import check_choice, check_distinct, check_facts, check_matrix, check_positive_int, validate_inputs
+
+# Fraction of tombstoned rows at which the factor is recomputed on the kept rows.
+COMPACT_FRACTION = 0.25
+# Below this many unknowns h̃(d+1) per fact the Gram is ill-conditioned: a wider gate is sampled
+# and the factor recomputed (Lemma 4.1.2 needs >= 1; construct's default is 1.5).
+MIN_WIDTH_RATIO = 1.2
+
+
+class FactBuilder:
+    """A fact MLP that stays built while facts are added, removed and changed.
+
+    ``FactBuilder(K, V, f, m=64)`` builds like ``construct(K, V, f, m=64, solver="cholesky")``
+    and keeps the factorization; ``.add(K_new, f_new)``, ``.remove(indices)`` and
+    ``.update(indices, f_changed)`` change the stored facts, ``.mlp`` is the verified MLP.
+
+    Args:
+        K: (F, d_in) keys; V: (|V|, d_out) values; f: (F,) value index per key.
+        m: code dimension (grown by x1.25 when new values no longer decode).
+        outputs: "margin_optimal" (U*) or "values".
+        activation, width_multiplier, seed, backend, gate_scale: as in :func:`factkernels.construct`;
+            the gate is kept while h̃(d_in+1) >= 1.2 F, then resampled wider (``rebuilds`` counts it).
+        verify: True raises :class:`factkernels.FactStorageError` when a change leaves a fact
+            unstored, "report" only records ``failed``/``min_margin``.
+        max_memory: bytes the factor and the build may use (default: free memory).
+    """
+
+    def __init__(self, K: torch.Tensor, V: torch.Tensor, f: torch.Tensor, m: int = 64, *,
+                 outputs: str = "margin_optimal", activation: str = "silu", width_multiplier: float = 1.5,
+                 seed: int = 0, backend: str = "auto", gate_scale: float = 1.0, verify: Union[bool, str] = True,
+                 max_memory: Optional[int] = None) -> None:
+        facts = validate_inputs(K, V, f)
+        check_positive_int("m", m)
+        check_choice("outputs", outputs, OUTPUTS)
+        check_choice("backend", backend, _ops.BACKENDS)
+        _ops.check_activation(activation)
+        if not (isinstance(width_multiplier, (int, float)) and width_multiplier >= 1.0):
+            raise ValueError(f"width_multiplier must be >= 1 (each gadget needs h~(d+1) >= F), got {width_multiplier!r}")
+        if verify not in (True, "report"):
+            raise ValueError(f"verify must be True or 'report', got {verify!r}")
+        num_facts, d_in = K.shape
+        width = gadget_width(num_facts, d_in, width_multiplier)
+        check_fits(estimate_build(num_facts, V.shape[0], d_in, V.shape[1], m=m, gadget_width=width, solver="cholesky",
+                                  dtype=K.dtype, outputs=outputs), K.device, max_memory, what="FactBuilder")
+        self.activation, self.outputs, self.backend, self.verify = activation, outputs, backend, verify
+        self.max_memory, self.width_multiplier, self.gate_scale = max_memory, width_multiplier, gate_scale
+        self._generator = torch.Generator().manual_seed(seed)
+        self._keys, self._values, self._facts = K, V, facts
+        self._alive = torch.ones(num_facts, dtype=torch.bool, device=K.device)
+        self._set_outputs(m)
+        self._factorize(width)
+        self.rebuilds = 0
+        self._refresh()
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def num_facts(self) -> int:
+        """Facts currently stored."""
+        return int(self._alive.sum())
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """(F, d_in) keys of the stored facts, in insertion order (removed ones skipped)."""
+        return self._keys[self._alive]
+
+    @property
+    def facts(self) -> torch.Tensor:
+        """(F,) value index of each stored key."""
+        return self._facts[self._alive]
+
+    @property
+    def values(self) -> torch.Tensor:
+        """(|V|, d_out) values (the initial ones, then those added)."""
+        return self._values
+
+    def add(self, K_new: torch.Tensor, f_new: torch.Tensor, V_new: Optional[torch.Tensor] = None) -> FactMLP:
+        """Store k more facts: keys K_new (k, d_in) -> f_new (k,), indices into the values, which
+        ``V_new`` (n, d_out) extends (new values get indices |V|, |V|+1, ...). Returns ``.mlp``."""
+        check_matrix(K_new, "K_new")
+        self._same_kind("K_new", K_new, self._keys)
+        values = self._values
+        if V_new is not None:
+            check_matrix(V_new, "V_new")
+            self._same_kind("V_new", V_new, self._values)
+            if V_new.shape[1] != values.shape[1]:
+                raise ValueError(f"V_new must have {values.shape[1]} columns like V, got shape {tuple(V_new.shape)}")
+            values = torch.cat([values, V_new])
+            check_distinct(values, "V")
+        f_new = check_facts(f_new, K_new.shape[0], values.shape[0], self._keys.device, name="f_new")
+        if K_new.shape[1] != self._keys.shape[1]:
+            raise ValueError(f"K_new must have {self._keys.shape[1]} columns like K, got shape {tuple(K_new.shape)}")
+        keys = torch.cat([self._keys[self._alive], K_new])
+        check_distinct(keys, "K")
+        if self.gadget_width * (keys.shape[1] + 1) < MIN_WIDTH_RATIO * keys.shape[0]:
+            return self._regrow(keys, torch.cat([self._facts[self._alive], f_new]), values, V_new is not None)
+        total = self._keys.shape[0] + K_new.shape[0]
+        check_fits(estimate_build(total, values.shape[0], keys.shape[1], values.shape[1], m=self.m,
+                                  gadget_width=self.gadget_width, solver="cholesky", dtype=keys.dtype,
+                                  outputs=self.outputs), keys.device, self.max_memory, what="FactBuilder.add")
+        s_new = self._gate_features(K_new) @ self._op.feature_transform
+        p_new = augment(K_new) @ self._op.key_transform
+        cross = ((s_new.double() @ self._op.gate_features.double().T)
+                 * (p_new.double() @ self._op.keys_aug.double().T) + 1.0)  # (k, F)
+        corner = (s_new.double() @ s_new.double().T) * (p_new.double() @ p_new.double().T) + 1.0  # (k, k)
+        below = torch.linalg.solve_triangular(self._factor, cross.T, upper=False).T  # (k, F): rows of L
+        corner_factor = self._cholesky(corner - below @ below.T)
+        size = self._factor.shape[0]
+        factor = self._factor.new_zeros(size + K_new.shape[0], size + K_new.shape[0])
+        factor[:size, :size] = self._factor
+        factor[size:, :size] = below
+        factor[size:, size:] = corner_factor
+        self._factor = factor
+        self._op = GadgetOperator(torch.cat([self._op.gate_features, s_new]), torch.cat([self._op.keys_aug, p_new]),
+                                  self._op.feature_transform, self._op.key_transform, self.backend)
+        self._keys = torch.cat([self._keys, K_new])
+        self._facts = torch.cat([self._facts, f_new])
+        self._alive = torch.cat([self._alive, torch.ones_like(f_new, dtype=torch.bool)])
+        if V_new is not None:
+            self._values = values
+            self._set_outputs(self.m)
+        self._refresh()
+        return self.mlp
+
+    def remove(self, indices: Union[Sequence[int], torch.Tensor]) -> FactMLP:
+        """Forget the facts at ``indices`` (positions in :attr:`keys`). Returns ``.mlp``."""
+        rows = self._rows(indices)
+        if rows.numel() >= self.num_facts:
+            raise ValueError("remove would leave no facts; build a new FactBuilder instead")
+        self._alive[rows] = False
+        if int((~self._alive).sum()) > COMPACT_FRACTION * self._alive.numel():
+            self._compact()
+        self._refresh()
+        return self.mlp
+
+    def update(self, indices: Union[Sequence[int], torch.Tensor], f_changed: torch.Tensor) -> FactMLP:
+        """Map the keys at ``indices`` (positions in :attr:`keys`) to new values ``f_changed``."""
+        rows = self._rows(indices)
+        f_changed = check_facts(f_changed, rows.numel(), self._values.shape[0], self._keys.device, name="f_changed")
+        self._facts[rows] = f_changed
+        self._refresh()
+        return self.mlp
+
+    # ------------------------------------------------------------------ internals
+
+    @property
+    def m(self) -> int:
+        return self._decoder.m
+
+    @property
+    def gadget_width(self) -> int:
+        return self._gate[0].shape[0]
+
+    @staticmethod
+    def _same_kind(name: str, t: torch.Tensor, like: torch.Tensor) -> None:
+        if t.dtype != like.dtype or t.device != like.device:
+            raise ValueError(f"{name} must be {like.dtype} on {like.device} like the first build, got {t.dtype} on {t.device}")
+
+    @staticmethod
+    def _cholesky(gram: torch.Tensor) -> torch.Tensor:
+        factor, info = torch.linalg.cholesky_ex(gram)
+        if int(info) != 0:
+            raise RuntimeError("the gadget Gram is not positive definite: the keys are not in general position or the "
+                               "gate is too narrow for this many facts; build a new FactBuilder with a larger "
+                               "width_multiplier")
+        return factor
+
+    def _gate_features(self, keys: torch.Tensor) -> torch.Tensor:
+        return _ops.gate_features(keys, *self._gate, self.activation, backend=self.backend)
+
+    def _rows(self, indices) -> torch.Tensor:
+        """Positions among the stored facts -> rows of the factor (positions checked)."""
+        index = torch.as_tensor(indices, dtype=torch.int64, device=self._keys.device).flatten()
+        if index.numel() == 0:
+            raise ValueError("indices must name at least one stored fact")
+        if int(index.min()) < 0 or int(index.max()) >= self.num_facts:
+            raise ValueError(f"indices must be positions in [0, {self.num_facts}) of the stored facts, "
+                             f"got range [{int(index.min())}, {int(index.max())}]")
+        if index.unique().numel() != index.numel():
+            raise ValueError("indices must not repeat")
+        return torch.nonzero(self._alive).flatten()[index]
+
+    def _set_outputs(self, m: int) -> None:
+        """Output embeddings of the current values and the smallest m >= the given one that decodes them."""
+        self._out_embed, self.rho = output_embeddings(self._values, self.outputs)
+        used = torch.arange(self._values.shape[0], device=self._values.device)
+        while True:
+            decoder = jl_decoder(self._out_embed, m, self._generator)
+            if decoder_failures(decoder, self._values, used, self.backend) == 0 or m >= 64 * self._values.shape[1]:
+                break
+            m = max(m + 1, int(m * M_GROWTH + 0.999))
+        self._decoder: JLDecoder = decoder
+
+    def _factorize(self, width: int) -> None:
+        """Sample a gate of ``width`` rows for the current keys, whiten, form and factor the Gram."""
+        self._gate = sample_gate(self._keys, width, self._generator, self.gate_scale)
+        self._op = GadgetOperator.whitened(self._gate_features(self._keys), augment(self._keys), backend=self.backend)
+        self._factor = self._cholesky(self._op.dense().double())
+
+    def _regrow(self, keys: torch.Tensor, facts: torch.Tensor, values: torch.Tensor, new_values: bool) -> FactMLP:
+        """Too many facts for the gate: a full rebuild with a gate sized for them."""
+        self._keys, self._facts, self._values = keys, facts, values
+        self._alive = torch.ones(keys.shape[0], dtype=torch.bool, device=keys.device)
+        if new_values:
+            self._set_outputs(self.m)
+        self._factorize(gadget_width(keys.shape[0], keys.shape[1], self.width_multiplier))
+        self.rebuilds += 1
+        self._refresh()
+        return self.mlp
+
+    def _compact(self) -> None:
+        """Drop the tombstoned rows: the factor of the kept rows, recomputed."""
+        keep = self._alive
+        self._op = GadgetOperator(self._op.gate_features[keep], self._op.keys_aug[keep], self._op.feature_transform,
+                                  self._op.key_transform, self.backend)
+        self._keys, self._facts = self._keys[keep], self._facts[keep]
+        self._alive = self._alive[keep]
+        self._factor = self._cholesky(self._op.dense().double())
+        self.rebuilds += 1
+
+    def _solve(self, targets: torch.Tensor) -> torch.Tensor:
+        """Dual variables α (F_all, m) of the kept rows' system, zero on tombstones."""
+        alpha = torch.cholesky_solve(targets, self._factor)
+        dead = torch.nonzero(~self._alive).flatten()
+        if dead.numel():
+            # x = G⁻¹[O; z], z on the removed rows chosen so that x vanishes there: A_KK x_K = O_K.
+            unit = torch.zeros(self._factor.shape[0], dead.numel(), dtype=targets.dtype, device=targets.device)
+            unit[dead, torch.arange(dead.numel())] = 1.0
+            columns = torch.cholesky_solve(unit, self._factor)  # G⁻¹ e_R: (F_all, r)
+            z = torch.linalg.solve(columns[dead], -alpha[dead])
+            alpha = alpha + columns @ z
+            alpha[dead] = 0.0
+        return alpha
+
+    def _refresh(self) -> None:
+        """Solve for the current targets, assemble ``.mlp`` and verify every stored fact."""
+        targets = self._decoder.codes[self._facts].double() * self._alive[:, None]
+        alpha = self._solve(targets).to(self._keys.dtype)
+        coef, out_bias = self._op.unknowns(alpha)  # (m, h̃, d+1), (m,)
+        m, width, d = coef.shape[0], coef.shape[1], self._keys.shape[1]
+        encoder = GatedEncoder(gate_weight=self._gate[0], gate_bias=self._gate[1],
+                               up_weight=coef[:, :, :d].reshape(m * width, d).contiguous(),
+                               up_bias=coef[:, :, d].reshape(m * width).contiguous(), output_bias=out_bias,
+                               gadget_width=width, solve=SolveInfo("cholesky (incremental)", "float64", float("nan")))
+        self.mlp = assemble(encoder, self._decoder.projection, activation=self.activation, backend=self.backend)
+        margins = verify_margins(self.mlp, self.keys, self._values, self.facts)
+        self.failed, self.min_margin = int((margins <= 0).sum()), float(margins.min())
+        if self.verify is True and self.failed:
+            raise FactStorageError(f"{self.failed} of {self.num_facts} facts are not stored after the change "
+                                   f"(min margin {self.min_margin:.3g}); raise m or rebuild with a larger "
+                                   "width_multiplier", None)
+
+
+__all__ = ["FactBuilder"]

@@ -1,0 +1,180 @@
+"""Memory estimates of a build, checked before any large allocation.
+
+:func:`estimate_build` adds up the tensors a construction holds at its peak (output
+embeddings, JL codes, gate features, the dense Gram or the CG vectors, the MLP weights,
+verification), each tagged with the argument that drives it; :func:`check_fits` raises a
+:class:`MemoryBudgetError` naming that argument and the estimate when the total exceeds
+the budget (default: the free memory of the device), instead of letting the process be
+killed half-way. ``solver="auto"`` is chosen from the same estimate
+(:func:`factkernels.solvers.pick_solver`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+# Most working memory of the U* solver beyond its output (chunk buffers of the score matrix).
+_OUTPUTS_WORK_BYTES = 256 << 20
+# Rows of keys verified per chunk (bounds the hidden activations of the torch forward).
+VERIFY_CHUNK = 4096
+
+
+class MemoryBudgetError(MemoryError):
+    """The requested build does not fit in the memory budget; raised before allocating it."""
+
+
+def format_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _cgroup_free() -> Optional[int]:
+    """Bytes left under a cgroup v2 memory limit, or None when there is no limit."""
+    root = Path("/sys/fs/cgroup")
+    try:
+        limit = (root / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return int(limit) - int((root / "memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes that a new allocation on ``device`` can use: free GPU memory, or on the CPU the
+    kernel's MemAvailable (free + reclaimable cache), capped by a cgroup limit."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    free = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+            free = 4 << 30
+    cgroup = _cgroup_free()
+    return free if cgroup is None else min(free, cgroup)
+
+
+def dense_gram_bytes(num_facts: int) -> int:
+    """Peak of the Cholesky path: the F×F Gram, its factor and a float64 refinement/fallback copy."""
+    return 3 * num_facts * num_facts * 8
+
+
+@dataclass
+class MemoryEstimate:
+    """Peak bytes of a build by part. parts: name -> (bytes, driving argument); args: argument -> value."""
+
+    parts: dict = field(default_factory=dict)
+    args: dict = field(default_factory=dict)
+
+    def add(self, name: str, nbytes: float, argument: str) -> None:
+        self.parts[name] = (int(nbytes), argument)
+
+    @property
+    def total(self) -> int:
+        return sum(b for b, _ in self.parts.values())
+
+    def largest(self) -> tuple[str, int, str]:
+        """(part name, bytes, driving argument) of the biggest part."""
+        name = max(self.parts, key=lambda k: self.parts[k][0])
+        return name, *self.parts[name]
+
+    def __str__(self) -> str:
+        items = sorted(self.parts.items(), key=lambda kv: -kv[1][0])
+        return ", ".join(f"{name} {format_bytes(b)}" for name, (b, _) in items if b)
+
+
+_FIXES = {
+    "m": "lower m, or pass m=None to search the smallest m that stores every fact",
+    "hidden": "lower hidden (or width_multiplier)",
+    "width_multiplier": "lower width_multiplier (1.25-2 is enough)",
+    "solver": "use solver='cg' (matrix-free: no F x F Gram)",
+    "K": "store fewer facts per MLP, or shard the facts across processes (distributed=True)",
+    "V": "use fewer values, or pass precomputed outputs",
+}
+
+
+def estimate_build(
+    num_facts: int,
+    num_values: int,
+    d_in: int,
+    d_out: int,
+    *,
+    m: int,
+    gadget_width: int,
+    solver: str,
+    dtype: torch.dtype = torch.float32,
+    outputs: str = "margin_optimal",
+    verify: bool = True,
+    fused_forward: bool = True,
+    width_argument: str = "width_multiplier",
+) -> MemoryEstimate:
+    """Peak memory of ``construct`` for F keys (d_in), |V| values (d_out), code dimension m and
+    gadget width h̃ (hidden = m·h̃), with ``solver`` "cholesky" | "cg" | "per_gadget".
+
+    A model of the tensors alive at the peak, not a measurement: accurate to a small factor,
+    which is what a guard against a build 100x too large needs. ``fused_forward``: the
+    verification forward runs the fused kernel (no hidden activations) rather than the torch twin.
+    """
+    item = torch.finfo(dtype).bits // 8
+    hidden = m * gadget_width
+    est = MemoryEstimate(args={"m": m, "hidden": hidden, "K": f"({num_facts}, {d_in})", "V": f"({num_values}, {d_out})",
+                               "solver": repr(solver), width_argument: gadget_width})
+    if outputs == "margin_optimal":
+        work = min(_OUTPUTS_WORK_BYTES, 4 * num_values * num_values * 8)  # chunks of the |V|×|V| scores
+        est.add("outputs U*", 6 * num_values * d_out * 8 + work, "V")
+    elif outputs == "values":
+        est.add("output margins", 2 * num_values * d_out * 8, "V")
+    est.add("JL codes", num_values * m * item + d_out * m * 8, "m")
+    cg_vectors = 4 if solver == "cg" else 0  # residual, direction, preconditioned residual, product
+    est.add("targets and dual variables", (2 + cg_vectors) * num_facts * m * item, "m")
+    est.add("gate features", 2 * num_facts * (gadget_width + d_in + 1) * item, width_argument)
+    est.add("gadget coefficients", 3 * m * gadget_width * (d_in + 1) * item, "m")
+    # gate (h̃, d_in), up (m·h̃, d_in + 1) and down (d_out, m·h̃), each built once more during assembly
+    est.add("MLP weights", 2 * (gadget_width * (d_in + 1) + hidden * (d_in + 1) + d_out * (hidden + 1)) * item, "m")
+    if solver == "cholesky":
+        est.add("dense Gram", dense_gram_bytes(num_facts), "solver")
+    elif solver == "per_gadget":
+        est.add("explicit gadget system", 2 * num_facts * (gadget_width * (d_in + 1) + 1) * 8, width_argument)
+    if verify:
+        rows = min(num_facts, VERIFY_CHUNK)
+        activations = 0 if fused_forward else 3 * hidden
+        est.add("verification", num_facts * 8 + rows * (d_out + activations) * item, "m")
+    est.add("keys and values", (num_facts * d_in + num_values * d_out) * item, "K")
+    return est
+
+
+def check_fits(estimate: MemoryEstimate, device: torch.device, budget: Optional[int] = None,
+               *, what: str = "construct") -> None:
+    """Raise :class:`MemoryBudgetError` when ``estimate.total`` exceeds ``budget`` bytes
+    (default: :func:`available_memory` of ``device``), naming the argument of the largest part."""
+    limit = available_memory(device) if budget is None else budget
+    if estimate.total <= limit:
+        return
+    name, nbytes, argument = estimate.largest()
+    value = estimate.args.get(argument, "?")
+    source = "max_memory" if budget is not None else f"available on {device}"
+    raise MemoryBudgetError(
+        f"{what} would need about {format_bytes(estimate.total)} but {format_bytes(limit)} is {source}: "
+        f"the largest part is {name} ({format_bytes(nbytes)}, set by {argument}={value}); "
+        f"{_FIXES.get(argument, 'reduce the problem size')}. Estimate: {estimate}"
+    )
+
+
+__all__ = ["MemoryBudgetError", "MemoryEstimate", "available_memory", "check_fits", "dense_gram_bytes",
+           "estimate_build", "format_bytes", "VERIFY_CHUNK"]

@@ -1,0 +1,105 @@
+"""Input validation shared by every builder: one home for the checks of keys, values and facts.
+
+Builders (``construct``, ``FactBuilder``, ``nongated``, ``twohot``, the baselines) and the
+geometry functions call these instead of each keeping a copy; every error is a
+``TypeError``/``ValueError`` naming the argument and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float64)
+
+
+def check_positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
+    """Raise ValueError unless ``value`` is an int >= 1 (or None when ``allow_none``); bools are rejected."""
+    if allow_none and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        alternative = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be a positive int{alternative}, got {value!r}")
+
+
+def check_choice(name: str, value: object, choices: Sequence[str]) -> None:
+    """Raise ValueError unless ``value`` is one of ``choices``."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+
+
+def check_matrix(x: object, name: str, *, min_rows: int = 1, finite: bool = True) -> torch.Tensor:
+    """Check that ``x`` is a float32/float64 (n, d) tensor with n >= min_rows, d >= 1 and (when
+    ``finite``) no NaN/Inf; return it unchanged."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor of shape (n, d), got {type(x).__name__}; "
+            f"convert with torch.as_tensor({name}, dtype=torch.float32)"
+        )
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32 or float64, got {x.dtype}; convert with {name}.float()")
+    if x.dim() != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+        raise ValueError(f"{name} must be a non-empty 2-D tensor of shape (n, d) (rows = embeddings), "
+                         f"got shape {tuple(x.shape)}")
+    if x.shape[0] < min_rows:
+        raise ValueError(f"{name} must have at least {min_rows} rows (values), got shape {tuple(x.shape)}")
+    if finite and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN or Inf entries; remove or replace them")
+    return x
+
+
+def first_duplicate(t: torch.Tensor) -> Optional[tuple[int, int]]:
+    """(i, j): the first row i of t (n, d) that has an equal row, and the next such row j > i; None
+    when all rows differ. Exact (lexicographic unique), so it does not depend on how a product rounds."""
+    _, group, counts = torch.unique(t, dim=0, return_inverse=True, return_counts=True)
+    if int(counts.max()) == 1:
+        return None
+    repeated = torch.nonzero(counts[group] > 1).flatten()
+    first = int(repeated[0])
+    second = int(repeated[1:][group[repeated[1:]] == group[first]][0])
+    return first, second
+
+
+def check_facts(facts: object, num_keys: int, num_values: int, device: torch.device, name: str = "f") -> torch.Tensor:
+    """Check a fact map (num_keys,) of value indices in [0, num_values) on ``device``; return it as int64."""
+    if not isinstance(facts, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of value indices, got {type(facts).__name__}")
+    if facts.dtype.is_floating_point or facts.dtype.is_complex or facts.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {facts.dtype}")
+    if facts.dim() != 1 or facts.shape[0] != num_keys:
+        raise ValueError(f"{name} must have shape ({num_keys},) (one value index per key), got {tuple(facts.shape)}")
+    if facts.device != device:
+        raise ValueError(f"{name} is on {facts.device} but K is on {device}; use one device")
+    if facts.numel() and (int(facts.min()) < 0 or int(facts.max()) >= num_values):
+        raise ValueError(f"{name} must index values in [0, {num_values}), "
+                         f"got range [{int(facts.min())}, {int(facts.max())}]")
+    return facts.to(torch.int64)
+
+
+def check_distinct(t: torch.Tensor, name: str) -> None:
+    """Raise ValueError naming the first pair of equal rows of t (n, d)."""
+    dup = first_duplicate(t)
+    if dup is None:
+        return
+    if name == "V":
+        raise ValueError(f"V has duplicate rows {dup[0]} and {dup[1]}: rho(V) = 0, no MLP can tell them apart")
+    raise ValueError(f"{name} has duplicate rows {dup[0]} and {dup[1]}: keys must be distinct (generic)")
+
+
+def validate_inputs(keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor) -> torch.Tensor:
+    """Check K (F, d_in), V (|V|, d_out), f (F,) and return f as int64; raise naming the argument."""
+    check_matrix(keys, "K")
+    check_matrix(values, "V")
+    if values.dtype != keys.dtype:
+        raise TypeError(f"V has dtype {values.dtype} but K has {keys.dtype}; use one dtype")
+    if values.device != keys.device:
+        raise ValueError(f"V is on {values.device} but K is on {keys.device}; use one device")
+    facts = check_facts(facts, keys.shape[0], values.shape[0], keys.device)
+    check_distinct(values, "V")
+    check_distinct(keys, "K")
+    return facts
+
+
+__all__ = ["check_positive_int", "check_choice", "check_matrix", "check_facts", "check_distinct",
+           "first_duplicate", "validate_inputs"]

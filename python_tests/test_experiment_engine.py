@@ -1,0 +1,129 @@
+"""The experiment engine: one JSON per cell, resume, shards, merge, summary with claims."""
+
+import json
+
+import pytest
+
+from factkernels.experiments import engine
+
+CLAIM = engine.Claim("toy-sum", "000", "Fig. 0", "x + y is even for even x, y", "always")
+calls = []
+
+
+def _grid(scale):
+    n = {"tiny": 2, "quick": 3, "seed": 4}[scale]
+    return [{"x": 2 * i, "y": 2 * j} for i in range(n) for j in range(2)]
+
+
+def _run_cell(config):
+    calls.append(config)
+    return {"sum": config["x"] + config["y"]}
+
+
+def _summarize(cells):
+    even = all(c.result["sum"] % 2 == 0 for c in cells)
+    return {"total": sum(c.result["sum"] for c in cells),
+            "claims": {"toy-sum": engine.Finding(f"{len(cells)} cells even: {even}", "toy grid",
+                                                 "reproduced" if even else "not reproduced")}}
+
+
+def _plot(summary, cells):
+    from factkernels.experiments.plotting import panels
+
+    fig, (ax,) = panels(1)
+    ax.plot([c.result["sum"] for c in cells])
+    return {"toy": fig}
+
+
+@pytest.fixture
+def toy():
+    calls.clear()
+    exp = engine.register(engine.Experiment("toy", "toy experiment", (CLAIM,), _grid, _run_cell, _summarize, _plot))
+    yield exp
+    del engine.REGISTRY["toy"]
+
+
+def test_run_writes_one_json_per_cell_and_summary(toy, tmp_path):
+    res = engine.run("toy", tmp_path, scale="tiny", quiet=True)
+    assert (res.total, res.ran, res.kept, res.missing) == (4, 4, 0, 0)
+    files = sorted((tmp_path / "toy" / "cells").glob("*.json"))
+    assert len(files) == 4
+    cell = json.loads(files[0].read_text())
+    assert set(cell) >= {"config", "result", "environment", "key", "seconds"}
+    summary = json.loads((tmp_path / "toy" / "summary.json").read_text())
+    assert summary["summary"]["total"] == sum(c["x"] + c["y"] for c in _grid("tiny"))
+    assert summary["summary"]["claims"]["toy-sum"]["verdict"] == "reproduced"
+    assert (tmp_path / "toy" / "toy.png").exists()
+
+
+def test_resume_keeps_finished_cells(toy, tmp_path):
+    engine.run("toy", tmp_path, scale="tiny", quiet=True)
+    calls.clear()
+    res = engine.run("toy", tmp_path, scale="quick", resume=True, quiet=True)
+    assert res.kept == 4 and res.ran == 2 and len(calls) == 2
+    calls.clear()
+    engine.run("toy", tmp_path, scale="quick", quiet=True)  # without resume every cell runs again
+    assert len(calls) == 6
+
+
+def test_shards_partition_the_grid_and_merge(toy, tmp_path):
+    results = [engine.run("toy", tmp_path / f"s{i}", scale="seed", shard=(i, 3), quiet=True) for i in (1, 2, 3)]
+    assert sum(r.ran for r in results) == 8 and all(r.summary is None for r in results)
+    assert engine.merge([tmp_path / f"s{i}" for i in (1, 2, 3)], tmp_path / "all") == 8
+    calls.clear()
+    res = engine.run("toy", tmp_path / "all", scale="seed", resume=True, quiet=True)
+    assert res.ran == 0 and res.summary is not None and not calls
+
+
+def test_bad_arguments(toy, tmp_path):
+    with pytest.raises(ValueError, match="shard"):
+        engine.parse_shard("4/3")
+    with pytest.raises(ValueError, match="shard"):
+        engine.parse_shard("two")
+    with pytest.raises(ValueError, match="scale"):
+        engine.run("toy", tmp_path, scale="huge")
+    with pytest.raises(ValueError, match="unknown experiment"):
+        engine.run("nope", tmp_path)
+    with pytest.raises(ValueError, match="verdict"):
+        engine.Finding("1", "x", "maybe")
+
+
+def test_cell_keys_are_stable_and_distinct():
+    a, b = engine.cell_key({"x": 1, "y": 2}), engine.cell_key({"y": 2, "x": 1})
+    assert a == b and a != engine.cell_key({"x": 1, "y": 3})
+
+
+def test_clean_json_is_strict_and_figures_are_png(tmp_path):
+    import math
+
+    import numpy as np
+    import torch
+
+    from factkernels.experiments.plotting import panels, save_figure
+
+    data = engine.clean_json({"x": torch.tensor([1.0, 2.0]), "nan": math.nan, "n": np.int64(3), "pair": (1, 2),
+                              "path": tmp_path})
+    assert data == {"x": [1.0, 2.0], "nan": None, "n": 3, "pair": [1, 2], "path": str(tmp_path)}
+    json.dumps(data, allow_nan=False)
+    fig, (ax,) = panels(1)
+    ax.plot([0, 1], [1, 0])
+    assert save_figure(fig, tmp_path, "line").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_and_list_show_every_claim(toy, tmp_path, capsys):
+    from factkernels.cli import main
+
+    engine.run("toy", tmp_path / "runs", scale="tiny", quiet=True)
+    out = tmp_path / "docs" / "CLAIMS.md"
+    assert main(["experiment", "report", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    toy_row = next(line for line in lines if "**toy-sum**" in line)
+    assert "| reproduced |" in toy_row and "4 cells even: True" in toy_row
+    assert "[toy](../runs/toy/toy.png)" in toy_row  # PNG links relative to the table
+    others = [c.id for name, e in engine.REGISTRY.items() if name != "toy" for c in e.claims]
+    for claim in others:  # registered claims without a summary: "not run" with the command that runs them
+        row = next(line for line in lines if f"**{claim}**" in line)
+        assert "| not run |" in row and "factkernels experiment" in row
+    assert main(["experiment", "list", "--results", str(tmp_path / "runs")]) == 0
+    printed = capsys.readouterr().out
+    assert all(claim in printed for claim in ["toy-sum", *others]) and "reproduced" in printed

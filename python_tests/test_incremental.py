@@ -1,0 +1,69 @@
+"""FactBuilder: incremental add / remove / update store the same facts as a fresh build."""
+
+import pytest
+import torch
+
+from factkernels import construct
+from factkernels.embeddings import random_fact_set
+from factkernels.incremental import FactBuilder
+from factkernels.memory import MemoryBudgetError
+
+
+@pytest.fixture(scope="module")
+def fact_set():
+    return random_fact_set(300, 160, 24, seed=1, dtype=torch.float64)
+
+
+def _stores_all(builder):
+    assert builder.failed == 0 and builder.min_margin > 0
+    predicted = builder.mlp.predict(builder.keys, builder.values)
+    assert torch.equal(predicted, builder.facts)
+    fresh = construct(builder.keys, builder.values, builder.facts, m=builder.m, outputs="values", progress=False)
+    assert torch.equal(fresh.predict(builder.keys, builder.values), predicted)
+
+
+def test_add_remove_update_match_a_fresh_build(fact_set):
+    K, V, f = fact_set
+    first = f[:240] < 120
+    builder = FactBuilder(K[:240][first], V[:120], f[:240][first], m=32, outputs="values")
+    _stores_all(builder)
+    before = builder.num_facts
+    builder.add(K[240:], f[240:], V_new=V[120:])  # new keys, some mapped to new values
+    assert builder.num_facts == before + 60 and builder.values.shape[0] == 160
+    _stores_all(builder)
+    removed_key = builder.keys[5]
+    builder.remove([5, 17, builder.num_facts - 1])
+    assert builder.num_facts == before + 57 and not (builder.keys == removed_key).all(1).any()
+    _stores_all(builder)
+    builder.update(torch.tensor([0, 1]), torch.tensor([150, 3]))
+    assert builder.facts[:2].tolist() == [150, 3]
+    _stores_all(builder)
+
+
+def test_many_removals_compact_the_factor(fact_set):
+    K, V, f = fact_set
+    builder = FactBuilder(K[:100], V, f[:100], m=32, outputs="values")
+    builder.remove(torch.arange(0, 60, 2))
+    assert builder.rebuilds == 1 and builder.num_facts == 70
+    _stores_all(builder)
+    builder.add(K[100:110], f[100:110])
+    _stores_all(builder)
+
+
+def test_bad_changes_are_rejected(fact_set):
+    K, V, f = fact_set
+    builder = FactBuilder(K[:50], V, f[:50], m=32, outputs="values")
+    with pytest.raises(ValueError, match="K has duplicate rows"):
+        builder.add(K[:1], f[:1])
+    with pytest.raises(ValueError, match=r"f_new must index values in \[0, 160\)"):
+        builder.add(K[60:61], torch.tensor([160]))
+    with pytest.raises(ValueError, match=r"indices must be positions in \[0, 50\)"):
+        builder.remove([50])
+    with pytest.raises(ValueError, match="remove would leave no facts"):
+        builder.remove(torch.arange(50))
+    with pytest.raises(ValueError, match="f_changed must have shape"):
+        builder.update([0, 1], torch.tensor([1]))
+    with pytest.raises(ValueError, match="K_new must be torch.float64"):
+        builder.add(K[60:61].float(), f[:1])
+    with pytest.raises(MemoryBudgetError, match="FactBuilder"):
+        FactBuilder(K[:50], V, f[:50], m=32, max_memory=1000)

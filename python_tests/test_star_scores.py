@@ -1,0 +1,83 @@
+"""The fused star-score kernel (star_topk) against its pure-torch twin and the definition."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from factkernels import _ops
+from helpers import DEVICES
+
+
+def _wide(t):
+    """The same values with a leading dimension larger than the width (a column slice)."""
+    pad = torch.zeros(t.shape[0], t.shape[1] + 3, dtype=t.dtype, device=t.device)
+    pad[:, 1 : 1 + t.shape[1]] = t
+    return pad[:, 1 : 1 + t.shape[1]]
+
+
+def _exact(W, P, rows, index):
+    """Float64 score of every reported pair from the explicit difference; +inf where index is -1."""
+    Wd, Pd = W.double(), P.double()
+    j = index.clamp_min(0)
+    diff = Wd[rows][:, None, :] - Wd[j]
+    nrm = diff.norm(dim=2)
+    s = torch.where(nrm > 0, (Pd[:, None, :] * diff).sum(2) / nrm.clamp_min(1e-300), torch.zeros_like(nrm))
+    return torch.where(index >= 0, s, torch.full_like(s, float("inf")))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 260), d=st.integers(1, 40), k=st.integers(1, 40), r=st.integers(0, 60),
+       dtype=st.sampled_from([torch.float32, torch.float64]), own_outputs=st.booleans(), dup=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_star_topk_matches_twin(device, n, d, k, r, dtype, own_outputs, dup, seed):
+    gen = torch.Generator().manual_seed(seed)
+    W = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    if dup and n >= 3:
+        W[1] = W[0]  # identical values score 0
+        W[2] = W[0] + 1e-5  # a close pair takes the explicit-difference path
+    W = W.to(device=device, dtype=dtype)
+    rows = torch.randint(n, (r,), generator=gen).to(device) if r else None
+    rr = torch.arange(n, device=device) if rows is None else rows
+    P = None if own_outputs else torch.randn(rr.numel(), d, generator=gen, dtype=torch.float64).to(device, dtype)
+    vals, index = _ops.star_topk(_wide(W), k, None if P is None else _wide(P), rows, backend="kernels")
+    ref_vals, _ = _ops.star_topk(W.double(), k, None if P is None else P.double(), rows, backend="torch")
+    assert vals.shape == index.shape == (rr.numel(), k)
+    tol = 2e-4 if dtype == torch.float32 else 1e-10
+    finite = torch.isfinite(ref_vals)
+    assert torch.equal(torch.isfinite(vals), finite)  # n - 1 others, then +inf and -1
+    assert torch.equal(index < 0, ~finite)
+    assert (vals[finite].double() - ref_vals[finite]).abs().max().item() <= tol if finite.any() else True
+    # each reported pair really has (about) the reported score, no pair is the value itself
+    assert ((index != rr[:, None]) | (index < 0)).all()
+    ex = _exact(W, W[rr] if P is None else P, rr, index)
+    assert (ex[finite] - vals[finite].double()).abs().max().item() <= tol if finite.any() else True
+    assert (vals[:, 1:] >= vals[:, :-1]).all()  # ascending
+    real = torch.where(index >= 0, index, -1 - torch.arange(k, device=device)[None, :])
+    assert (real.sort(dim=1).values.diff(dim=1) != 0).all()  # distinct pairs (ties may pick either)
+
+
+def test_star_topk_twin_streams_in_chunks_and_defines_scores():
+    gen = torch.Generator().manual_seed(1)
+    W, P = torch.randn(40, 5, generator=gen, dtype=torch.float64), torch.randn(40, 5, generator=gen, dtype=torch.float64)
+    full = _ops.star_topk(W, 39, P, backend="torch")
+    chunked = _ops.star_topk(W, 39, P, backend="torch", chunk=7)
+    assert torch.equal(full[1], chunked[1]) and torch.allclose(full[0], chunked[0])
+    # the definition, all pairs: sorted scores of row i over j != i
+    diff = W[:, None, :] - W[None, :, :]
+    g = (P[:, None, :] * diff).sum(2) / diff.norm(dim=2).clamp_min(1e-300)
+    g.fill_diagonal_(float("inf"))
+    assert torch.allclose(full[0], g.sort(dim=1).values[:, :39], atol=1e-12)
+
+
+def test_star_topk_rejects_bad_input():
+    W = torch.randn(5, 3)
+    with pytest.raises(ValueError, match="k must"):
+        _ops.star_topk(W, 0)
+    with pytest.raises(ValueError, match="rows must lie"):
+        _ops.star_topk(W, 2, rows=torch.tensor([0, 5]))
+    with pytest.raises(TypeError, match="rows"):
+        _ops.star_topk(W, 2, rows=torch.tensor([0.0]))
+    with pytest.raises(ValueError, match="outputs"):
+        _ops.star_topk(W, 2, torch.randn(4, 3))
