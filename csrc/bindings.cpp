@@ -173,14 +173,14 @@ PYBIND11_MODULE(_C, m) {
         [](const std::string& device, const std::string& dtype, uintptr_t p, int64_t ldp, uintptr_t w,
            int64_t ldw, uintptr_t sq, uintptr_t self, uintptr_t vals, uintptr_t idx, int64_t r, int64_t n,
            int64_t d, int64_t k, uintptr_t stream) {
-          const bool on_cuda = is_cuda(device);
+          const int dev = device_index(device);
           dispatch_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
             StarTopkArgs<T> a{cptr<T>(p), ldp, cptr<T>(w), ldw, cptr<T>(sq),
                               reinterpret_cast<const int64_t*>(self), mptr<T>(vals),
                               reinterpret_cast<int64_t*>(idx), r, n, d, k};
             py::gil_scoped_release nogil;
-            FK_LAUNCH(star_topk, a, on_cuda, stream);
+            FK_LAUNCH(star_topk, a, dev, stream);
           });
         });
 
