@@ -243,7 +243,7 @@ def gate_features(
     if not _use_kernel(backend, x, weight, bias):
         pre = x @ weight.T
         return activate(pre + bias if bias is not None else pre, activation)
-    return _gate_features_kernel(x, weight, bias, activation)
+    return _registered(_gate_features_op, _gate_features_kernel)(x, weight, bias, activation)
 
 
 def hadamard_gram(s: torch.Tensor, p: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -256,7 +256,7 @@ def hadamard_gram(s: torch.Tensor, p: torch.Tensor, *, backend: str = "auto") ->
     _same("s", s, p=p)
     if not _use_kernel(backend, s, p):
         return (s @ s.T) * (p @ p.T)
-    return _hadamard_gram_kernel(s, p)
+    return _registered(_hadamard_gram_op, _hadamard_gram_kernel)(s, p)
 
 
 def gadget_matvec(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -276,7 +276,7 @@ def gadget_matvec(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor, *, backe
         # (n, q) @ (q, m*h) then reduce over r against s: two GEMM-shaped steps.
         t = (p @ coef.permute(2, 0, 1).reshape(q, m * h)).view(-1, m, h)
         return torch.einsum("ijr,ir->ij", t, s)
-    return _gadget_matvec_kernel(s, p, coef)
+    return _registered(_gadget_matvec_op, _gadget_matvec_kernel)(s, p, coef)
 
 
 def gadget_rmatvec(s: torch.Tensor, p: torch.Tensor, y: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -292,7 +292,7 @@ def gadget_rmatvec(s: torch.Tensor, p: torch.Tensor, y: torch.Tensor, *, backend
         n, h = s.shape
         w = (y.unsqueeze(2) * s.unsqueeze(1)).reshape(n, -1)  # (n, m*h)
         return (w.T @ p).view(y.shape[1], h, p.shape[1])
-    return _gadget_rmatvec_kernel(s, p, y)
+    return _registered(_gadget_rmatvec_op, _gadget_rmatvec_kernel)(s, p, y)
 
 
 def gated_forward(
@@ -334,7 +334,8 @@ def gated_forward(
             gate = gate.repeat(1, h // hg)
         up = torch.nn.functional.linear(x, up_weight, up_bias)
         return torch.nn.functional.linear(gate * up, down_weight, down_bias)
-    return _gated_forward_kernel(x, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, activation)
+    return _registered(_gated_forward_op, _gated_forward_kernel)(x, gate_weight, gate_bias, up_weight, up_bias,
+                                                                 down_weight, down_bias, activation)
 
 
 def decode(
@@ -381,7 +382,7 @@ def decode(
             scores.scatter_(1, t[:, None], -math.inf)
             margin[lo : lo + chunk] = own - scores.max(dim=1).values
         return index, margin
-    return _decode_kernel(y, values, target)
+    return _registered(_decode_op, _decode_kernel)(y, values, target)
 
 
 def _decode_splits(n: int, nv: int, device: torch.device) -> int:
@@ -403,15 +404,20 @@ def _multiprocessors(index: int) -> int:
 
 
 # ----------------------------------------------------------------------------- registered kernels
-# Each compiled kernel is a torch custom op with a fake (shape-only) twin, so torch.compile
-# traces FactMLP and other callers through the kernel instead of breaking the graph at raw
-# pointers. The public ops above validate and pick the backend, then call these.
+# Each compiled kernel is also a torch custom op (torch.ops.factkernels.*) with a fake
+# (shape-only) twin, so torch.compile traces FactMLP and other callers through the kernel
+# instead of breaking the graph at raw pointers. Eager calls skip the op's dispatch
+# (about 50 us a call, paid on every CG iteration) and call the kernel function directly.
 
 
-@torch.library.custom_op("factkernels::gate_features", mutates_args=())
+def _registered(op, kernel):
+    """The custom op while torch.compile traces, else the plain kernel function."""
+    return op if torch.compiler.is_compiling() else kernel
+
+
 def _gate_features_kernel(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                           activation: str) -> torch.Tensor:
-    """The compiled gate_features on validated tensors (a torch op, so torch.compile can trace callers)."""
+    """The compiled gate_features on validated tensors."""
     x, weight = _rowmajor(x), _rowmajor(weight)
     bias = None if bias is None else bias.contiguous()
     n, k, h = x.shape[0], x.shape[1], weight.shape[0]
@@ -421,14 +427,17 @@ def _gate_features_kernel(x: torch.Tensor, weight: torch.Tensor, bias: Optional[
     return out
 
 
-@_gate_features_kernel.register_fake
+_gate_features_op = torch.library.custom_op("factkernels::gate_features",
+                                            mutates_args=())(_gate_features_kernel)
+
+
+@_gate_features_op.register_fake
 def _(x, weight, bias, activation):
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
-@torch.library.custom_op("factkernels::hadamard_gram", mutates_args=())
 def _hadamard_gram_kernel(s: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """The compiled hadamard_gram on validated tensors (a torch op, so torch.compile can trace callers)."""
+    """The compiled hadamard_gram on validated tensors."""
     s, p = _rowmajor(s), _rowmajor(p)
     n = s.shape[0]
     out = torch.empty(n, n, dtype=s.dtype, device=s.device)
@@ -437,14 +446,17 @@ def _hadamard_gram_kernel(s: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@_hadamard_gram_kernel.register_fake
+_hadamard_gram_op = torch.library.custom_op("factkernels::hadamard_gram",
+                                            mutates_args=())(_hadamard_gram_kernel)
+
+
+@_hadamard_gram_op.register_fake
 def _(s, p):
     return s.new_empty(s.shape[0], s.shape[0])
 
 
-@torch.library.custom_op("factkernels::gadget_matvec", mutates_args=())
 def _gadget_matvec_kernel(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
-    """The compiled gadget_matvec on validated tensors (a torch op, so torch.compile can trace callers)."""
+    """The compiled gadget_matvec on validated tensors."""
     s, p, coef = _rowmajor(s), _rowmajor(p), coef.contiguous()
     n, m = s.shape[0], coef.shape[0]
     out = torch.empty(n, m, dtype=s.dtype, device=s.device)
@@ -453,14 +465,17 @@ def _gadget_matvec_kernel(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor) 
     return out
 
 
-@_gadget_matvec_kernel.register_fake
+_gadget_matvec_op = torch.library.custom_op("factkernels::gadget_matvec",
+                                            mutates_args=())(_gadget_matvec_kernel)
+
+
+@_gadget_matvec_op.register_fake
 def _(s, p, coef):
     return s.new_empty(s.shape[0], coef.shape[0])
 
 
-@torch.library.custom_op("factkernels::gadget_rmatvec", mutates_args=())
 def _gadget_rmatvec_kernel(s: torch.Tensor, p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The compiled gadget_rmatvec on validated tensors (a torch op, so torch.compile can trace callers)."""
+    """The compiled gadget_rmatvec on validated tensors."""
     s, p, y = _rowmajor(s), _rowmajor(p), _rowmajor(y)
     n, h, q, m = s.shape[0], s.shape[1], p.shape[1], y.shape[1]
     out = torch.empty(m, h, q, dtype=s.dtype, device=s.device)
@@ -469,16 +484,19 @@ def _gadget_rmatvec_kernel(s: torch.Tensor, p: torch.Tensor, y: torch.Tensor) ->
     return out
 
 
-@_gadget_rmatvec_kernel.register_fake
+_gadget_rmatvec_op = torch.library.custom_op("factkernels::gadget_rmatvec",
+                                             mutates_args=())(_gadget_rmatvec_kernel)
+
+
+@_gadget_rmatvec_op.register_fake
 def _(s, p, y):
     return s.new_empty(y.shape[1], s.shape[1], p.shape[1])
 
 
-@torch.library.custom_op("factkernels::gated_forward", mutates_args=())
 def _gated_forward_kernel(x: torch.Tensor, gate_weight: torch.Tensor, gate_bias: Optional[torch.Tensor],
                           up_weight: torch.Tensor, up_bias: Optional[torch.Tensor], down_weight: torch.Tensor,
                           down_bias: Optional[torch.Tensor], activation: str) -> torch.Tensor:
-    """The compiled gated_forward on validated tensors (a torch op, so torch.compile can trace callers)."""
+    """The compiled gated_forward on validated tensors."""
     x, h, hg = _rowmajor(x), up_weight.shape[0], gate_weight.shape[0]
     gate_weight, up_weight, down_weight = (w.contiguous() for w in (gate_weight, up_weight, down_weight))
     gate_bias, up_bias, down_bias = (None if b is None else b.contiguous() for b in (gate_bias, up_bias, down_bias))
@@ -494,15 +512,18 @@ def _gated_forward_kernel(x: torch.Tensor, gate_weight: torch.Tensor, gate_bias:
     return out
 
 
-@_gated_forward_kernel.register_fake
+_gated_forward_op = torch.library.custom_op("factkernels::gated_forward",
+                                            mutates_args=())(_gated_forward_kernel)
+
+
+@_gated_forward_op.register_fake
 def _(x, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias, activation):
     return x.new_empty(x.shape[0], down_weight.shape[0])
 
 
-@torch.library.custom_op("factkernels::decode", mutates_args=())
 def _decode_kernel(y: torch.Tensor, values: torch.Tensor,
                    target: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The compiled decode on validated tensors (a torch op, so torch.compile can trace callers)."""
+    """The compiled decode on validated tensors."""
     y, values = _rowmajor(y), _rowmajor(values)
     n, nv = y.shape[0], values.shape[0]
     target = None if target is None else target.contiguous()
@@ -516,7 +537,10 @@ def _decode_kernel(y: torch.Tensor, values: torch.Tensor,
     return index, margin
 
 
-@_decode_kernel.register_fake
+_decode_op = torch.library.custom_op("factkernels::decode", mutates_args=())(_decode_kernel)
+
+
+@_decode_op.register_fake
 def _(y, values, target):
     return (y.new_empty(y.shape[0], dtype=torch.int64), y.new_empty(y.shape[0]))
 
