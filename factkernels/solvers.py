@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
-from tqdm.auto import tqdm
+from .progress import progress_bar
 
 from . import _ops
 from .memory import available_memory, dense_gram_bytes
@@ -196,7 +196,7 @@ def solve_cg(
     p = z.clone()
     rz, rr, bb = op.total(torch.stack([(r * z).sum(0), r.square().sum(0), targets.square().sum(0)]))
     bnorm = bb.sqrt().clamp_min(1e-30)
-    bar = tqdm(total=max_iter, desc="cg", disable=not progress, leave=False)
+    bar = progress_bar(total=max_iter, desc="cg", enabled=progress, leave=False)
     it = 0
     rel = (rr.sqrt() / bnorm).max()
     while it < max_iter and rel > tol:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 
 from ..environment import environment
 
@@ -215,7 +215,7 @@ def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple
     done = load_cells(out, name) if resume else {}
     todo = [(k, c) for k, c in mine if k not in done]
     set_threads(threads if threads is not None else experiment.threads)
-    bar = tqdm(todo, desc=name, disable=True if quiet else None, unit="cell")
+    bar = progress_bar(todo, desc=name, enabled=not quiet, unit="cell")
     for key, config in bar:
         bar.set_postfix_str(key[:40])
         start = time.perf_counter()
