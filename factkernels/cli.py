@@ -1,4 +1,4 @@
-"""Command line: ``factkernels demo | construct | info | capacity | rgr-train | experiment NAME|list|report|merge``."""
+"""Command line: ``factkernels demo | construct | info | insert | capacity | rgr-train | experiment NAME|list|report|merge``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 
 from . import _ops
 from .environment import environment
+from .hf.cli import add_subcommands as add_hf_commands
 from .construct import OUTPUTS, FactStorageError, construct
 from .embeddings import load_facts, load_matrix, random_fact_set
 from .experiments import cli as experiments_cli
@@ -162,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (demo, cons):
         p.set_defaults(handler=_run_construct)
     sub.add_parser("info", help="print what was compiled").set_defaults(handler=_run_info)
+    add_hf_commands(sub)
     experiments = sub.add_parser("experiment", help="run a named experiment; writes JSON and PNG")
     experiment_names = experiments.add_subparsers(dest="experiment", required=True)
     experiments_cli.add_commands(experiment_names)
