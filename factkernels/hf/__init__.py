@@ -1,0 +1,23 @@
+"""Facts into real Hugging Face causal LMs (Llama-style SwiGLU MLPs), by construction.
+
+    from factkernels import hf
+    model, tok = hf.load("smollm2-135m")          # packaged GGUF, or a local HF folder
+    requests = hf.parse_requests([{"prompt": "{} was written by", "subject": "The Hobbit",
+                                   "target_new": " Jane Austen"}])
+    keys = hf.capture_keys(model, tok, requests, layer=8)          # (n, d) MLP inputs at the subject
+
+Needs the ``hf`` extra (transformers, gguf, accelerate); importing this package does not.
+"""
+
+from .capture import (PromptBatch, capture, capture_keys, encode_requests, encode_texts, record_inputs,
+                      site_module)
+from .layout import mlp_layers, mlp_module
+from .loading import PACKAGED_MODELS, load, packaged_gguf
+from .requests import BOOK_PROMPTS, Request, RequestSet, book_requests, make_request, parse_requests
+
+__all__ = [
+    "load", "packaged_gguf", "PACKAGED_MODELS",
+    "mlp_layers", "mlp_module",
+    "Request", "RequestSet", "make_request", "parse_requests", "book_requests", "BOOK_PROMPTS",
+    "PromptBatch", "encode_requests", "encode_texts", "capture", "capture_keys", "record_inputs", "site_module",
+]

@@ -1,0 +1,174 @@
+"""Tokenising requests and capturing hidden states with forward hooks.
+
+Batches are right-padded, so every real token keeps its position (and its RoPE phase)
+and causal attention never sees a pad before a real token; ``attention_mask`` marks the
+real tokens. Two capture sites per decoder layer L:
+
+* ``"mlp_in"``: the MLP's input ``post_attention_layernorm(h)`` (d,), what gate/up see —
+  the keys of :func:`factkernels.hf.insert_facts`;
+* ``"down_in"``: the down projection's input ``act(gate(x)) * up(x)`` (intermediate,) —
+  the keys of ROME/MEMIT/AlphaEdit.
+
+    batch = encode_requests(tok, requests)                                  # PromptBatch
+    keys = capture(model, batch.input_ids, batch.attention_mask, layer=8,
+                   site="mlp_in", positions=batch.subject_last)             # (n, d)
+    keys = capture_keys(model, tok, requests, layer=8)                      # the same in one call
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .layout import mlp_module
+from .requests import Request
+
+SITES = ("mlp_in", "down_in")
+POSITIONS = ("subject_last", "prompt_last")
+
+
+@dataclass
+class PromptBatch:
+    """Right-padded token ids of request prompts (optionally followed by their target tokens).
+
+    input_ids, attention_mask: (n, T) long; subject_last, prompt_last: (n,) long positions of
+    the subject's last token and the prompt's last token; target_len: (n,) long number of
+    target tokens appended after ``prompt_last`` (0 without targets). Target token t of row i
+    sits at ``prompt_last[i] + 1 + t`` and is predicted by the logits at ``prompt_last[i] + t``.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    subject_last: torch.Tensor
+    prompt_last: torch.Tensor
+    target_len: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def target_ids(self, i: int) -> list[int]:
+        start = int(self.prompt_last[i]) + 1
+        return self.input_ids[i, start:start + int(self.target_len[i])].tolist()
+
+
+def _require_fast(tok: Any) -> None:
+    if not getattr(tok, "is_fast", False):
+        raise TypeError(f"tokenizer must be a fast (Rust) tokenizer, got {type(tok).__name__}: "
+                        "subject positions come from its offset mapping")
+
+
+def pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id lists -> (input_ids (n, T), attention_mask (n, T)), right-padded."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
+        mask[i, :len(r)] = 1
+    return ids, mask
+
+
+def pad_id(tok: Any) -> int:
+    return tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+
+
+def encode_requests(tok: Any, requests: Sequence[Request], *, with_target: bool = False) -> PromptBatch:
+    """Tokenise ``request.text`` (plus ``target_new`` when ``with_target``) and locate the subject.
+
+    The subject's last token is the last token whose character span starts before the
+    subject's end, read from the fast tokenizer's offset mapping (robust to BPE merges at
+    the subject's boundary). Targets are tokenised on their own, without special tokens,
+    as ROME/MEMIT do.
+    """
+    _require_fast(tok)
+    rows, subject_last, prompt_last, target_len = [], [], [], []
+    for i, r in enumerate(requests):
+        enc = tok(r.text, return_offsets_mapping=True)
+        ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
+        _, end = r.subject_span
+        inside = [t for t, (a, b) in enumerate(offsets) if b > a and a < end]
+        if not inside:
+            raise ValueError(f"request {i}: no token of subject {r.subject!r} found in {r.text!r}")
+        subject_last.append(inside[-1])
+        prompt_last.append(len(ids) - 1)
+        target = tok(r.target_new, add_special_tokens=False)["input_ids"] if with_target else []
+        if with_target and not target:
+            raise ValueError(f"request {i}: target_new {r.target_new!r} tokenises to nothing")
+        target_len.append(len(target))
+        rows.append(ids + list(target))
+    input_ids, attention_mask = pad_right(rows, pad_id(tok))
+    return PromptBatch(input_ids, attention_mask, torch.tensor(subject_last), torch.tensor(prompt_last),
+                       torch.tensor(target_len))
+
+
+def encode_texts(tok: Any, texts: Sequence[str], *, max_length: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """Natural text -> right-padded (input_ids (n, T), attention_mask (n, T)), each text cut to max_length tokens."""
+    if isinstance(texts, str) or not all(isinstance(t, str) and t.strip() for t in texts) or not texts:
+        raise ValueError("texts must be a non-empty list of non-empty strings")
+    rows = [tok(t)["input_ids"][:max_length] for t in texts]
+    return pad_right(rows, pad_id(tok))
+
+
+def site_module(model: Any, layer: int, site: str) -> nn.Module:
+    """The module whose input is captured at ``site`` of ``layer``."""
+    if site not in SITES:
+        raise ValueError(f"site must be one of {SITES}, got {site!r}")
+    mlp = mlp_module(model, layer)
+    return mlp if site == "mlp_in" else mlp.down_proj
+
+
+@contextmanager
+def record_inputs(module: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Context manager: a list that collects the first positional input of every ``module`` call."""
+    seen: list[torch.Tensor] = []
+    handle = module.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def model_device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def capture(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int, *, site: str = "mlp_in",
+            positions: Optional[torch.Tensor] = None, batch_size: int = 64) -> torch.Tensor:
+    """Inputs of ``site`` at ``layer`` for right-padded batches.
+
+    input_ids, attention_mask: (n, T). positions: (n,) long -> returns (n, width) (one
+    position per row); None -> every real token, (attention_mask.sum(), width) in row-major
+    order. width = d for "mlp_in", intermediate size for "down_in".
+    """
+    module = site_module(model, layer, site)
+    device = model_device(model)
+    out = []
+    with record_inputs(module) as seen:
+        for start in range(0, input_ids.shape[0], batch_size):
+            ids = input_ids[start:start + batch_size].to(device)
+            mask = attention_mask[start:start + batch_size].to(device)
+            seen.clear()
+            model(input_ids=ids, attention_mask=mask, use_cache=False)
+            hidden = seen[0]  # (b, T, width)
+            if positions is None:
+                out.append(hidden[mask.bool()])
+            else:
+                pos = positions[start:start + batch_size].to(device)
+                out.append(hidden[torch.arange(hidden.shape[0], device=device), pos])
+    return torch.cat(out)
+
+
+def capture_keys(model: Any, tok: Any, requests: Sequence[Request], layer: int, *, site: str = "mlp_in",
+                 position: str = "subject_last", batch_size: int = 64) -> torch.Tensor:
+    """Hidden state at ``site`` of ``layer`` at each request's subject-last (or prompt-last) token: (n, width)."""
+    if position not in POSITIONS:
+        raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
+    batch = encode_requests(tok, requests)
+    positions = batch.subject_last if position == "subject_last" else batch.prompt_last
+    return capture(model, batch.input_ids, batch.attention_mask, layer, site=site, positions=positions,
+                   batch_size=batch_size)
