@@ -5,5 +5,6 @@ The library (factkernels.*) never imports this package.
 """
 
 from .engine import REGISTRY, Cell, Claim, Experiment, Finding, get, register, run
+from . import real_lm  # noqa: F401  (registers real-lm-editing)
 
 __all__ = ["REGISTRY", "Cell", "Claim", "Experiment", "Finding", "get", "register", "run"]
