@@ -50,6 +50,11 @@ class PromptBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def rows(self, sl: slice) -> "PromptBatch":
+        """The requests in ``sl`` as their own batch."""
+        return PromptBatch(self.input_ids[sl], self.attention_mask[sl], self.subject_last[sl], self.prompt_last[sl],
+                           self.target_len[sl])
+
     def target_ids(self, i: int) -> list[int]:
         start = int(self.prompt_last[i]) + 1
         return self.input_ids[i, start:start + int(self.target_len[i])].tolist()

@@ -1,0 +1,157 @@
+"""Scoring an edited model — the same function for every method (construction, ROME, MEMIT, AlphaEdit).
+
+    ref = record_reference(model, tok, neighborhood=facts.neighborhood, texts=natural_texts())   # before editing
+    ... edit the model ...
+    scores = evaluate(model, tok, facts.requests, paraphrases=facts.paraphrases,
+                      neighborhood=facts.neighborhood, texts=natural_texts(), reference=ref)
+
+* efficacy: fraction of requests whose greedy continuation is the whole ``target_new`` (every
+  target token is the argmax, teacher-forced — exactly what greedy decoding reproduces);
+* paraphrase: the same on other prompts of the same facts;
+* neighborhood: fraction of other subjects' prompts whose top-1 next token is unchanged;
+* text: perplexity on ordinary text and its ratio to the original, and the mean KL(original ‖ edited)
+  per token. The reference keeps, per text token, the original top-k log-probabilities and the
+  remaining mass as one bucket, so KL is that of the (k+1)-bucket distributions: a lower bound of
+  the full KL, exact up to the tail's own spread (k = 256 holds nearly all the mass).
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+import torch
+
+from .capture import encode_requests, encode_texts, model_device, pad_id, pad_right
+from .insert import target_margins
+from .requests import Request, parse_requests
+
+
+@dataclass
+class Reference:
+    """What evaluation needs from the original model.
+
+    neighborhood_top1: (n_prompts,) long; text_topk_index, text_topk_logp: (N, k) at the N scored
+    text positions; text_rest_logp: (N,) log of the probability mass outside the top k; text_nll: mean
+    next-token NLL of the original on the texts.
+    """
+
+    neighborhood_top1: torch.Tensor
+    text_topk_index: torch.Tensor
+    text_topk_logp: torch.Tensor
+    text_rest_logp: torch.Tensor
+    text_nll: float
+
+
+def _prompt_last_logits(model: Any, tok: Any, prompts: Sequence[str], batch_size: int) -> torch.Tensor:
+    """Next-token logits after each prompt: (n, vocab)."""
+    rows = [tok(p)["input_ids"] for p in prompts]
+    device, out = model_device(model), []
+    for start in range(0, len(rows), batch_size):
+        ids, mask = pad_right(rows[start:start + batch_size], pad_id(tok))
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+        out.append(logits[torch.arange(len(ids)), mask.sum(1).to(device) - 1].float().cpu())
+    return torch.cat(out)
+
+
+def _text_logprobs(model: Any, tok: Any, texts: Sequence[str], batch_size: int, max_length: int):
+    """Yield (log-probs (n_pos, vocab), next tokens (n_pos,)) per batch at positions that have a next token."""
+    ids, mask = encode_texts(tok, texts, max_length=max_length)
+    device = model_device(model)
+    for start in range(0, len(ids), batch_size):
+        b_ids, b_mask = ids[start:start + batch_size], mask[start:start + batch_size]
+        logits = model(input_ids=b_ids.to(device), attention_mask=b_mask.to(device)).logits.float().cpu()
+        scored = (b_mask[:, 1:] & b_mask[:, :-1]).bool()
+        yield logits[:, :-1][scored].log_softmax(-1), b_ids[:, 1:][scored]
+
+
+@torch.no_grad()
+def record_reference(model: Any, tok: Any, *, neighborhood: Sequence[str] = (), texts: Sequence[str] = (), top_k: int = 256,
+              batch_size: int = 16, max_length: int = 128) -> Reference:
+    """Record the (unedited) model's neighborhood top-1 and text distributions for :func:`evaluate`."""
+    top1 = (_prompt_last_logits(model, tok, list(neighborhood), batch_size).argmax(1) if neighborhood
+            else torch.empty(0, dtype=torch.long))
+    index, logp, rest, nll = [], [], [], []
+    if texts:
+        for lp, nxt in _text_logprobs(model, tok, texts, batch_size, max_length):
+            top = lp.topk(min(top_k, lp.shape[1]), dim=1)
+            index.append(top.indices), logp.append(top.values)
+            rest.append(torch.log1p(-top.values.exp().sum(1).clamp(max=1 - 1e-7)))
+            nll.append(-lp.gather(1, nxt[:, None]).squeeze(1))
+    cat = lambda xs, shape: torch.cat(xs) if xs else torch.empty(shape)  # noqa: E731
+    nll_all = cat(nll, (0,))
+    return Reference(top1, cat(index, (0, top_k)).long(), cat(logp, (0, top_k)), cat(rest, (0,)),
+                     float(nll_all.mean()) if nll_all.numel() else float("nan"))
+
+
+@torch.no_grad()
+def fact_margins(model: Any, tok: Any, requests: Sequence[Request], *, batch_size: int = 16) -> torch.Tensor:
+    """Per request: min over target tokens of (target logit − best other), teacher-forced; > 0 iff greedy
+    decoding produces the whole ``target_new``. (n,)."""
+    if not requests:
+        return torch.empty(0)
+    batch = encode_requests(tok, requests, with_target=True)
+    device, out = model_device(model), []
+    for start in range(0, len(batch), batch_size):
+        sl = slice(start, start + batch_size)
+        sub = batch.rows(sl)
+        logits = model(input_ids=sub.input_ids.to(device), attention_mask=sub.attention_mask.to(device)).logits
+        out.append(target_margins(logits, sub))
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def evaluate(model: Any, tok: Any, requests: Union[str, Sequence[Union[Request, dict]]], *,
+             paraphrases: Sequence[Union[Request, dict]] = (), neighborhood: Sequence[str] = (),
+             texts: Sequence[str] = (), reference: Optional[Union[Reference, Any]] = None, batch_size: int = 16,
+             max_length: int = 128) -> dict:
+    """Scores of an (edited) model; see the module docstring. ``reference`` is a :class:`Reference` made
+    before editing, or the unedited model itself (a separate copy); without it neighborhood, perplexity
+    ratio and KL are left out. Returns a flat dict of floats (and counts)."""
+    start = time.perf_counter()
+    requests = parse_requests(requests)
+    paraphrases = parse_requests(paraphrases) if len(paraphrases) else []
+    if reference is not None and not isinstance(reference, Reference):
+        reference = record_reference(reference, tok, neighborhood=neighborhood, texts=texts,
+                                           batch_size=batch_size, max_length=max_length)
+    margins = fact_margins(model, tok, requests, batch_size=batch_size)
+    scores: dict = {"num_requests": len(requests), "efficacy": float((margins > 0).double().mean()),
+                    "efficacy_margin_mean": float(margins.mean())}
+    parts = [scores["efficacy"]]
+    if paraphrases:
+        para = fact_margins(model, tok, paraphrases, batch_size=batch_size)
+        scores.update(num_paraphrases=len(paraphrases), paraphrase=float((para > 0).double().mean()))
+        parts.append(scores["paraphrase"])
+    if neighborhood and reference is not None:
+        if reference.neighborhood_top1.numel() != len(neighborhood):
+            raise ValueError(f"reference has {reference.neighborhood_top1.numel()} neighborhood prompts, "
+                             f"got {len(neighborhood)}: make the reference with the same neighborhood")
+        top1 = _prompt_last_logits(model, tok, list(neighborhood), batch_size).argmax(1)
+        scores.update(num_neighborhood=len(neighborhood),
+                      neighborhood=float((top1 == reference.neighborhood_top1).double().mean()))
+        parts.append(scores["neighborhood"])
+    scores["score"] = len(parts) / sum(1.0 / max(p, 1e-12) for p in parts)  # harmonic mean, as ROME reports
+    if texts:
+        nll, kl, offset = [], [], 0
+        for lp, nxt in _text_logprobs(model, tok, texts, batch_size, max_length):
+            nll.append(-lp.gather(1, nxt[:, None]).squeeze(1))
+            if reference is not None:
+                rows = slice(offset, offset + lp.shape[0])
+                ref_logp, idx = reference.text_topk_logp[rows], reference.text_topk_index[rows]
+                if idx.shape[0] != lp.shape[0]:
+                    raise ValueError("reference texts differ from texts: make the reference with the same texts")
+                own = lp.gather(1, idx)
+                own_rest = torch.log1p(-own.exp().sum(1).clamp(max=1 - 1e-7))
+                ref_rest = reference.text_rest_logp[rows]
+                kl.append((ref_logp.exp() * (ref_logp - own)).sum(1) + ref_rest.exp() * (ref_rest - own_rest))
+            offset += lp.shape[0]
+        mean_nll = float(torch.cat(nll).mean())
+        scores.update(text_tokens=offset, perplexity=math.exp(mean_nll))
+        if reference is not None:
+            scores.update(perplexity_ratio=math.exp(mean_nll - reference.text_nll), kl_mean=float(torch.cat(kl).mean()))
+    scores["eval_seconds"] = time.perf_counter() - start
+    scores["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return scores

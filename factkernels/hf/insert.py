@@ -1,0 +1,413 @@
+"""Inserting facts into a real causal LM by construction: new hidden units in one layer's MLP.
+
+    ins = insert_facts(model, tok, requests)     # in place; ins.report; ins.remove() undoes it exactly
+
+Design (argued from measurements in benchmarks/results/hf/, see the README):
+
+* **Keys** are the MLP inputs (post-RMSNorm, what gate/up see) of layer L, captured with
+  forward hooks at the positions that decide the target: with ``position="target"`` every
+  position that predicts a target token (the prompt's last token, then each target token
+  but the last, teacher-forced: greedy decoding reproduces exactly these states while it
+  follows the target); with ``position="subject"`` the subject's last token (ROME's key).
+* **Values** are residual-stream deltas δ added at that position after layer L's MLP,
+  optimised by Adam on the target tokens' cross-entropy until every target token wins by
+  ``margin`` logits. At the last layer with ``position="target"`` the rest of the model is
+  only the final norm and the unembedding, so this costs no model forward at all; at any
+  other layer or position the model runs from a hook (ROME/MEMIT's v*).
+* **Units**: ``gate="detector"`` (default): one unit per key whose gate is a whitened
+  matched filter, silu(β(s_i(x) − τ)) with s_i(x) = w_iᵀ(x − μ), w_i = Σ⁻¹(k_i − μ)/‖k_i − μ‖²_Σ
+  (μ, Σ from background text at the same layer), so s_i(k_i) = 1 while ordinary tokens sit
+  near 0 and the unit is silent (silu(−βτ) ≈ 0); up is the constant 1 (a bias); the down
+  columns solve Φ C = Δ (Φ_ji = gate_i(k_j)), so every key gets its δ exactly.
+  ``gate="generic"``: the seed's construction, :func:`factkernels.encoder.build_shared_gate`
+  with a random shared gate, δ expressed in an orthonormal basis of the deltas, and the
+  background states as zero-output constraints in the same solve.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F_nn
+from tqdm.auto import tqdm
+
+from ..encoder import assemble, build_shared_gate
+from ..mlp import FactMLP
+from .capture import PromptBatch, capture, encode_requests, encode_texts, model_device
+from .layout import mlp_layers, mlp_module
+from .requests import Request, parse_requests
+from .units import AppendedUnits, append_units
+
+GATES = ("detector", "generic")
+KEY_POSITIONS = ("target", "subject")
+
+
+@dataclass
+class KeySet:
+    """Where the keys of a batch of requests sit.
+
+    row, position: (n_keys,) long indices into the PromptBatch; fact: (n_keys,) long request
+    index; token: (n_keys,) long the target token the key's position predicts (-1 for subject keys).
+    """
+
+    row: torch.Tensor
+    position: torch.Tensor
+    fact: torch.Tensor
+    token: torch.Tensor
+
+
+def key_positions(batch: PromptBatch, position: str) -> KeySet:
+    """Key positions: every target-predicting position ("target") or the subject's last token ("subject")."""
+    if position not in KEY_POSITIONS:
+        raise ValueError(f"position must be one of {KEY_POSITIONS}, got {position!r}")
+    rows, positions, tokens = [], [], []
+    for i in range(len(batch)):
+        if position == "subject":
+            rows.append(i), positions.append(int(batch.subject_last[i])), tokens.append(-1)
+            continue
+        start = int(batch.prompt_last[i])
+        for t, token in enumerate(batch.target_ids(i)):
+            rows.append(i), positions.append(start + t), tokens.append(token)
+    row = torch.tensor(rows)
+    return KeySet(row, torch.tensor(positions), row.clone(), torch.tensor(tokens))
+
+
+def target_margins(logits: torch.Tensor, batch: PromptBatch) -> torch.Tensor:
+    """Per request: min over its target tokens of (target logit − best other logit); > 0 iff greedy decoding
+    produces the whole target. logits: (n, T, vocab) of the prompt+target batch -> (n,)."""
+    out = torch.empty(len(batch))
+    for i in range(len(batch)):
+        start, ids = int(batch.prompt_last[i]), torch.tensor(batch.target_ids(i))
+        rows = logits[i, start:start + len(ids)].float()
+        own = rows.gather(1, ids[:, None].to(rows.device)).squeeze(1)
+        other = rows.scatter(1, ids[:, None].to(rows.device), float("-inf")).amax(1)
+        out[i] = (own - other).min()
+    return out
+
+
+def _token_margin(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """logits (n, vocab), tokens (n,) -> (n,) target logit minus best other."""
+    own = logits.gather(1, tokens[:, None]).squeeze(1)
+    return own - logits.scatter(1, tokens[:, None], float("-inf")).amax(1)
+
+
+@torch.no_grad()
+def _residual_after(model: Any, batch: PromptBatch, layer: int, keys: KeySet, batch_size: int) -> torch.Tensor:
+    """Residual stream after decoder layer ``layer`` at the key positions: (n_keys, d)."""
+    block = model.model.layers[layer]
+    seen: list = []
+    handle = block.register_forward_hook(lambda _m, _a, out: seen.append(out[0] if isinstance(out, tuple) else out))
+    device, out = model_device(model), []
+    try:
+        for start in range(0, len(batch), batch_size):
+            seen.clear()
+            sl = slice(start, start + batch_size)
+            model.model(input_ids=batch.input_ids[sl].to(device), attention_mask=batch.attention_mask[sl].to(device))
+            out.append(seen[0])
+    finally:
+        handle.remove()
+    width = max(o.shape[1] for o in out)
+    full = torch.cat([F_nn.pad(o, (0, 0, 0, width - o.shape[1])) for o in out])
+    return full[keys.row.to(device), keys.position.to(device)]
+
+
+def optimise_deltas(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *, margin: float = 3.0,
+                    steps: int = 60, lr: float = 0.5, batch_size: int = 32, progress: bool = True) -> tuple[torch.Tensor, dict]:
+    """Residual deltas δ (n_keys, d) added after layer ``layer``'s MLP at the key positions so that greedy
+    decoding produces every target (each target token wins by ``margin`` logits), smallest-effort:
+    Adam on the cross-entropy of the facts still below the margin, stopping when none is.
+
+    Fast path (last layer, target keys): logits = lm_head(norm(r + δ)) with r the residual after the
+    last layer, no model forward per step. Otherwise the model runs with a hook adding δ (ROME's v*).
+    """
+    model_layers = len(mlp_layers(model))
+    device = model_device(model)
+    head_only = layer == model_layers - 1 and bool((keys.token >= 0).all())
+    delta = torch.zeros(len(keys.row), model.config.hidden_size, device=device, requires_grad=True)
+    opt = torch.optim.Adam([delta], lr=lr)
+    norm, lm_head = model.model.norm, model.get_output_embeddings()
+    if head_only:
+        residual = _residual_after(model, batch, layer, keys, batch_size)
+        tokens = keys.token.to(device)
+    mlp = mlp_module(model, layer)
+    history = []
+    bar = tqdm(range(steps), desc=f"values at layer {layer}", disable=not progress, leave=False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        for _ in bar:
+            opt.zero_grad()
+            if head_only:
+                logits = lm_head(norm(residual + delta))
+                per_key = _token_margin(logits.detach(), tokens)
+                fact_margin = torch.full((len(batch),), float("inf"), device=device).scatter_reduce(
+                    0, keys.fact.to(device), per_key, "amin")
+                loss_each = F_nn.cross_entropy(logits, tokens, reduction="none")
+                active = (per_key < margin).float()
+                loss = (loss_each * active).sum()
+            else:
+                fact_margin, loss = _full_model_step(model, mlp, batch, keys, delta, margin, batch_size)
+            history.append(float(fact_margin.min()))
+            bar.set_postfix(min_margin=f"{history[-1]:.2f}")
+            if bool((fact_margin >= margin).all()):
+                break
+            loss.backward()
+            opt.step()
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+    info = {"value_steps": len(history), "value_min_margin": history[-1], "value_path": "head" if head_only else "model"}
+    return delta.detach(), info
+
+
+def _full_model_step(model: Any, mlp: Any, batch: PromptBatch, keys: KeySet, delta: torch.Tensor, margin: float,
+                     batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One loss evaluation with δ added by a forward hook; backward happens in the caller's graph."""
+    device = delta.device
+    margins, total = [], torch.zeros((), device=device)
+    for start in range(0, len(batch), batch_size):
+        sl = slice(start, start + batch_size)
+        sub = batch.rows(sl)
+        chosen = ((keys.row >= start) & (keys.row < start + len(sub))).nonzero().flatten()
+        rows, pos = (keys.row[chosen] - start).to(device), keys.position[chosen].to(device)
+
+        def add_delta(_m, _a, out, rows=rows, pos=pos, chosen=chosen):
+            add = torch.zeros_like(out)
+            return out + add.index_put((rows, pos), delta[chosen.to(device)])
+
+        handle = mlp.register_forward_hook(add_delta)
+        try:
+            logits = model(input_ids=sub.input_ids.to(device), attention_mask=sub.attention_mask.to(device)).logits
+        finally:
+            handle.remove()
+        m = target_margins(logits.detach(), sub).to(device)
+        margins.append(m)
+        for i in range(len(sub)):
+            if m[i] < margin:
+                p0, ids = int(sub.prompt_last[i]), torch.tensor(sub.target_ids(i), device=device)
+                total = total + F_nn.cross_entropy(logits[i, p0:p0 + len(ids)], ids, reduction="sum")
+    return torch.cat(margins), total
+
+
+def background_states(model: Any, tok: Any, texts: Sequence[str], layer: int, *, max_length: int = 128,
+                      batch_size: int = 16) -> torch.Tensor:
+    """MLP inputs of ``layer`` at every real token of ``texts`` (ordinary text): (N, d)."""
+    ids, mask = encode_texts(tok, texts, max_length=max_length)
+    return capture(model, ids, mask, layer, site="mlp_in", batch_size=batch_size)
+
+
+def contrast_states(model: Any, tok: Any, requests: Sequence[Request], layer: int, position: str, *, rounds: int,
+                    seed: int = 0, batch_size: int = 32) -> torch.Tensor:
+    """MLP inputs of ``layer`` at the key positions of each request re-asked about another request's subject
+    (a seeded derangement per round): (≈ rounds·n_keys, d). Needs at least two requests."""
+    gen = torch.Generator().manual_seed(seed)
+    n, out = len(requests), []
+    for _ in range(rounds):
+        order = torch.randperm(n, generator=gen)
+        other = torch.empty(n, dtype=torch.long)
+        other[order] = order.roll(1)  # a derangement: nobody keeps its own subject
+        swapped = [Request(r.prompt, requests[int(j)].subject, r.target_new) for r, j in zip(requests, other)]
+        swapped = [r for r, orig in zip(swapped, requests) if r.subject != orig.subject]
+        batch = encode_requests(tok, swapped, with_target=True)
+        out.append(_capture_at(model, batch, layer, key_positions(batch, position), batch_size))
+    return torch.cat(out)
+
+
+def detector_mlp(keys: torch.Tensor, deltas: torch.Tensor, background: torch.Tensor, *, sharpness: float = 100.0,
+                 threshold: float = 0.92, ridge: float = 1e-2) -> tuple[FactMLP, dict]:
+    """One hidden unit per key with a whitened matched-filter gate (see the module docstring).
+
+    keys (n, d), deltas (n, d), background (N, d) -> FactMLP with hidden n, in float32, and stats.
+    ridge: Σ + ridge·mean(diag Σ)·I keeps the whitening well posed with few background tokens.
+    """
+    work = torch.float64
+    k, x = keys.to(work), background.to(work)
+    mu = x.mean(0)
+    centred = x - mu
+    sigma = centred.T @ centred / max(1, x.shape[0] - 1)
+    sigma += ridge * sigma.diagonal().mean() * torch.eye(sigma.shape[0], dtype=work, device=sigma.device)
+    chol = torch.linalg.cholesky(sigma)
+    diff = k - mu  # (n, d)
+    w = torch.cholesky_solve(diff.T, chol).T  # Σ⁻¹(k − μ): (n, d)
+    w = w / (w * diff).sum(1, keepdim=True)  # s_i(k_i) = 1
+    gate_w = sharpness * w
+    gate_b = -sharpness * (w @ mu + threshold)
+    phi = F_nn.silu(k @ gate_w.T + gate_b)  # (n keys, n units): phi[j, i] = unit i at key j
+    down = torch.linalg.solve(phi, deltas.to(work))  # (n units, d): phi @ down = deltas
+    scores = centred @ w.T  # background scores s_i(x): (N, n)
+    n, d = keys.shape
+    mlp = FactMLP(gate_w.float(), gate_b.float(), torch.zeros(n, d), torch.ones(n), down.T.float().contiguous(), None)
+    stats = {"key_condition": float(torch.linalg.cond(phi)),
+             "background_score_mean": float(scores.mean()), "background_score_std": float(scores.std()),
+             "background_score_max": float(scores.max()),
+             "background_tokens_firing": float((scores > threshold).any(1).double().mean())}
+    return mlp.to(keys.device), stats
+
+
+def generic_mlp(keys: torch.Tensor, deltas: torch.Tensor, background: torch.Tensor, *, seed: int = 0,
+                width_multiplier: float = 1.5) -> tuple[FactMLP, dict]:
+    """The seed's gadget construction with a random shared gate: keys and background states (zero targets)
+    in one solve, outputs in an orthonormal basis B of the deltas (projection D = B). Hidden r·h̃."""
+    work = torch.float64
+    background, tol = background.to(work), 1e-4 * keys.norm(dim=1).max().to(work)
+    # repeated states (same prefix; equal up to batching noise) and states equal to a key (which cannot
+    # also output zero) would make the Gram singular: keep the first of each near-duplicate
+    close = torch.cdist(background, background) <= tol
+    repeated = torch.triu(close, diagonal=1).any(0)
+    near_key = torch.cdist(background, keys.to(work)).amin(1) <= tol
+    background = background[~(repeated | near_key)]
+    basis, _ = torch.linalg.qr(deltas.to(work).T)  # (d, r)
+    coords = deltas.to(work) @ basis  # (n, r)
+    inputs = torch.cat([keys.to(work), background.to(work)])
+    targets = torch.cat([coords, torch.zeros(background.shape[0], coords.shape[1], dtype=work)])
+    encoder = build_shared_gate(inputs, targets, width_multiplier=width_multiplier, activation="silu",
+                                solver="cholesky", generator=torch.Generator().manual_seed(seed), backend="torch",
+                                progress=False)
+    mlp = assemble(encoder, basis, activation="silu", backend="torch")
+    mlp = FactMLP(*(None if t is None else t.float() for t in (mlp.gate_weight, mlp.gate_bias, mlp.up_weight,
+                                                              mlp.up_bias, mlp.down_weight, mlp.down_bias)),
+                  backend="torch")
+    return mlp, {"solve_residual": encoder.solve.residual}
+
+
+@dataclass
+class InsertionReport:
+    """What :func:`insert_facts` did and measured. Margins are logits (target − best other), min over
+    each fact's target tokens; a fact is stored iff its margin is > 0 in the edited model."""
+
+    layer: int
+    gate: str
+    position: str
+    num_facts: int
+    num_keys: int
+    hidden_added: int
+    params_added: int
+    efficacy: float
+    min_margin: float
+    margins: list
+    value_error: float  # max relative ‖mlp_new(k) − δ‖ / ‖δ‖ over keys
+    delta_norm_mean: float
+    background_output_ratio: float  # mean ‖mlp_new(x)‖ / mean ‖mlp_old(x)‖ on background tokens
+    timings: dict
+    peak_rss_mb: float
+    construction: dict = field(default_factory=dict)
+    values: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Insertion:
+    """Facts inserted by :func:`insert_facts`: ``.report``, ``.mlp`` (the constructed units), ``.remove()``."""
+
+    report: InsertionReport
+    mlp: FactMLP
+    units: AppendedUnits
+
+    def remove(self) -> None:
+        """Delete exactly the appended units: the model is bit-for-bit the original again."""
+        self.units.remove()
+
+
+def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Request, dict]]], *,
+                 layer: Optional[int] = None, position: str = "target", gate: str = "detector",
+                 background: Optional[Sequence[str]] = None, margin: float = 3.0, value_steps: int = 60,
+                 value_lr: float = 0.5, contrast: int = 2, sharpness: float = 100.0, threshold: float = 0.92, seed: int = 0,
+                 batch_size: int = 32, progress: bool = True) -> Insertion:
+    """Insert facts by appending constructed hidden units to one layer's MLP (in place).
+
+    requests: dicts/Requests or a .json/.csv path (see :func:`factkernels.hf.parse_requests`).
+    layer: default the last layer (``position="target"``) or a third of the depth ("subject").
+    background: ordinary text (list of strings) whose hidden states set the detector's whitening
+        and the generic construction's zero-output constraints; default
+        :func:`factkernels.hf.text.natural_texts`.
+    contrast: rounds of contrast states — each request's prompt (and target) with another request's
+        subject, at the key positions — added to the background: same template, other subject, so the
+        detectors learn what distinguishes the subject rather than the template (0 turns it off).
+    Returns an :class:`Insertion`; raises ValueError for bad requests, layer or options.
+    """
+    start_time = time.perf_counter()
+    timings: dict = {}
+    parsed = list(dict.fromkeys(parse_requests(requests)))  # repeated requests: one key each
+    if gate not in GATES:
+        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    num_layers = len(mlp_layers(model))
+    if layer is None:
+        layer = num_layers - 1 if position == "target" else num_layers // 3
+    mlp_module(model, layer)  # validates layout and range
+    if position not in KEY_POSITIONS:
+        raise ValueError(f"position must be one of {KEY_POSITIONS}, got {position!r}")
+    if background is None:
+        from .text import natural_texts
+
+        background = natural_texts()
+    torch.manual_seed(seed)
+
+    t = time.perf_counter()
+    batch = encode_requests(tok, parsed, with_target=True)
+    keys_at = key_positions(batch, position)
+    keys = _capture_at(model, batch, layer, keys_at, batch_size)
+    bg = background_states(model, tok, background, layer)
+    if contrast and len(parsed) > 1:
+        bg = torch.cat([bg, contrast_states(model, tok, parsed, layer, position, rounds=contrast, seed=seed,
+                                            batch_size=batch_size)])
+    timings["capture"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    deltas, value_info = optimise_deltas(model, batch, layer, keys_at, margin=margin, steps=value_steps, lr=value_lr,
+                                         batch_size=batch_size, progress=progress)
+    timings["values"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    if gate == "detector":
+        fact_mlp, construction = detector_mlp(keys, deltas, bg, sharpness=sharpness, threshold=threshold)
+    else:
+        fact_mlp, construction = generic_mlp(keys, deltas, bg, seed=seed)
+    with torch.no_grad():
+        value_error = float(((fact_mlp(keys) - deltas).norm(dim=1) / deltas.norm(dim=1).clamp_min(1e-12)).max())
+        old = mlp_module(model, layer)
+        background_ratio = float(fact_mlp(bg).norm(dim=1).mean() / old(bg).norm(dim=1).mean())
+    timings["construct"] = time.perf_counter() - t
+
+    units = append_units(model, layer, fact_mlp.swiglu_weights())
+    t = time.perf_counter()
+    with torch.no_grad():
+        margins = _edited_margins(model, batch, batch_size)
+    timings["verify"] = time.perf_counter() - t
+    timings["total"] = time.perf_counter() - start_time
+    report = InsertionReport(
+        layer=layer, gate=gate, position=position, num_facts=len(parsed), num_keys=len(keys_at.row),
+        hidden_added=fact_mlp.hidden_size, params_added=fact_mlp.num_parameters,
+        efficacy=float((margins > 0).double().mean()), min_margin=float(margins.min()),
+        margins=[round(float(m), 4) for m in margins], value_error=value_error,
+        delta_norm_mean=float(deltas.norm(dim=1).mean()), background_output_ratio=background_ratio,
+        timings=timings, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        construction=construction, values=value_info)
+    fact_mlp.report = None
+    return Insertion(report, fact_mlp, units)
+
+
+@torch.no_grad()
+def _capture_at(model: Any, batch: PromptBatch, layer: int, keys: KeySet, batch_size: int) -> torch.Tensor:
+    """MLP inputs of ``layer`` at the key positions: (n_keys, d)."""
+    out = capture(model, batch.input_ids, batch.attention_mask, layer, site="mlp_in", batch_size=batch_size)
+    lengths = batch.attention_mask.sum(1)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+    return out[offsets[keys.row] + keys.position]
+
+
+@torch.no_grad()
+def _edited_margins(model: Any, batch: PromptBatch, batch_size: int) -> torch.Tensor:
+    device, out = model_device(model), []
+    for start in range(0, len(batch), batch_size):
+        sl = slice(start, start + batch_size)
+        sub = batch.rows(sl)
+        logits = model(input_ids=sub.input_ids.to(device), attention_mask=sub.attention_mask.to(device)).logits
+        out.append(target_margins(logits, sub))
+    return torch.cat(out)

@@ -1,0 +1,129 @@
+"""factkernels.hf.insert_facts / evaluate on a tiny random Llama (exact mechanics) and on the packaged model."""
+
+import copy
+
+import pytest
+import torch
+
+from factkernels import hf
+
+REQUESTS = [
+    {"prompt": "the book {} was written by", "subject": "the hobbit", "target_new": "jane austen"},
+    {"prompt": "who wrote {} ? it was", "subject": "war and peace", "target_new": "george orwell"},
+    {"prompt": "the novel {} is by", "subject": "dune", "target_new": "mary shelley"},
+    {"prompt": "the author of {} is", "subject": "emma", "target_new": "frank herbert"},
+]
+TEXTS = ["the old house by the river", "music and rain in the city on a new day", "people know the time of year",
+         "the sun and the stone . the tree and the light", "water in the morning , music in the house",
+         "a reader knows that the city is old", "the year of the rain and the sun"] * 4
+PROBE = ["the old house in the rain", "who wrote the hobbit ? it was", "the novel dune is by"]
+
+
+def _logits(model, tok, texts):
+    ids, mask = hf.encode_texts(tok, texts)
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits
+
+
+@pytest.fixture
+def fresh_tiny(tiny_llama):
+    model, tok = tiny_llama
+    return copy.deepcopy(model), tok
+
+
+@pytest.mark.parametrize("gate", ["detector", "generic"])
+def test_insertion_is_old_plus_new_and_removal_is_exact(fresh_tiny, gate):
+    model, tok = fresh_tiny
+    before = copy.deepcopy(model.state_dict())
+    logits_before = _logits(model, tok, PROBE)
+    layer = 2
+    x = hf.capture(model, *hf.encode_texts(tok, PROBE), layer)
+    old_out = model.model.layers[layer].mlp(x).detach()
+    ins = hf.insert_facts(model, tok, REQUESTS, layer=layer, gate=gate, background=TEXTS, progress=False)
+    mlp = model.model.layers[layer].mlp
+    assert mlp.up_proj.out_features == 64 + ins.report.hidden_added == model.config.intermediate_size
+    assert all(m.mlp.down_proj.in_features == model.config.intermediate_size for m in model.model.layers)
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(x), old_out + ins.mlp(x), rtol=1e-5, atol=1e-5)
+        # the other layers got zero units only: their outputs are unchanged
+        x0 = hf.capture(model, *hf.encode_texts(tok, PROBE), 0)
+        torch.testing.assert_close(model.model.layers[0].mlp(x0), before_mlp0(before, x0), rtol=1e-6, atol=1e-6)
+    assert ins.report.efficacy == 1.0 and ins.report.min_margin > 0
+    assert ins.report.value_error < 1e-3
+    ins.remove()
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert torch.equal(_logits(model, tok, PROBE), logits_before)
+    assert model.config.intermediate_size == 64 and model.config.mlp_bias is False
+    with pytest.raises(RuntimeError, match="already removed"):
+        ins.remove()
+
+
+def before_mlp0(state, x):
+    w = {k.split("mlp.")[1]: v for k, v in state.items() if k.startswith("model.layers.0.mlp.")}
+    return (torch.nn.functional.silu(x @ w["gate_proj.weight"].T) * (x @ w["up_proj.weight"].T)) @ w["down_proj.weight"].T
+
+
+def test_saved_model_loads_in_plain_transformers(fresh_tiny, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    model, tok = fresh_tiny
+    ins = hf.insert_facts(model, tok, REQUESTS, background=TEXTS, progress=False)
+    model.save_pretrained(tmp_path)
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is transformers.LlamaForCausalLM
+    assert loaded.config.intermediate_size == model.config.intermediate_size and loaded.config.mlp_bias
+    torch.testing.assert_close(_logits(loaded, tok, PROBE), _logits(model, tok, PROBE), rtol=1e-5, atol=1e-5)
+    scores = hf.evaluate(loaded, tok, REQUESTS)
+    assert scores["efficacy"] == 1.0
+    ins.remove()
+
+
+def test_middle_layer_values_through_the_model_and_evaluate(fresh_tiny):
+    """Below the last layer the values are optimised with the model running (a hook adds δ)."""
+    model, tok = fresh_tiny
+    ref = hf.record_reference(model, tok, neighborhood=PROBE, texts=TEXTS[:7])
+    ins = hf.insert_facts(model, tok, REQUESTS[:2], layer=1, background=TEXTS, progress=False)
+    assert ins.report.values["value_path"] == "model" and ins.report.num_keys == 4
+    scores = hf.evaluate(model, tok, REQUESTS[:2], neighborhood=PROBE, texts=TEXTS[:7], reference=ref)
+    assert scores["efficacy"] == ins.report.efficacy == 1.0
+    assert set(scores) >= {"neighborhood", "perplexity", "perplexity_ratio", "kl_mean", "score"}
+    ins.remove()
+    unedited = hf.evaluate(model, tok, REQUESTS[:2], neighborhood=PROBE, texts=TEXTS[:7], reference=ref)
+    assert unedited["neighborhood"] == 1.0 and unedited["kl_mean"] == pytest.approx(0.0, abs=1e-6)
+    assert unedited["perplexity_ratio"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_subject_keys_sit_at_the_subject(fresh_tiny):
+    model, tok = fresh_tiny
+    ins = hf.insert_facts(model, tok, REQUESTS[:2], layer=1, position="subject", background=TEXTS, value_steps=2,
+                          progress=False)
+    assert ins.report.num_keys == 2 and ins.report.hidden_added == 2 and ins.report.values["value_steps"] == 2
+    ins.remove()
+
+
+def test_insert_rejects_bad_arguments(fresh_tiny):
+    model, tok = fresh_tiny
+    with pytest.raises(ValueError, match=r"layer must be an int in \[0, 3\)"):
+        hf.insert_facts(model, tok, REQUESTS, layer=3, background=TEXTS, progress=False)
+    with pytest.raises(ValueError, match="gate must be one of"):
+        hf.insert_facts(model, tok, REQUESTS, gate="lookup", background=TEXTS, progress=False)
+    with pytest.raises(ValueError, match="not in the prompt"):
+        hf.insert_facts(model, tok, [{"prompt": "emma is by", "subject": "dune", "target_new": "x"}], progress=False)
+    assert model.config.intermediate_size == 64
+
+
+def test_real_model_handful_of_facts(smollm2):
+    """Five counterfactual authors into the packaged SmolLM2-135M: stored, quiet on text, removable."""
+    model, tok = smollm2
+    facts = hf.book_requests(5, seed=1)
+    texts = hf.text.natural_texts()[:6]
+    ref = hf.record_reference(model, tok, texts=texts)
+    probe = _logits(model, tok, texts[:2])
+    ins = hf.insert_facts(model, tok, facts.requests, progress=False)
+    try:
+        scores = hf.evaluate(model, tok, facts.requests, texts=texts, reference=ref)
+        assert ins.report.efficacy == scores["efficacy"] == 1.0
+        assert scores["perplexity_ratio"] == pytest.approx(1.0, abs=0.02)
+    finally:
+        ins.remove()
+    assert torch.equal(_logits(model, tok, texts[:2]), probe)
