@@ -1,4 +1,4 @@
-"""Command line: ``factkernels demo | construct | info | rgr-train | experiment NAME``."""
+"""Command line: ``factkernels demo | construct | info | insert | rgr-train | experiment NAME``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from . import _ops
 from .attention.cli import add_subcommands as add_attention_commands
 from .capacity_experiments import add_subcommands as add_capacity_commands
 from .environment import environment
+from .hf.cli import add_subcommands as add_hf_commands
 from .construct import OUTPUTS, FactStorageError, construct
 from .embeddings import random_fact_set
 from .experiments import cli as experiments_cli
@@ -85,6 +86,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for p in (demo, cons):
         p.set_defaults(handler=_run_construct)
     sub.add_parser("info", help="print what was compiled").set_defaults(handler=_run_info)
+    add_hf_commands(sub)
     experiments = sub.add_parser("experiment", help="run a named experiment; writes JSON and PNG")
     experiment_names = experiments.add_subparsers(dest="experiment", required=True)
     add_attention_commands(sub, experiment_names)

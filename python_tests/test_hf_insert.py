@@ -127,3 +127,21 @@ def test_real_model_handful_of_facts(smollm2):
     finally:
         ins.remove()
     assert torch.equal(_logits(model, tok, texts[:2]), probe)
+
+
+def test_cli_insert_writes_a_stock_checkpoint_and_report(fresh_tiny, tmp_path, capsys):
+    import json
+
+    from factkernels.cli import main
+
+    model, tok = fresh_tiny
+    model.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    (tmp_path / "facts.json").write_text(json.dumps(REQUESTS[:2]))
+    status = main(["insert", "--model", str(tmp_path / "base"), "--requests", str(tmp_path / "facts.json"),
+                   "--out", str(tmp_path / "edited"), "--quiet"])
+    report = json.loads((tmp_path / "edited" / "factkernels_insert.json").read_text())
+    assert status == 0 and report["scores"]["efficacy"] == 1.0 and report["report"]["num_facts"] == 2
+    edited, edited_tok = hf.load(tmp_path / "edited")
+    assert hf.evaluate(edited, edited_tok, REQUESTS[:2])["efficacy"] == 1.0
+    assert "wrote" in capsys.readouterr().out

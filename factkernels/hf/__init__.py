@@ -5,6 +5,12 @@
     requests = hf.parse_requests([{"prompt": "{} was written by", "subject": "The Hobbit",
                                    "target_new": " Jane Austen"}])
     keys = hf.capture_keys(model, tok, requests, layer=8)          # (n, d) MLP inputs at the subject
+    facts = hf.book_requests(100, seed=0)                           # counterfactual authors + eval sets
+    ref = hf.record_reference(model, tok, neighborhood=facts.neighborhood, texts=hf.text.natural_texts())
+    ins = hf.insert_facts(model, tok, facts.requests)               # appended units in one LlamaMLP
+    hf.evaluate(model, tok, facts.requests, paraphrases=facts.paraphrases, neighborhood=facts.neighborhood,
+                texts=hf.text.natural_texts(), reference=ref)       # efficacy, paraphrase, neighborhood, ppl, KL
+    ins.remove()                                                    # bit-for-bit the original again
 
 Needs the ``hf`` extra (transformers, gguf, accelerate); importing this package does not.
 """

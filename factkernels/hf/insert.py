@@ -292,7 +292,7 @@ class InsertionReport:
     margins: list
     value_error: float  # max relative ‖mlp_new(k) − δ‖ / ‖δ‖ over keys
     delta_norm_mean: float
-    background_output_ratio: float  # mean ‖mlp_new(x)‖ / mean ‖mlp_old(x)‖ on background tokens
+    background_output_ratio: float  # mean ‖mlp_new(x)‖ / mean ‖mlp_old(x)‖ on the background text's tokens
     timings: dict
     peak_rss_mb: float
     construction: dict = field(default_factory=dict)
@@ -353,9 +353,9 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     batch = encode_requests(tok, parsed, with_target=True)
     keys_at = key_positions(batch, position)
     keys = _capture_at(model, batch, layer, keys_at, batch_size)
-    bg = background_states(model, tok, background, layer)
+    text_states = bg = background_states(model, tok, background, layer)
     if contrast and len(parsed) > 1:
-        bg = torch.cat([bg, contrast_states(model, tok, parsed, layer, position, rounds=contrast, seed=seed,
+        bg = torch.cat([text_states, contrast_states(model, tok, parsed, layer, position, rounds=contrast, seed=seed,
                                             batch_size=batch_size)])
     timings["capture"] = time.perf_counter() - t
 
@@ -372,7 +372,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     with torch.no_grad():
         value_error = float(((fact_mlp(keys) - deltas).norm(dim=1) / deltas.norm(dim=1).clamp_min(1e-12)).max())
         old = mlp_module(model, layer)
-        background_ratio = float(fact_mlp(bg).norm(dim=1).mean() / old(bg).norm(dim=1).mean())
+        background_ratio = float(fact_mlp(text_states).norm(dim=1).mean() / old(text_states).norm(dim=1).mean())
     timings["construct"] = time.perf_counter() - t
 
     units = append_units(model, layer, fact_mlp.swiglu_weights())
