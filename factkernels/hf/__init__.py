@@ -17,17 +17,21 @@ Needs the ``hf`` extra (transformers, gguf, accelerate); importing this package 
 
 from .capture import (PromptBatch, capture, capture_keys, encode_requests, encode_texts, record_inputs,
                       site_module)
+from .corpus import natural_text
+from .editors import EditResult, edit
 from .evaluate import Reference, evaluate, fact_margins, record_reference
 from .insert import Insertion, InsertionReport, insert_facts
 from .layout import mlp_layers, mlp_module
 from .loading import PACKAGED_MODELS, load, packaged_gguf
 from . import text
 from .requests import BOOK_PROMPTS, Request, RequestSet, book_requests, make_request, parse_requests
+from .statistics import key_second_moments
 
 __all__ = [
     "load", "packaged_gguf", "PACKAGED_MODELS",
     "mlp_layers", "mlp_module",
     "Request", "RequestSet", "make_request", "parse_requests", "book_requests", "BOOK_PROMPTS",
+    "edit", "EditResult", "key_second_moments", "natural_text",
     "insert_facts", "Insertion", "InsertionReport", "evaluate", "record_reference", "Reference", "fact_margins", "text",
     "PromptBatch", "encode_requests", "encode_texts", "capture", "capture_keys", "record_inputs", "site_module",
 ]

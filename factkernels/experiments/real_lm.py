@@ -1,0 +1,203 @@
+"""Issue 12 part 6: facts into a real pretrained LM — insertion by construction vs ROME, MEMIT, AlphaEdit.
+
+One cell = (method, n_facts, layer, seed) on one model: ``hf.book_requests(n_facts, seed)``
+(counterfactual authors for shipped book titles) are written into the model by ``method``, scored by
+the one ``hf.evaluate`` (efficacy, paraphrase, neighborhood, their harmonic mean "score", perplexity
+ratio and mean KL against the unedited model on the held-out ``natural_text("eval")``), and undone
+(``Insertion.remove`` / ``EditResult.restore``) before the next cell. ``layer`` is the insertion
+layer for "ours" (a sweep) and the published default layers for the editors (layer = -1).
+
+Scales: tiny — a 3-layer random Llama built from a LlamaConfig with a word-level tokenizer over the
+requests' and texts' words (CI seconds; no numbers worth reading); quick — SmolLM2-135M, 10 facts,
+every method, ours at three layers; seed — SmolLM2-135M, 10/100/1,000 facts, ours at six layers.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from . import engine
+
+NAME = "real-lm-editing"
+METHODS = ("ours", "rome", "memit", "alphaedit")
+EDITOR_LAYERS = -1  # "the editor's published default layers"
+METRICS = ("efficacy", "paraphrase", "neighborhood", "score", "perplexity_ratio", "kl_mean", "edit_seconds")
+
+
+def _grid(scale: str) -> list[dict]:
+    if scale == "tiny":
+        model, sizes, our_layers = "tiny", (4,), (2, 1)
+    elif scale == "quick":
+        model, sizes, our_layers = "smollm2-135m", (10,), (29, 20, 10)
+    else:
+        model, sizes, our_layers = "smollm2-135m", (10, 100, 1000), (29, 25, 20, 15, 10, 5)
+    cells = []
+    for n in sizes:
+        ours = [{"model": model, "method": "ours", "n_facts": n, "layer": layer, "seed": 0} for layer in our_layers]
+        editors = [{"model": model, "method": m, "n_facts": n, "layer": EDITOR_LAYERS, "seed": 0} for m in METHODS[1:]]
+        cells += ours[:1] + editors + ours[1:]  # the comparison first, the rest of the sweep after
+    return cells
+
+
+def _tiny_model(words: tuple[str, ...]) -> tuple[Any, Any]:
+    """A random 3-layer Llama (d=32, SwiGLU 64, initializer_range 0.2) with a word-level tokenizer over ``words``."""
+    import tokenizers
+    import torch
+    import transformers
+
+    vocab = {w: i for i, w in enumerate(("[UNK]", "[PAD]", *words))}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.normalizer = tokenizers.normalizers.Lowercase()
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]")
+    config = transformers.LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                      hidden_act="silu", pad_token_id=1, initializer_range=0.2)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval(), tok
+
+
+@lru_cache(maxsize=1)
+def _model(name: str, words: tuple[str, ...] = ()) -> tuple[Any, Any]:
+    """The cell's model, loaded once per process (cells always leave it unedited)."""
+    from .. import hf
+
+    return _tiny_model(words) if name == "tiny" else hf.load(name)
+
+
+def _texts(split: str, tiny: bool) -> list[str]:
+    """The shipped text of ``split``; at tiny scale four 40-word snippets of it."""
+    from ..hf import natural_text
+
+    texts = natural_text(split)
+    return [" ".join(t.split()[:40]) for t in texts[:4]] if tiny else texts
+
+
+def _setup(config: dict) -> tuple[Any, list[str], Any, Any]:
+    """(request set, held-out texts, model, tokenizer) of a cell; the model is shared by every cell."""
+    from .. import hf
+
+    tiny = config["model"] == "tiny"
+    facts = hf.book_requests(config["n_facts"], seed=config["seed"], paraphrases_per_fact=1 if tiny else 2)
+    texts = _texts("eval", tiny)
+    words: tuple[str, ...] = ()
+    if tiny:
+        everything = [r.text + r.target_new for r in facts.requests + facts.paraphrases] + list(facts.neighborhood)
+        words = tuple(sorted({w.lower() for t in everything + texts + _texts("stats", True) for w in t.split()}))
+    model, tok = _model(config["model"], words)
+    return facts, texts, model, tok
+
+
+def run_cell(config: dict) -> dict:
+    import time
+
+    from .. import hf
+    from ..hf.evaluate import evaluate, record_reference
+
+    tiny = config["model"] == "tiny"
+    facts, texts, model, tok = _setup(config)
+    reference = record_reference(model, tok, neighborhood=facts.neighborhood, texts=texts)
+    start = time.perf_counter()
+    if config["method"] not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {config['method']!r}")
+    if config["method"] == "ours":
+        kwargs: dict = {"background": _texts("stats", tiny)}
+        if tiny:
+            kwargs.update(value_steps=10)
+        applied = hf.insert_facts(model, tok, facts.requests, layer=config["layer"], progress=False, **kwargs)
+        undo, report = applied.remove, {"hidden_added": applied.report.hidden_added,
+                                        "insert_efficacy": applied.report.efficacy}
+    else:
+        hparams = {"layers": [1], "steps": 10} if tiny else {}
+        stats = None
+        if tiny:  # tiny vocabulary: the shipped text is mostly unknown words; use the tiny texts
+            from ..hf.statistics import key_second_moments
+
+            stats = key_second_moments(model, tok, hparams["layers"], texts=texts, cache_dir=False)
+        applied = hf.edit(model, tok, facts.requests, method=config["method"], stats=stats, progress=False, **hparams)
+        undo, report = applied.restore, {"nll_before": applied.report["nll_before"],
+                                         "nll_target": applied.report["nll_target"]}
+    edit_seconds = time.perf_counter() - start
+    try:
+        scores = evaluate(model, tok, facts.requests, paraphrases=facts.paraphrases, neighborhood=facts.neighborhood,
+                          texts=texts, reference=reference)
+    finally:
+        undo()
+    return {**{k: v for k, v in scores.items() if isinstance(v, (int, float))}, **report, "edit_seconds": edit_seconds}
+
+
+def _rows(cells: list[engine.Cell]) -> list[dict]:
+    rows = []
+    for c in sorted(cells, key=lambda c: (c.config["n_facts"], METHODS.index(c.config["method"]), c.config["layer"])):
+        rows.append({"method": c.config["method"], "n_facts": c.config["n_facts"], "layer": c.config["layer"],
+                     "seed": c.config["seed"], **{m: c.result.get(m) for m in METRICS}})
+    return rows
+
+
+def summarize(cells: list[engine.Cell]) -> dict:
+    """Every cell as a table row, and per fact count: ours at its best layer (by score) vs the best editor."""
+    rows = _rows(cells)
+    comparison = {}
+    for n in sorted({r["n_facts"] for r in rows}):
+        ours = [r for r in rows if r["n_facts"] == n and r["method"] == "ours"]
+        editors = [r for r in rows if r["n_facts"] == n and r["method"] != "ours"]
+        if not ours or not editors:
+            continue
+        best_ours = max(ours, key=lambda r: r["score"])
+        best_editor = max(editors, key=lambda r: r["score"])
+        least_kl = min(r["kl_mean"] for r in editors)
+        comparison[str(n)] = {"ours_layer": best_ours["layer"], "ours_score": best_ours["score"],
+                              "ours_kl_mean": best_ours["kl_mean"], "best_editor": best_editor["method"],
+                              "best_editor_score": best_editor["score"], "least_editor_kl_mean": least_kl,
+                              "score_at_least_as_good": best_ours["score"] >= best_editor["score"],
+                              "kl_at_least_as_good": best_ours["kl_mean"] <= least_kl}
+    return {"rows": rows, "comparison": comparison, "claims": {}}
+
+
+def markdown_table(summary: dict) -> str:
+    """The README table of a summary: one line per cell."""
+    head = "| facts | method | layer | efficacy | paraphrase | neighborhood | score | ppl ratio | KL | seconds |"
+    lines = [head, "|" + "---|" * 10]
+    for r in summary["rows"]:
+        layer = "default" if r["layer"] == EDITOR_LAYERS else str(r["layer"])
+        lines.append(f"| {r['n_facts']} | {r['method']} | {layer} | {r['efficacy']:.3f} | {r['paraphrase']:.3f} | "
+                     f"{r['neighborhood']:.3f} | {r['score']:.3f} | {r['perplexity_ratio']:.4f} | "
+                     f"{r['kl_mean']:.2e} | {r['edit_seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(summary: dict, cells: list[engine.Cell]) -> dict:
+    from .plotting import panels
+
+    rows = summary["rows"]
+    sizes = sorted({r["n_facts"] for r in rows})
+    fig, axes = panels(2)
+    for ax, metric, label in ((axes[0], "score", "harmonic-mean score"), (axes[1], "kl_mean", "mean KL on held-out text")):
+        for i, method in enumerate(METHODS):
+            values = []
+            for n in sizes:
+                picked = [r[metric] for r in rows if r["method"] == method and r["n_facts"] == n]
+                # ours: its best layer by score (the sweep's point)
+                if method == "ours" and picked:
+                    best = max((r for r in rows if r["method"] == method and r["n_facts"] == n), key=lambda r: r["score"])
+                    picked = [best[metric]]
+                values.append(picked[0] if picked else float("nan"))
+            ax.bar([j + 0.2 * i for j in range(len(sizes))], values, width=0.2, label=method)
+        ax.set_xticks([j + 0.3 for j in range(len(sizes))], [f"{n} facts" for n in sizes])
+        ax.set_ylabel(label)
+    axes[1].set_yscale("log")
+    axes[0].legend()
+    return {"real_lm_editing": fig}
+
+
+EXPERIMENT = engine.register(engine.Experiment(
+    name=NAME,
+    help="issue 12: facts into SmolLM2-135M — construction (layer sweep) vs ROME, MEMIT, AlphaEdit",
+    claims=(),
+    grid=_grid,
+    run_cell=run_cell,
+    summarize=summarize,
+    plot=plot,
+    tags=("hf",),
+))

@@ -1,0 +1,141 @@
+"""factkernels.hf editors (ROME/MEMIT/AlphaEdit), key statistics and the shipped text, on a tiny random Llama."""
+
+import pytest
+import torch
+
+from factkernels import hf
+from factkernels.hf.corpus import natural_text
+from factkernels.hf.editors import DEFAULT_HPARAMS, edit, residual_targets
+from factkernels.hf.statistics import key_second_moments
+
+REQUESTS = [
+    {"prompt": "the book {} was written by", "subject": "the hobbit", "target_new": "jane austen"},
+    {"prompt": "who wrote {} ? it was", "subject": "war and peace", "target_new": "george orwell"},
+]
+TEXTS = ["the old house of the river city in the morning rain", "people knows that time and music and water",
+         "a new day on the stone tree light", "the reader of the novel knows the author of the book"] * 3
+# Random small weights pass little from the subject to the last token; these settings let δ get through.
+STRONG = {"clamp_norm": 1e3, "steps": 40, "lr": 0.5, "weight_decay": 0.0, "kl_factor": 0.0}
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_llama):
+    """The tiny word-level Llama with larger random weights (initializer_range 0.2), so edits can act."""
+    transformers = pytest.importorskip("transformers")
+    base, tok = tiny_llama
+    config = base.config.__class__(**{**base.config.to_dict(), "initializer_range": 0.2})
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval(), tok
+
+
+def _target_nll(model, tok, requests):
+    from factkernels.hf.editors import _target_nll as nll
+
+    with torch.no_grad():
+        return nll(model, hf.encode_requests(tok, hf.parse_requests(requests), with_target=True))
+
+
+def _logits(model, tok):
+    batch = hf.encode_requests(tok, hf.parse_requests(REQUESTS))
+    with torch.no_grad():
+        return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+
+
+@pytest.mark.parametrize("method, layers, extra", [
+    ("rome", (1,), {}),
+    ("memit", (1,), {}),
+    ("alphaedit", (1,), {"nullspace_tol": 1.0, "l2": 1e-4}),  # C's eigenvalues below 1 span 33 of 64 directions
+])
+def test_edit_moves_the_target_and_restore_is_exact(llama, tmp_path, method, layers, extra):
+    model, tok = llama
+    stats = key_second_moments(model, tok, layers, texts=TEXTS, cache_dir=tmp_path)
+    before_logits = _logits(model, tok)
+    before_nll = _target_nll(model, tok, REQUESTS)
+    result = edit(model, tok, REQUESTS, method=method, layers=layers, stats=stats, progress=False, **STRONG, **extra)
+    after_nll = _target_nll(model, tok, REQUESTS)
+    edited_logits = _logits(model, tok)
+    result.restore()
+    assert result.report["nll_target"] < result.report["nll_before"] - 0.5  # δ reached the target
+    assert float(after_nll.mean()) < float(before_nll.mean()) - 0.1  # and the weight edit carries it
+    last = hf.encode_requests(tok, hf.parse_requests(REQUESTS)).prompt_last
+    rows = torch.arange(len(REQUESTS))
+    assert not torch.equal(edited_logits[rows, last].argmax(-1), before_logits[rows, last].argmax(-1))  # greedy changed
+    assert torch.equal(_logits(model, tok), before_logits)
+    if method == "alphaedit":
+        assert 0 < result.report["null_space_dims"][1] < 64
+
+
+def test_rome_writes_its_targets_exactly(llama, tmp_path):
+    """ROME's rank-one edit makes W k* = v* = W k* + δ (δ from the same residual step)."""
+    model, tok = llama
+    requests = hf.parse_requests(REQUESTS[:1])
+    stats = key_second_moments(model, tok, [1], texts=TEXTS, cache_dir=tmp_path)
+    hp = {k: v for k, v in {**DEFAULT_HPARAMS["rome"], **STRONG}.items() if k not in ("layers", "ridge")}
+    targets = residual_targets(model, tok, requests, 1, clamp_to="mlp", progress=False, **hp)
+    keys = hf.capture_keys(model, tok, requests, 1, site="down_in")
+    result = edit(model, tok, requests, method="rome", layers=[1], stats=stats, progress=False, **STRONG)
+    try:
+        with torch.no_grad():
+            written = model.model.layers[1].mlp.down_proj(keys)
+        torch.testing.assert_close(written, targets.mlp_out + targets.delta, rtol=1e-4, atol=1e-4)
+        assert (targets.delta.norm(dim=1) > 1.0).all()
+    finally:
+        result.restore()
+
+
+def test_alphaedit_with_an_empty_null_space_changes_nothing(llama, tmp_path):
+    model, tok = llama
+    stats = key_second_moments(model, tok, [0, 1], texts=TEXTS, cache_dir=tmp_path)
+    weights = [p.detach().clone() for p in model.parameters()]
+    result = edit(model, tok, REQUESTS, method="alphaedit", layers=[0, 1], stats=stats, progress=False,
+                  nullspace_tol=-1.0, **STRONG)
+    assert result.report["null_space_dims"] == {0: 0, 1: 0}
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+
+
+def test_second_moments_match_captured_keys_and_cache_round_trips(llama, tmp_path, monkeypatch):
+    model, tok = llama
+    first = key_second_moments(model, tok, [0, 2], texts=TEXTS, cache_dir=tmp_path)
+    ids, mask = hf.encode_texts(tok, TEXTS)
+    keys = hf.capture(model, ids, mask, 2, site="down_in").double()
+    torch.testing.assert_close(first[2].double(), keys.T @ keys / keys.shape[0], rtol=1e-5, atol=1e-9)
+    assert len(list((tmp_path / "mom2").glob("*.safetensors"))) == 2
+
+    import factkernels.hf.statistics as statistics
+
+    def no_pass(*_args, **_kwargs):
+        raise AssertionError("a cached second moment was recomputed")
+
+    monkeypatch.setattr(statistics, "encode_texts", no_pass)
+    again = key_second_moments(model, tok, [2, 0], texts=TEXTS, cache_dir=tmp_path)
+    assert list(again) == [0, 2] and all(torch.equal(again[k], first[k]) for k in first)
+    with pytest.raises(AssertionError, match="recomputed"):  # other text: another cache entry
+        key_second_moments(model, tok, [0], texts=TEXTS[:2], cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"method": "lora"}, "method must be one of"),
+    ({"method": "memit", "bogus": 1}, "unknown hyperparameters"),
+    ({"method": "rome", "layers": (0, 1)}, "must be one layer"),
+    ({"method": "memit", "layers": (1, 0)}, "increasing"),
+    ({"method": "memit", "layers": (0, 3)}, r"layer must be an int in \[0, 3\)"),
+])
+def test_bad_edit_arguments(llama, kwargs, message):
+    model, tok = llama
+    weights = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=message):
+        edit(model, tok, REQUESTS, stats={}, progress=False, **kwargs)
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+
+
+def test_default_layers_follow_the_published_depth():
+    assert DEFAULT_HPARAMS["memit"]["layers"] == (3, 4, 5, 6, 7, 8)
+    assert DEFAULT_HPARAMS["rome"]["layers"] == (5,)
+
+
+def test_shipped_text_splits():
+    stats, held_out = natural_text("stats"), natural_text("eval")
+    assert len(stats) >= 4 * len(held_out) > 0 and not set(stats) & set(held_out)
+    assert sum(len(t.split()) for t in stats + held_out) > 15000  # ≥ 20k SmolLM2 tokens
+    with pytest.raises(ValueError, match="split must be one of"):
+        natural_text("train")

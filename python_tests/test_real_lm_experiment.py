@@ -1,0 +1,30 @@
+"""The real-lm-editing experiment at tiny scale (a random 3-layer Llama; no packaged model needed)."""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("factkernels.hf.evaluate")  # hf.evaluate / hf.insert_facts (issue 12 part 3, 5)
+
+from factkernels.experiments import engine, real_lm  # noqa: E402
+
+
+def test_tiny_grid_runs_every_method_and_leaves_the_model_unedited(tmp_path):
+    grid = real_lm._grid("tiny")
+    assert {c["method"] for c in grid} == set(real_lm.METHODS)
+    res = engine.run(real_lm.NAME, tmp_path, scale="tiny", quiet=True)
+    assert res.missing == 0 and res.summary is not None
+    rows = res.summary["rows"]
+    assert len(rows) == len(grid)
+    for row in rows:
+        for metric in ("efficacy", "paraphrase", "neighborhood"):
+            assert 0.0 <= row[metric] <= 1.0
+        assert row["perplexity_ratio"] > 0 and row["kl_mean"] >= 0
+    # every cell undid its edit: the cached model still scores the unedited reference exactly
+    _, _, model, _ = real_lm._setup(grid[1])
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    real_lm.run_cell(dict(grid[1]))
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    table = real_lm.markdown_table(res.summary)
+    assert len(table.splitlines()) == 2 + len(grid)
+    assert set(res.summary["comparison"]["4"]) >= {"ours_score", "best_editor_score", "least_editor_kl_mean"}
