@@ -224,12 +224,12 @@ def construct(
     used = torch.unique(facts)
     with _timed(timings, "outputs", device):
         if isinstance(outputs, torch.Tensor):
-            out_embed, rho = outputs, float(geometry.output_margins(values, outputs).min())
+            out_embed, rho = outputs, float(geometry.output_margins(values, outputs, backend=backend).min())
         elif outputs == "margin_optimal":
             out_embed, rho = geometry.margin_optimal_outputs(values)
         else:
             out_embed = values
-            rho = float(geometry.output_margins(values, values).min())
+            rho = float(geometry.output_margins(values, values, backend=backend).min())
         if not rho > 0:
             hint = " (try outputs='margin_optimal')" if isinstance(outputs, str) and outputs == "values" else ""
             label = "the given outputs" if isinstance(outputs, torch.Tensor) else f"outputs={outputs!r}"
