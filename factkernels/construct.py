@@ -176,7 +176,7 @@ def construct(
 
     used = torch.unique(facts)
     with _timed(timings, "outputs", device):
-        out_embed, rho = output_embeddings(values, outputs)
+        out_embed, rho = output_embeddings(values, outputs, backend=backend)
 
     with _timed(timings, "m_search", device):
         decoder, m_search = choose_m(m, out_embed, values, used, rho, generator, backend)

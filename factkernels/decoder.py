@@ -60,15 +60,17 @@ def initial_m(rho: float, num_values: int) -> int:
     return max(1, math.ceil(math.log(max(num_values, 2)) / rho**2))
 
 
-def output_embeddings(values: torch.Tensor, outputs: Union[str, torch.Tensor]) -> tuple[torch.Tensor, float]:
+def output_embeddings(values: torch.Tensor, outputs: Union[str, torch.Tensor], *,
+                      backend: str = "auto") -> tuple[torch.Tensor, float]:
     """Output embeddings U (|V|, d) and their margin ρ for ``outputs`` = "margin_optimal" (U*),
-    "values" (U = V) or a given U; raise ValueError when ρ <= 0 (some value cannot be decoded)."""
+    "values" (U = V) or a given U; raise ValueError when ρ <= 0 (some value cannot be decoded).
+    backend: for the streaming margin pass of given outputs ("auto" | "kernels" | "torch")."""
     if isinstance(outputs, torch.Tensor):
-        out_embed, rho = outputs, float(geometry.output_margins(values, outputs).min())
+        out_embed, rho = outputs, float(geometry.output_margins(values, outputs, backend=backend).min())
     elif outputs == "margin_optimal":
         out_embed, rho = geometry.margin_optimal_outputs(values)
     else:
-        out_embed, rho = values, float(geometry.output_margins(values, values).min())
+        out_embed, rho = values, float(geometry.output_margins(values, values, backend=backend).min())
     if not rho > 0:
         hint = " (try outputs='margin_optimal')" if isinstance(outputs, str) and outputs == "values" else ""
         label = "the given outputs" if isinstance(outputs, torch.Tensor) else f"outputs={outputs!r}"
