@@ -114,9 +114,9 @@ def test_editors_on_untrained_lm_reach_their_targets():
     state = prompts.weights[:, :1] * targets + prompts.weights[:, 1:] * prompts.language_out
     assert torch.equal(model.logits(state).argmax(-1), prompts.targets)  # the residual step works
     cov = editing.key_second_moment(model, task, split.preserved)
-    memit = editing._edited_expert("memit", model.moe.fact, prompts.keys, targets, cov, {"lam": 1e-6})
+    memit = editing._edited_expert("memit", model.moe.fact, prompts.keys, targets, cov, {"lam": 1e-6}, 10)
     assert torch.allclose(memit(prompts.z), targets, atol=1e-3)
-    rome = editing._edited_expert("rome", model.moe.fact, prompts.keys, targets, cov, {})
+    rome = editing._edited_expert("rome", model.moe.fact, prompts.keys, targets, cov, {}, 10)
     assert torch.allclose(rome(prompts.z[-1:]), targets[-1:], atol=1e-3)  # sequential: the last edit is exact
     result = editing.compare_editors(
         model, task, split, methods=("mlp_swap", "memit"), quiet=True,
@@ -126,3 +126,20 @@ def test_editors_on_untrained_lm_reach_their_targets():
         best = result[method]["best"]
         assert set(best) >= {"efficacy", "specificity", "paraphrase", "score", "config"}
         assert 0.0 <= best["score"] <= 1.0
+
+
+def test_key_second_moment_reads_edit_prompt_keys_or_every_position():
+    """The default C holds one key per preserved fact (the authors' code): rank <= their count;
+    positions="all" spans more directions; an unknown choice is refused."""
+    task = AuthorsBooks.build(24)
+    model = AuthorsLM(task, dim=16, seed=0)
+    ids = torch.arange(3)
+    prompt = editing.key_second_moment(model, task, ids, ridge=0.0)
+    every = editing.key_second_moment(model, task, ids, positions="all", ridge=0.0)
+    assert torch.linalg.matrix_rank(prompt) <= 3 < torch.linalg.matrix_rank(every)
+    data = task.sentences(task.facts, ids, [editing.EDIT_TEMPLATE])
+    z = model.mixer_input(data.tokens, data.mask)[torch.arange(3), data.value_position]
+    keys = editing.mlp_hidden(model.moe.fact, z)
+    assert torch.allclose(prompt, keys.T @ keys / 3, atol=1e-6)
+    with pytest.raises(ValueError, match="positions"):
+        editing.key_second_moment(model, task, ids, positions="words")

@@ -1,5 +1,7 @@
 """Authors/books LM (seed 000 §5.4, App. A.3): data, sentences, fact expert, MoE model, training."""
 
+import math
+
 import pytest
 import torch
 
@@ -111,6 +113,8 @@ def test_evaluate_matches_the_forward_pass_and_reports_routing():
         weights = model.moe.route(model.mixer_input(data.tokens, data.mask))[..., 0]
     word = data.kinds == WORD
     assert result["ce_nonfact"] == pytest.approx(float(losses[word].mean()), rel=1e-5)
+    book = data.kinds == lm.KEY  # the authors' code also counts the book token as non-fact
+    assert result["ce_nonvalue"] == pytest.approx(float(losses[word | book].mean()), rel=1e-5)
     assert result["router_fact_word"] == pytest.approx(float(weights[word].mean()), rel=1e-5)
     assert 0.2 < result["router_fact_value"] < 0.4  # untrained: the router's prior
     assert result["fact_norm_word"] > 0 and result["language_norm_word"] > 0
@@ -153,6 +157,8 @@ def test_lm_and_editing_experiments_on_the_engine(tmp_path):
     assert run["expert"] == "gd" and run["fact_mlp"]["hidden"] == 24 and run["fact_mlp"]["stored_all"]
     assert 0 <= run["new_fact_accuracy"] <= 1 and run["ce_nonfact_fact_expert_zeroed"] > 0
     assert run["nonfact_ce_rise"] == pytest.approx(run["swapped"]["ce_nonfact"] / run["train_facts"]["ce_nonfact"] - 1)
+    assert math.log(run["nonvalue_ppl_ratio"]) == pytest.approx(run["swapped"]["ce_nonvalue"]
+                                                                - run["train_facts"]["ce_nonvalue"])
     assert (tmp_path / "lm-facts" / "lm_facts.png").stat().st_size > 0
 
     edit = engine.run("editing", tmp_path, scale="tiny", quiet=True).summary

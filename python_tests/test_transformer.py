@@ -225,6 +225,9 @@ def test_experiment_ssfr_cells_and_claims(tmp_path):
     assert set(res.summary["headline"]) == {"seed_modifications", "vanilla"}
     acc = res.summary["headline"]["seed_modifications"]["fact_adaptive_accuracy"]
     assert 0.0 <= acc <= 1.0 and f"{acc:.3f}" in res.summary["claims"]["000-sec5.1-fact-adaptive"]["ours"]
+    runs = res.summary["headline"]["seed_modifications"]["runs"]
+    assert acc == max(r["fact_adaptive_accuracy"] for r in runs)  # scored on the seed's J (training junk)
+    assert all(0.0 <= r["fact_adaptive_test_accuracy"] <= 1.0 for r in runs)  # held-out junk, reported beside
     assert res.summary["scaling"][0]["num_facts"] == 8 and res.summary["scaling"][0]["trace"]
     assert res.summary["claims"]["000-fig3a-w-vs-f"]["verdict"] == "not run"  # one F gives no slope
     assert (tmp_path / "ssfr" / "ssfr_scaling.png").stat().st_size > 0

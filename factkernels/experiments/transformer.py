@@ -66,7 +66,9 @@ def _ssfr_grid(scale: str) -> list[dict]:
                 "resolution": 1.25, "max_size": 4096}
         facts = SEED_FACTS
     base["mlp"] = "constructed"
-    headline = [{**base, "part": "headline", "variant": v, "facts": facts[0]} for v in ("seed_modifications", "vanilla")]
+    # fact-adaptive accuracy on the seed's J (the training junk tuples); the held-out tuples are reported beside it
+    headline = [{**base, "part": "headline", "variant": v, "facts": facts[0], "split": "train"}
+                for v in ("seed_modifications", "vanilla")]
     return headline + [{**base, "part": "scaling", "facts": f} for f in facts]
 
 
@@ -81,7 +83,8 @@ def run_ssfr_cell(config: dict) -> dict:
     m = 4 * construct(keys, values, task.facts, progress=False).report.m  # comfortably above the storage threshold
     result = run_fact_adaptive(task, lambda f: build_fact_mlp(config["mlp"], keys, values, f, m),
                                new_facts=task.new_facts(NEW_FACT_SEED), seeds=config["seeds"], lrs=config["lrs"],
-                               switches=VANILLA if config["variant"] == "vanilla" else {}, progress=False, **train)
+                               switches=VANILLA if config["variant"] == "vanilla" else {},
+                               split=config.get("split", "all"), progress=False, **train)
     return {"m": m, "fact_adaptive_accuracy": result.fact_adaptive_accuracy, "capacity": result.capacity_new,
             "parameters": result.new_mlp.num_parameters, "runs": result.runs}
 
@@ -106,12 +109,21 @@ def _summarize_ssfr(cells: list[engine.Cell]) -> dict:
         claims["000-sec5.1-fact-adaptive"] = Finding("-", setting, "not run")
     else:
         acc = ours_cell.result["fact_adaptive_accuracy"]
-        runs = [r.get("fact_adaptive_accuracy") for r in ours_cell.result["runs"]]
-        ours = f"{acc:.3f} (best of {len(runs)} runs: " + ", ".join(f"{a:.3f}" for a in runs if a is not None) + ")"
+        runs = ours_cell.result["runs"]
+        split = ours_cell.config.get("split", "all")
+        ours = (f"{acc:.3f} on {'the training junk tuples J' if split == 'train' else 'training + held-out junk'} "
+                f"(best of {len(runs)} runs: " + ", ".join(f"{r['fact_adaptive_accuracy']:.3f}" for r in runs) + ")")
+        held_out = [r.get("fact_adaptive_test_accuracy") for r in runs]
+        if all(h is not None for h in held_out):
+            ours += "; on held-out junk tuples: " + ", ".join(f"{h:.3f}" for h in held_out)
         verdict = "reproduced" if acc > 0.99 else "partly" if acc > 0.9 else "not reproduced"
-        claims["000-sec5.1-fact-adaptive"] = Finding(ours, setting, verdict,
-                                                     "above 0.99" if verdict == "reproduced" else
-                                                     "below 0.99 with ~2% of the paper's training sequences")
+        own = ", ".join(f"{r['train_accuracy']:.3f}" for r in runs)
+        claims["000-sec5.1-fact-adaptive"] = Finding(
+            ours, setting, verdict,
+            ("above 0.99 on the seed's J" if verdict == "reproduced" else
+             f"below 0.99 on J with ~2% of the paper's training sequences (own-MLP training accuracy {own})")
+            + ("; earlier runs scored training + held-out junk tuples (ours only; the seed evaluates on its J), "
+               "and the held-out tuples are where accuracy is lost" if split == "train" else ""))
     vanilla = head.get("vanilla")
     if vanilla is None:
         claims["000-sec5.1-vanilla"] = Finding("-", setting, "not run")
@@ -298,7 +310,7 @@ def _trained(config: dict):
     task = AuthorsBooks.build(config["facts"])
     train = LMTrainConfig(steps=config["steps"], batch_size=config["batch_size"], lr=config["lr"], seed=config["seed"])
     model, losses = trained_lm(task, train, dim=config["dim"], pool=config["pool"], fact_prior=config["fact_prior"],
-                               expert=config["expert"], quiet=True)
+                               expert=config["expert"], expert_hidden=config.get("expert_hidden"), quiet=True)
     return task, model, losses
 
 
@@ -314,6 +326,8 @@ def run_lm_cell(config: dict) -> dict:
     silenced = evaluate(model, task, task.facts)["ce_nonfact"]
     return {"train_facts": before, "swapped": after, "new_fact_accuracy": after["value_accuracy"],
             "old_fact_accuracy_after_swap": old_after, "nonfact_ce_rise": after["ce_nonfact"] / before["ce_nonfact"] - 1,
+            "nonvalue_ce_rise": after["ce_nonvalue"] / before["ce_nonvalue"] - 1,
+            "nonvalue_ppl_ratio": math.exp(after["ce_nonvalue"] - before["ce_nonvalue"]),
             "ce_nonfact_fact_expert_zeroed": silenced, "fact_mlp": _mlp_summary(own),
             "new_fact_mlp": _mlp_summary(new_mlp), "loss_every_50": losses[::50]}
 
@@ -329,9 +343,16 @@ def _summarize_lm(cells: list[engine.Cell]) -> dict:
             for c in cells]
     gd = next((r for r in runs if r["expert"] == "gd"), None)
     text_acc = "; ".join(f"{r['expert']}: {r['new_fact_accuracy']:.3f}" for r in runs)
-    text_ce = "; ".join(f"{r['expert']}: {r['train_facts']['ce_nonfact']:.3f} → {r['swapped']['ce_nonfact']:.3f} "
-                        f"({100 * r['nonfact_ce_rise']:+.0f}%; {r['ce_nonfact_fact_expert_zeroed']:.3f} with the "
-                        "fact expert zeroed)" for r in runs)
+    def ce_text(r: dict) -> str:
+        text = (f"{r['expert']}: words {r['train_facts']['ce_nonfact']:.3f} → {r['swapped']['ce_nonfact']:.3f} "
+                f"({100 * r['nonfact_ce_rise']:+.0f}%; {r['ce_nonfact_fact_expert_zeroed']:.3f} with the fact expert "
+                "zeroed)")
+        if "nonvalue_ce_rise" not in r:  # a cell written before words + book was measured
+            return text
+        return (text + f", words + book {r['train_facts']['ce_nonvalue']:.3f} → {r['swapped']['ce_nonvalue']:.3f} "
+                f"({100 * r['nonvalue_ce_rise']:+.0f}%, perplexity ratio {r['nonvalue_ppl_ratio']:.2f})")
+
+    text_ce = "; ".join(ce_text(r) for r in runs)
     setting = _lm_setting(cells)
     claims = {}
     if gd is None:
@@ -344,12 +365,23 @@ def _summarize_lm(cells: list[engine.Cell]) -> dict:
                                                     "GD expert (the paper's) above 0.99" if acc > 0.99 else
                                                     "GD expert (the paper's) below 0.99; the GD expert stops as soon "
                                                     "as every fact decodes, so its margins are small")
-        rise = gd["nonfact_ce_rise"]
-        claims["000-fig9b-nonfact-ce"] = Finding(text_ce, setting, "reproduced" if rise < 0.1 else "not reproduced",
-                                                 "GD expert within 10%" if rise < 0.1 else
-                                                 "zeroing the fact expert also raises non-fact CE: the LM uses the "
-                                                 "expert's off-key output at word positions, so a new expert changes "
-                                                 "them")
+        rise, rise_code = gd["nonfact_ce_rise"], gd["nonvalue_ce_rise"]
+        verdict = "reproduced" if rise < 0.1 else "partly" if rise_code < 0.1 else "not reproduced"
+        claims["000-fig9b-nonfact-ce"] = Finding(
+            text_ce, setting, verdict,
+            "GD expert within 10% on template words" if verdict == "reproduced" else
+            ("the authors' released code (fact_editing/methods.py) counts every target but the author as non-fact, "
+             f"so the book token (CE about ln F) dominates the average; measured that way the GD expert's rise is "
+             f"{100 * rise_code:+.0f}% (words only {100 * rise:+.0f}%). ")
+            + ("Words only it stays large: zeroing the fact expert also raises their CE, i.e. the LM uses the "
+               "expert's off-key output at word positions (router weight "
+               f"{gd['train_facts']['router_fact_word']:.2f}), which a new expert changes; the authors' router and "
+               "language expert read the attention output before the frozen norm, ours the normed input (not "
+               "changed here); their F = 16,384 with a 512-wide expert, ours F = " + str(gd["facts"])
+               + f"; our GD expert stops once every fact decodes ({gd['fact_mlp']['gd_steps']} Adam steps, "
+               f"MSE {gd['fact_mlp']['mse']:.2f} per fact), so its outputs sit far from the author embeddings and "
+               "the LM leans on the rest of the model to decode them"
+               if rise >= 0.1 else ""))
     return {"runs": runs, "claims": claims}
 
 
@@ -392,12 +424,25 @@ _TINY_GRIDS = {"memit": {"train_steps": [10], "lr": [0.5], "lam": [1.0], "clip_n
                "rome": {"train_steps": [10], "lr": [0.5], "weight_decay": [0.0], "early_stop": [None]}}
 
 
+# The paper's editing expert: a GD SwiGLU of width 512 at d = 256 for 16,384 facts, i.e. 24 parameters
+# per fact and 16 preserved + altered keys per hidden unit at the largest split, so the editors have
+# no null space to write into. A GD expert of width F (the LM default) leaves one.
+_PAPER_PARAMS_PER_FACT = 3 * 256 * 512 / 16384
+
+
+def _paper_ratio_hidden(facts: int, dim: int) -> int:
+    """GD expert width with the paper's parameters per fact at this F and d."""
+    return max(2, round(_PAPER_PARAMS_PER_FACT * facts / (3 * dim)))
+
+
 def _editing_grid(scale: str) -> list[dict]:
     sizes = {**_lm_sizes(scale), **({"facts": 64} if scale == "tiny" else {})}
-    experts = ("gd",) if scale == "tiny" else ("constructed", "gd")
+    # the seed's GD expert at width F and at the paper's parameters per fact (construct()'s expert: lm-facts)
+    widths = [None] if scale == "tiny" else [None, _paper_ratio_hidden(sizes["facts"], sizes["dim"])]
     methods = ["mlp_swap", "memit", "rome"] if scale == "tiny" else ["mlp_swap", "memit", "alphaedit", "rome"]
-    return [{**sizes, "expert": e, "pool": 0, "lr": LMTrainConfig.lr, "fact_prior": 0.5, "seed": 0,
-             "methods": methods, **({"grids": _TINY_GRIDS} if scale == "tiny" else {})} for e in experts]
+    return [{**sizes, "expert": "gd", **({"expert_hidden": w} if w else {}), "pool": 0, "lr": LMTrainConfig.lr,
+             "fact_prior": 0.5, "seed": 0, "methods": methods, "key_positions": "edit_prompt",
+             **({"grids": _TINY_GRIDS} if scale == "tiny" else {})} for w in widths]
 
 
 def _geometric_mean(*scores: float) -> float:
@@ -413,7 +458,7 @@ def run_editing_cell(config: dict) -> dict:
         preserved, altered = scaled_split(config["facts"], seed_preserved, seed_altered)
         split = make_split(task.facts, preserved, altered, seed=config["seed"])
         results = compare_editors(model, task, split, methods=tuple(config["methods"]), seed=config["seed"],
-                                  quiet=True, **({"grids": {k: {n: tuple(v) for n, v in g.items()}
+                                  key_positions=config.get("key_positions", "all"), quiet=True, **({"grids": {k: {n: tuple(v) for n, v in g.items()}
                                                             for k, g in grids.items()}} if grids else {}))
         best = {m: {k: r["best"][k] for k in ("efficacy", "specificity", "paraphrase", "score")} | {
             "geometric_score": _geometric_mean(r["best"]["efficacy"], r["best"]["specificity"],
@@ -424,18 +469,28 @@ def run_editing_cell(config: dict) -> dict:
     return {"lm": base, "splits": splits}
 
 
+def _expert_label(config: dict) -> str:
+    """"gd", "constructed" or "gd h=W" when the GD expert's width W is set (default: F)."""
+    return config["expert"] + (f" h={config['expert_hidden']}" if config.get("expert_hidden") else "")
+
+
 def _summarize_editing(cells: list[engine.Cell]) -> dict:
     table = []
     for c in cells:
         for s in c.result["splits"]:
-            table.append({"expert": c.config["expert"], "altered": s["altered"], "preserved": s["preserved"],
+            table.append({"expert": _expert_label(c.config), "hidden": c.config.get("expert_hidden") or c.config["facts"],
+                          "altered": s["altered"], "preserved": s["preserved"],
                           **{m: {"harmonic": b["score"], "geometric": b["geometric_score"]} for m, b in s["best"].items()}})
     c0 = cells[0].config
     setting = (f"F = {c0['facts']}, d = {c0['dim']}, {c0['steps']} steps, splits scaled from the paper's "
-               f"{SEED_SPLITS}, best point of the paper's editor grids, experts {[c.config['expert'] for c in cells]}; "
-               "score = harmonic mean (App. A.3.4; Fig. 4's caption says geometric mean, both reported); paper: "
-               "16,000 facts")
-    parts, doubles, best_editor = [], [], []
+               f"{SEED_SPLITS}, best point of the paper's editor grids, experts "
+               f"{[_expert_label(c.config) for c in cells]} (h = {_paper_ratio_hidden(c0['facts'], c0['dim'])}: the "
+               "paper's 24 parameters per fact); score = harmonic mean (App. A.3.4; Fig. 4's caption says geometric "
+               "mean, both reported); editors' C from "
+               + ("the preserved facts' edit-prompt keys" if c0.get("key_positions", "all") == "edit_prompt" else
+                  "every position of the preserved facts' sentences")
+               + "; paper: 16,000 facts, GD expert h = 512, d = 256")
+    parts, doubles, beats, ratios = [], [], [], []
     for row in table:
         largest = max(r["altered"] for r in table if r["expert"] == row["expert"])
         if row["altered"] != largest:
@@ -445,14 +500,20 @@ def _summarize_editing(cells: list[engine.Cell]) -> dict:
         parts.append(f"{row['expert']} expert, {row['altered']} altered: swap {swap:.3f} (geometric "
                      f"{row['mlp_swap']['geometric']:.3f}), " + ", ".join(f"{m} {v:.3f}" for m, v in editors.items()))
         doubles.append(all(swap >= 1.8 * v for v in editors.values()))
-        best_editor.append(max(editors.values()))
+        beats.append(all(swap > v for v in editors.values()))
+        keys = row["altered"] + row["preserved"]
+        ratios.append(f"{row['expert']}: swap ÷ best editor {swap / max(max(editors.values()), 1e-12):.2f}, "
+                      f"{keys} edited + preserved keys on h = {row['hidden']}")
     if not parts:
         finding = Finding("-", setting, "not run")
     else:
-        finding = Finding("; ".join(parts), setting, "reproduced" if all(doubles) else "not reproduced",
-                          "swap doubles every editor" if all(doubles) else
-                          f"the best editor scores {min(best_editor):.2f} or more at the largest split; the expert "
-                          f"stores {c0['facts']} facts, the paper's 16,000")
+        verdict = "reproduced" if all(doubles) else "partly" if any(beats) else "not reproduced"
+        finding = Finding("; ".join(parts), setting, verdict,
+                          "; ".join(ratios) + ". The paper edits 8,192 keys on an h = 512 expert (16 per hidden unit), "
+                          "so the linear editors have no free key directions; with h >= the keys they do. "
+                          + ("Swap doubles every editor." if all(doubles) else
+                             "Swap does not double every editor here (256 facts, not 16,000)"
+                             + ("; it beats every editor where the keys outnumber h" if any(beats) else "") + "."))
     return {"table": table, "claims": {"000-fig4-editing": finding}}
 
 

@@ -136,14 +136,29 @@ def with_down_weight(mlp: FactMLP, down_weight: torch.Tensor) -> FactMLP:
                    activation=mlp.activation)
 
 
+KEY_POSITIONS = ("edit_prompt", "all")  # where the preserved facts' keys for C are read
+
+
 @torch.no_grad()
-def key_second_moment(model: AuthorsLM, task: AuthorsBooks, fact_ids: torch.Tensor,
-                      ridge: float = 1e-6) -> torch.Tensor:
-    """C = E[k kᵀ] (h, h) of the fact expert's hidden keys over every real position of every
-    template sentence of ``fact_ids`` (the model's own text, in place of the editors'
-    Wikipedia statistics), plus ``ridge`` times its mean diagonal so C is invertible."""
-    data = task.sentences(task.facts, fact_ids)
-    keys = mlp_hidden(model.moe.fact, model.mixer_input(data.tokens, data.mask)[data.mask])
+def key_second_moment(model: AuthorsLM, task: AuthorsBooks, fact_ids: torch.Tensor, *,
+                      positions: str = "edit_prompt", ridge: float = 1e-6) -> torch.Tensor:
+    """C = E[k kᵀ] (h, h) of the fact expert's hidden keys of the facts ``fact_ids``, plus
+    ``ridge`` times its mean diagonal so C is invertible (the model's own text stands in for the
+    editors' Wikipedia statistics).
+
+    positions="edit_prompt" (default, as the authors' released fact-editing code): one key per
+    fact, at the last token of its edit prompt; "all": every real position of every template
+    sentence (word positions too, so C spans more directions and protects more of the text).
+    """
+    if positions not in KEY_POSITIONS:
+        raise ValueError(f"positions must be one of {KEY_POSITIONS}, got {positions!r}")
+    if positions == "all":
+        data = task.sentences(task.facts, fact_ids)
+        z = model.mixer_input(data.tokens, data.mask)[data.mask]
+    else:
+        data = task.sentences(task.facts, fact_ids, [EDIT_TEMPLATE])
+        z = model.mixer_input(data.tokens, data.mask)[torch.arange(len(data)), data.value_position]
+    keys = mlp_hidden(model.moe.fact, z)
     cov = keys.T @ keys / keys.shape[0]
     return cov + ridge * cov.diagonal().mean() * torch.eye(cov.shape[0], dtype=cov.dtype)
 
@@ -284,14 +299,16 @@ def _grid_points(grid: dict) -> list[dict]:
 
 
 def _edited_expert(method: str, fact: FactMLP, keys: torch.Tensor, targets: torch.Tensor, cov: torch.Tensor,
-                   config: dict) -> FactMLP:
+                   config: dict, num_preserved: int) -> FactMLP:
+    """The fact expert edited by ``method``. AlphaEdit's ``tol`` thresholds the eigenvalues of the
+    preserved keys' Gram matrix K Kᵀ = num_preserved · C, as in the authors' released code."""
     weight = fact.down_weight.detach()
     if fact.down_bias is not None:  # the editors fit W k + b = v*
         targets = targets - fact.down_bias.detach()
     if method == "memit":
         weight = memit_update(weight, keys, targets, cov, config["lam"])
     elif method == "alphaedit":
-        weight = alphaedit_update(weight, keys, targets, null_space_projector(cov, config["tol"]))
+        weight = alphaedit_update(weight, keys, targets, null_space_projector(num_preserved * cov, config["tol"]))
     elif method == "rome":
         weight = rome_update(weight, keys, targets, cov)
     else:
@@ -304,7 +321,7 @@ _TARGET_OPTIONS = {"memit": ("clip_norm",), "alphaedit": ("clip_norm",), "rome":
 
 def grid_search(model: AuthorsLM, task: AuthorsBooks, split: EditSplit, method: str, grid: dict, *,
                 cov: Optional[torch.Tensor] = None, evaluation: Optional[EditEvaluation] = None,
-                quiet: bool = False) -> dict:
+                key_positions: str = "edit_prompt", quiet: bool = False) -> dict:
     """Every grid point of ``method`` ("memit" | "alphaedit" | "rome"): its config and metrics,
     and the best one by score (ties: first). Returns {"best": {...}, "runs": [...]}."""
     if method not in _TARGET_OPTIONS:
@@ -313,7 +330,7 @@ def grid_search(model: AuthorsLM, task: AuthorsBooks, split: EditSplit, method: 
     if missing:
         raise ValueError(f"grid for {method} misses {sorted(missing)}")
     prompts = EditPrompts.build(model, task, split)
-    cov = key_second_moment(model, task, split.preserved) if cov is None else cov
+    cov = key_second_moment(model, task, split.preserved, positions=key_positions) if cov is None else cov
     evaluation = EditEvaluation.build(model, task, split) if evaluation is None else evaluation
     fact = model.moe.fact
     cache: dict[tuple, torch.Tensor] = {}
@@ -323,7 +340,7 @@ def grid_search(model: AuthorsLM, task: AuthorsBooks, split: EditSplit, method: 
         options = tuple(config[k] for k in target_keys)
         if options not in cache:
             cache[options] = edit_targets(model, prompts, **{k: config[k] for k in target_keys})
-        edited = _edited_expert(method, fact, prompts.keys, cache[options], cov, config)
+        edited = _edited_expert(method, fact, prompts.keys, cache[options], cov, config, len(split.preserved))
         runs.append({"config": config, **evaluation.metrics(model, edited)})
     best = max(runs, key=lambda r: r["score"])
     return {"best": best, "runs": runs}
@@ -337,13 +354,15 @@ def mlp_swap(model: AuthorsLM, task: AuthorsBooks, split: EditSplit, *, seed: in
 
 
 def compare_editors(model: AuthorsLM, task: AuthorsBooks, split: EditSplit, *, grids: Optional[dict] = None,
-                    methods: tuple[str, ...] = METHODS, seed: int = 0, quiet: bool = False) -> dict:
-    """Best-scoring metrics per method on one split: {method: {"best": ..., "runs": [...]}}."""
+                    methods: tuple[str, ...] = METHODS, seed: int = 0, key_positions: str = "edit_prompt",
+                    quiet: bool = False) -> dict:
+    """Best-scoring metrics per method on one split: {method: {"best": ..., "runs": [...]}};
+    ``key_positions`` says where C's keys are read (see :func:`key_second_moment`)."""
     grids = SEED_GRIDS if grids is None else grids
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
-    cov = key_second_moment(model, task, split.preserved)
+    cov = key_second_moment(model, task, split.preserved, positions=key_positions)
     evaluation = EditEvaluation.build(model, task, split)
     results = {}
     for method in methods:

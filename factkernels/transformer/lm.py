@@ -448,7 +448,9 @@ def evaluate(model: AuthorsLM, task: AuthorsBooks, facts: torch.Tensor, *, batch
 
     Returns value_accuracy (argmax over the whole vocabulary is the author, at the value
     position), ce_value, ce_nonfact (template-word targets: "The", "author", "of", ...),
-    ce_key (the book after the prefix: unpredictable, about ln F at best), the counts, and how
+    ce_key (the book after the prefix: unpredictable, about ln F at best), ce_nonvalue (every
+    target but the author: words and the book, the authors' released code's non-fact tokens,
+    where the ~ln F book term dominates), the counts, and how
     the MoE mixes at template-word and value positions: router_fact_word / router_fact_value
     (mean routing weight of the fact expert) and fact_norm_word / language_norm_word (mean
     norm of each expert's weighted output at template-word positions).
@@ -478,6 +480,7 @@ def evaluate(model: AuthorsLM, task: AuthorsBooks, facts: torch.Tensor, *, batch
         correct += int((predicted == batch.targets()[rows, batch.value_position]).sum())
     return {"value_accuracy": correct / len(data), "ce_value": sums["ce_value"] / counts[VALUE],
             "ce_nonfact": sums["ce_word"] / counts[WORD], "ce_key": sums["ce_key"] / counts[KEY],
+            "ce_nonvalue": (sums["ce_word"] + sums["ce_key"]) / (counts[WORD] + counts[KEY]),
             "router_fact_word": sums["router_word"] / counts[WORD],
             "router_fact_value": sums["router_value"] / counts[VALUE],
             "fact_norm_word": sums["fact_word"] / counts[WORD],

@@ -201,7 +201,9 @@ def run_fact_adaptive(task: SSFRTask, make_mlp: Callable[[torch.Tensor], nn.Modu
                       progress: bool = True, **train_options) -> FactAdaptiveResult:
     """The seed's protocol (§5.1): build MLP A for ``task.facts`` and MLP B for ``new_facts`` (same
     embeddings) with ``make_mlp(facts)``; for every seed and learning rate train a transformer
-    with A, swap in B and measure the accuracy on B's sequences of ``split``; keep the best run.
+    with A, swap in B and measure the accuracy on B's sequences of ``split`` (the seed's J: "train";
+    "all" adds the held-out junk tuples); keep the best run. Each run also records B's accuracy on
+    the held-out junk tuples alone (``fact_adaptive_test_accuracy``, None without them).
     No transformer is trained (accuracy None) when B stores fewer than ``min_capacity`` of its facts.
     switches go to :class:`FactTransformer` (default: the seed's modifications), train_options to
     :func:`train_ssfr`.
@@ -221,7 +223,10 @@ def run_fact_adaptive(task: SSFRTask, make_mlp: Callable[[torch.Tensor], nn.Modu
             runs.append({"seed": seed, "lr": lr, "steps": result.steps, "sequences": result.sequences,
                          "train_accuracy": result.final_accuracy, "test_accuracy": test,
                          "fact_adaptive_accuracy": fact_adaptive_accuracy(model, task, mlp_new, new_facts,
-                                                                          split=split)})
+                                                                          split=split),
+                         "fact_adaptive_test_accuracy": fact_adaptive_accuracy(model, task, mlp_new, new_facts,
+                                                                               split="test")
+                         if task.num_test_pairs else None})
     # the MLPs are shared between runs: give them back to the CPU, where the task's embeddings live
     mlp_train.cpu()
     mlp_new.cpu()
