@@ -7,7 +7,8 @@
 
 Cells: ssfr has one cell per transformer variant (seed modifications, vanilla block: best of the
 seeds and learning rates) and one per F of the W-vs-F search; usability one per (κ, α); lm-facts
-one per (F, expert, pool); editing one per (F, expert): train the LM, then every split and editor.
+one per (F, expert, pool); editing one per GD expert width (F and the paper's parameters per fact): train the LM,
+then every split and editor.
 The quick grids train ~0.1M sequences at lr 1e-2 instead of the seed's 4.8M at 2e-4 (see each
 finding's setting).
 """
