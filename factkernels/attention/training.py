@@ -44,9 +44,9 @@ import torch.nn.functional as F
 from scipy import stats
 from tqdm.auto import tqdm
 
-from .constructions import AttentionHeads, EdgeCounts, gaussian_unit_norm
+from .constructions import AGGREGATIONS, AttentionHeads, EdgeCounts, gaussian_unit_norm
 from .graphs import RelationGraph, random_graph
-from .scores import max_head_scores
+from .scores import max_head_scores, softmax_head_scores
 
 PASS_F1 = 0.99  # the seed's D_K* criterion on mean test micro-F1
 CONFIDENCE = 0.95
@@ -61,6 +61,7 @@ SEED_REGULAR_SLOPE = 0.46  # App. A.3, eq. (32): D_K* ~ 0.46 r m log2(m) / d_mod
 _INIT_SEED_OFFSET = 1_000_003  # parameter init uses its own stream, so data do not depend on D_K
 _VALUE_SEED_OFFSET = 2_000_003  # the frozen value map W_V too, so edge-task data do not depend on it
 OBJECTIVES = ("edges", "messages")
+SOFTMAX_STEP_CUTOFF = 80_000  # Sec. 7.1: softmax runs may train up to 80,000 steps
 _EVAL_ELEMENTS = 1 << 23  # floats held at once by an evaluation chunk
 
 
@@ -88,6 +89,7 @@ class TrainingConfig:
     degree: int = 1  # out-degree r: 1 = permutation graph (Sec. 6), r > 1 = r-regular graph (App. A.3)
     objective: str = "edges"  # "edges": thresholded edge classification; "messages": value channel (Sec. 7.2)
     message_dim: Optional[int] = None  # d_msg of the frozen random value map; None: d_model
+    aggregation: str = "max"  # "max": max over heads (Sec. 3); "softmax-sum": summed scaled softmax (Sec. 7.1)
 
     def __post_init__(self) -> None:
         for name in ("context_length", "check_every", "patience", "val_contexts", "test_contexts"):
@@ -109,12 +111,20 @@ class TrainingConfig:
             raise ValueError(f"degree (out-degree r of the graph) must be a positive int, got {self.degree!r}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        if self.aggregation == "softmax-sum" and self.objective != "edges":
+            raise ValueError("aggregation='softmax-sum' is the seed's edge-classification variant (Sec. 7.1): "
+                             "it needs objective='edges'")
         if self.objective == "messages" and self.degree != 1:
             raise ValueError("objective='messages' retrieves the one neighbour's message: it needs degree=1 "
                              "(a permutation graph, as in Sec. 7.2)")
 
     def steps_for(self, m: int, d_model: int) -> int:
-        return self.max_steps if self.max_steps is not None else step_cutoff(m, d_model)
+        """``max_steps``, else Table 2's cut-off (max) or Sec. 7.1's 80,000 (softmax)."""
+        if self.max_steps is not None:
+            return self.max_steps
+        return SOFTMAX_STEP_CUTOFF if self.aggregation == "softmax-sum" else step_cutoff(m, d_model)
 
 
 # ----------------------------------------------------------------------------- data
@@ -272,6 +282,7 @@ def _train_runs(m: int, d_model: int, num_heads: int, head_dims: Sequence[int], 
     runs = [(d_k, i) for d_k in head_dims for i in range(len(seeds))]
     num_runs = len(runs)
     dims = [d_k for d_k, _ in runs]
+    all_dims = torch.tensor(dims)  # true d_k per run (the softmax scale; parameters are zero-padded)
     all_seeds = torch.tensor([i for _, i in runs])
 
     # W_Q, W_K ~ N(0, 1/d_model) entries (std 1/sqrt(d_model)), tau = 0
@@ -299,7 +310,7 @@ def _train_runs(m: int, d_model: int, num_heads: int, head_dims: Sequence[int], 
     step = 0
     while step < max_steps and active:
         wq, wk, tau = params
-        run_seed = all_seeds[active]
+        run_seed, run_dims = all_seeds[active], all_dims[active]
         block = min(config.check_every, max_steps - step)
         contexts = torch.stack([sample_contexts(d.graph.out_neighbors, block, config.context_length,
                                                 config.target_rate, d.stream) for d in data], dim=1)  # (block, S, ell)
@@ -308,7 +319,7 @@ def _train_runs(m: int, d_model: int, num_heads: int, head_dims: Sequence[int], 
         vs = None if messages is None else messages[seed_rows, contexts]  # (block, S, ell, d_msg)
         for t in range(block):
             x = xs[t][run_seed]  # (R, ell, d_model)
-            scores = max_head_scores(_heads(x, wq), _heads(x, wk))  # (R, ell, ell)
+            scores = _head_scores(config.aggregation, _heads(x, wq), _heads(x, wk), run_dims)  # (R, ell, ell)
             loss = _loss(config, scores, tau, ys[t][run_seed], None if vs is None else vs[t][run_seed])
             optimizer.zero_grad(set_to_none=True)
             loss.sum().backward()
@@ -318,7 +329,8 @@ def _train_runs(m: int, d_model: int, num_heads: int, head_dims: Sequence[int], 
         if block < config.check_every:
             break
         if messages is None:
-            metric = torch.tensor([c.f1 for c in _evaluate(wq, wk, tau, embeddings, neighbors, run_seed, val)])
+            metric = torch.tensor([c.f1 for c in _evaluate(wq, wk, tau, embeddings, neighbors, run_seed, val,
+                                                            config.aggregation, run_dims)])
             hit = metric > config.stop_f1
         else:
             metric = _evaluate_messages(wq, wk, embeddings, messages, neighbors, run_seed, val)
@@ -348,11 +360,12 @@ def _train_runs(m: int, d_model: int, num_heads: int, head_dims: Sequence[int], 
     details = {"m": m, "d_model": d_model, "degree": config.degree, "objective": config.objective}
     results = []
     for r, (d_k, i) in enumerate(runs):
-        heads = AttentionHeads(final[r][0], final[r][1], float(final[r][2]), "max", "trained",
+        heads = AttentionHeads(final[r][0], final[r][1], float(final[r][2]), config.aggregation, "trained",
                                {"seed": seeds[i], **details})
         results.append(RunResult(seeds[i], num_heads, d_k, math.nan, math.nan, steps[r], early[r], heads))
     if messages is None:
-        for run, counts, v in zip(results, _evaluate(wq, wk, tau, embeddings, neighbors, all_seeds, test_contexts),
+        for run, counts, v in zip(results, _evaluate(wq, wk, tau, embeddings, neighbors, all_seeds, test_contexts,
+                                                                   config.aggregation, all_dims),
                                   val_metric):
             run.test_f1, run.val_f1 = counts.f1, v
     else:
@@ -360,6 +373,14 @@ def _train_runs(m: int, d_model: int, num_heads: int, head_dims: Sequence[int], 
         for run, mse, v in zip(results, test_mse.tolist(), val_metric):
             run.test_mse, run.val_mse = mse, v
     return results
+
+
+def _head_scores(aggregation: str, queries: torch.Tensor, keys: torch.Tensor, head_dim: torch.Tensor
+                 ) -> torch.Tensor:
+    """Head-aggregated scores (R, ell, ell) of per-head projections (R, h, ell, width); head_dim (R,) true d_k."""
+    if aggregation == "softmax-sum":
+        return softmax_head_scores(queries, keys, head_dim=head_dim)
+    return max_head_scores(queries, keys)
 
 
 def _loss(config: TrainingConfig, scores: torch.Tensor, tau: torch.Tensor, labels: torch.Tensor,
@@ -447,13 +468,15 @@ def _context_projections(queries: torch.Tensor, keys: torch.Tensor, ctx: torch.T
 
 @torch.no_grad()
 def _evaluate(wq: torch.Tensor, wk: torch.Tensor, tau: torch.Tensor, embeddings: torch.Tensor,
-              neighbors: torch.Tensor, run_seed: torch.Tensor, contexts: torch.Tensor) -> list[EdgeCounts]:
+              neighbors: torch.Tensor, run_seed: torch.Tensor, contexts: torch.Tensor,
+              aggregation: str = "max", head_dim: Optional[torch.Tensor] = None) -> list[EdgeCounts]:
     """Edge counts per run over all ordered pairs of its seed's contexts (S, N, ell).
 
-    Queries and keys of all m items are projected once. Scores of a pair do not depend on
-    the rest of the context, so when m^2 <= N ell^2 the full (m, m) decision matrix is
-    computed once and gathered; otherwise each context is scored on its own. Decisions come
-    from the fused max-over-heads kernel when one is built (``factkernels._ops``).
+    Queries and keys of all m items are projected once. Max-over-heads scores of a pair do
+    not depend on the rest of the context, so when m^2 <= N ell^2 the full (m, m) decision
+    matrix is computed once and gathered; otherwise (and always for softmax, which normalises
+    over the context) each context is scored on its own. Max decisions come from the fused
+    kernel when one is built (``factkernels._ops``). head_dim (R,): true d_k (softmax only).
     """
     num_runs, m = wq.shape[0], embeddings.shape[1]
     queries, keys = _heads(embeddings[run_seed], wq), _heads(embeddings[run_seed], wk)  # (R, h, m, width)
@@ -461,13 +484,19 @@ def _evaluate(wq: torch.Tensor, wk: torch.Tensor, tau: torch.Tensor, embeddings:
     n_total, ell = ctx.shape[1:]
     runs = torch.arange(num_runs)[:, None, None]
     truth = _labels(neighbors[run_seed][runs, ctx], ctx)  # (R, N, ell, ell)
-    if m * m <= n_total * ell * ell:
+    if aggregation == "max" and m * m <= n_total * ell * ell:
         decision_all = max_head_scores(queries, keys, tau, decision_only=True)  # (R, m, m)
         decision = decision_all[runs[..., None], ctx[..., None], ctx[:, :, None, :]]  # (R, N, ell, ell)
     else:
-        decision = torch.cat([max_head_scores(q, k, tau.repeat_interleave(c.shape[1]), decision_only=True)
-                              .view(num_runs, c.shape[1], ell, ell)
-                              for c, q, k in _context_projections(queries, keys, ctx)], dim=1)
+        chunks = []
+        for c, q, k in _context_projections(queries, keys, ctx):
+            taus = tau.repeat_interleave(c.shape[1])
+            if aggregation == "softmax-sum":
+                d = softmax_head_scores(q, k, taus, head_dim=head_dim.repeat_interleave(c.shape[1]))[1]
+            else:
+                d = max_head_scores(q, k, taus, decision_only=True)
+            chunks.append(d.view(num_runs, c.shape[1], ell, ell))
+        decision = torch.cat(chunks, dim=1)
     tp, fp, fn = ((a & b).sum(dim=(1, 2, 3)).tolist() for a, b in ((decision, truth), (decision, ~truth),
                                                                        (~decision, truth)))
     return [EdgeCounts(*counts, decision[0].numel()) for counts in zip(tp, fp, fn)]
