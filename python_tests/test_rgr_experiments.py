@@ -9,7 +9,7 @@ from factkernels.experiments import engine, rgr_budget
 
 def test_budget_experiment_runs_tiny_and_summarizes_claims(tmp_path):
     res = engine.run("rgr-budget", tmp_path, scale="tiny", quiet=True)
-    assert res.missing == 0 and res.ran == len(rgr_budget._grid("tiny"))
+    assert res.missing == 0 and res.ran == len(rgr_budget._budget_grid("tiny"))
     summary = json.loads((tmp_path / "rgr-budget" / "summary.json").read_text())["summary"]
     (point,) = summary["points"]
     assert (point["m"], point["d_model"]) == (32, 16)
@@ -57,7 +57,48 @@ def test_bracketing_search_finds_the_threshold_and_skips_useless_cells():
 
 def test_rungs_follow_the_seed_law():
     law = rgr_budget.seed_law(128, 32)
-    assert rgr_budget.rung_heads_dim(128, 32, 4, 0) == round(law / 4)
-    assert rgr_budget.rung_heads_dim(128, 32, 64, -7) == 1
+    assert rgr_budget.law(128, 32, degree=4) == pytest.approx(4 * law)
+    assert rgr_budget.rung_head_dim(law, 4, 0) == round(law / 4)
+    assert rgr_budget.rung_head_dim(law, 64, -7) == 1
     with pytest.raises(ValueError):
         engine.run("rgr-budget", "/nonexistent", scale="huge")
+
+
+def test_variant_configs_name_only_what_differs_from_the_base_model():
+    base = rgr_budget.cell_config(64, 16, 2, 5, [0])
+    assert set(base) == {"m", "d_model", "heads", "head_dim", "seeds", "max_steps"} and base["max_steps"] == 20_000
+    soft = rgr_budget.cell_config(64, 16, 2, 5, [0], aggregation="softmax-sum")
+    assert soft["aggregation"] == "softmax-sum" and soft["max_steps"] == 80_000
+    assert rgr_budget.variant(rgr_budget.cell_config(64, 16, 2, 5, [0], degree=4)) == (64, 16, 4, "max")
+
+
+@pytest.mark.parametrize("name", ["rgr-diagonal", "rgr-softmax", "rgr-regular"])
+def test_variant_experiments_run_tiny_with_their_claims(name, tmp_path):
+    res = engine.run(name, tmp_path, scale="tiny", quiet=True)
+    assert res.missing == 0
+    payload = json.loads((tmp_path / name / "summary.json").read_text())
+    assert set(payload["summary"]["claims"]) <= {c.id for c in engine.get(name).claims}
+    assert payload["figures"]
+
+
+def test_softmax_summary_compares_one_head_with_several_and_with_the_max_model():
+    def cell(h, d_k, f1, aggregation):
+        config = rgr_budget.cell_config(64, 16, h, d_k, [0, 1, 2], 10, aggregation=aggregation)
+        return engine.Cell(engine.cell_key(config), config, {"test_f1": [f1] * 3, "steps": [10] * 3})
+    cells = [cell(1, 32, 0.5, "softmax-sum"), cell(4, 8, 1.0, "softmax-sum"), cell(4, 4, 0.6, "softmax-sum"),
+             cell(4, 4, 1.0, "max"), cell(1, 16, 0.4, "max")]
+    claims = rgr_budget._softmax_summary(cells)["claims"]
+    assert claims["002-softmax-multihead"].verdict == "reproduced"  # h=1 never passes, h=4 at D_K 32
+    assert claims["002-softmax-shift"].verdict == "reproduced"  # softmax 32 > max 16
+
+
+def test_regular_summary_fits_through_the_origin_in_edges():
+    def cell(r, h, d_k, f1):
+        config = rgr_budget.cell_config(64, 16, h, d_k, [0, 1, 2], 10, degree=r)
+        return engine.Cell(engine.cell_key(config), config, {"test_f1": [f1] * 3, "steps": [10] * 3})
+    cells = [cell(1, 4, 6, 1.0), cell(1, 4, 5, 0.5), cell(2, 8, 6, 1.0), cell(2, 8, 5, 0.5)]
+    summary = rgr_budget._regular_summary(cells)
+    x1 = 64 * 6 / 16
+    assert [p["key_budget"] for p in summary["points"]] == [24, 48]
+    assert summary["fit"]["slope"] == pytest.approx((24 * x1 + 48 * 2 * x1) / (x1 ** 2 + (2 * x1) ** 2))
+    assert summary["claims"]["002-regular-heads"].ours == "h* = 4 (r=1), 8 (r=2)"
