@@ -102,3 +102,18 @@ def test_regular_summary_fits_through_the_origin_in_edges():
     assert [p["key_budget"] for p in summary["points"]] == [24, 48]
     assert summary["fit"]["slope"] == pytest.approx((24 * x1 + 48 * 2 * x1) / (x1 ** 2 + (2 * x1) ** 2))
     assert summary["claims"]["002-regular-heads"].ours == "h* = 4 (r=1), 8 (r=2)"
+
+
+def test_densify_adds_seeds_only_near_the_estimates(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(rgr_budget, "_run_cell", lambda c: ran.append(c) or {"test_f1": [1.0] * len(c["seeds"]),
+                                                                               "steps": [1] * len(c["seeds"])})
+    for h, d_k, f1 in [(4, 2, 0.5), (4, 4, 0.5), (4, 6, 1.0), (4, 8, 1.0), (4, 20, 1.0), (2, 12, 1.0)]:
+        config = rgr_budget.cell_config(64, 16, h, d_k, [0, 1, 2], 100)
+        engine._write_cell(tmp_path, "rgr-budget", engine.cell_key(config), config,
+                           {"test_f1": [f1] * 3, "steps": [1] * 3}, 0.0)
+    added = rgr_budget.densify(str(tmp_path), "rgr-budget", [(64, 16)], [3, 4], log=lambda s: None)
+    # estimates: D_K* = 24 (h=4 d_k=6, also h=2 d_k=12); the band is 0.8 * 24 .. 1.1 * 24
+    assert sorted((c["heads"], c["head_dim"]) for c in added) == [(2, 12), (4, 6)]
+    assert all(c["seeds"] == [3, 4] and c["max_steps"] == 100 for c in ran) and len(ran) == 2
+    assert rgr_budget.densify(str(tmp_path), "rgr-budget", [(64, 16)], [3, 4], log=lambda s: None) == []
