@@ -11,15 +11,11 @@ from typing import Optional, Sequence
 import torch
 
 from . import _ops
-from .attention.cli import add_subcommands as add_attention_commands
-from .capacity_experiments import add_subcommands as add_capacity_commands
 from .environment import environment
 from .construct import OUTPUTS, FactStorageError, construct
 from .embeddings import random_fact_set
 from .experiments import cli as experiments_cli
 from .solvers import SOLVERS
-from .transformer.cli import add_subcommands as add_transformer_commands
-from .transformer.lm_cli import add_subcommands as add_lm_commands
 
 
 def _run_construct(args: argparse.Namespace) -> int:
@@ -87,11 +83,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub.add_parser("info", help="print what was compiled").set_defaults(handler=_run_info)
     experiments = sub.add_parser("experiment", help="run a named experiment; writes JSON and PNG")
     experiment_names = experiments.add_subparsers(dest="experiment", required=True)
-    add_attention_commands(sub, experiment_names)
-    add_capacity_commands(sub, experiment_names)
-    add_transformer_commands(sub, experiment_names)
-    add_lm_commands(sub, experiment_names)
     experiments_cli.add_commands(experiment_names)
+    experiments_cli.add_tools(sub)
     args = parser.parse_args(argv)
     return args.handler(args)
 

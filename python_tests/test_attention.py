@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from factkernels import attention
-from factkernels.attention import cli as rgr_cli
+from factkernels.cli import main
+from factkernels.experiments import engine
 
 # ----------------------------------------------------------------------------- graphs
 
@@ -380,33 +381,11 @@ def test_head_dim_ladder_spans_the_budget_range():
 # ----------------------------------------------------------------------------- CLI
 
 
-def _run_cli(argv):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    rgr_cli.add_subcommands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.handler(args)
-
-
 def test_cli_rgr_train_writes_json(tmp_path, capsys):
     out = tmp_path / "train.json"
-    assert _run_cli(["rgr-train", "--m", "12", "--d-model", "12", "--heads", "2", "--d-k", "2,6", "--seeds", "2",
+    assert main(["rgr-train", "--m", "12", "--d-model", "12", "--heads", "2", "--d-k", "2,6", "--seeds", "2",
                      "--steps", "300", "--context-length", "8", "--json", str(out), "--quiet"]) == 0
     payload = json.loads(out.read_text())
     assert [r["head_dim"] for r in payload["runs"]] == [2, 2, 6, 6]
     assert payload["config"]["training"]["max_steps"] == 300 and "torch" in payload["environment"]
     assert "mean test F1" in capsys.readouterr().out
-
-
-def test_cli_rgr_budget_writes_json_and_plots(tmp_path, capsys):
-    assert _run_cli(["experiment", "rgr-budget", "--quick", "--pairs", "12x12,16x8", "--heads", "2", "--seeds", "2",
-                     "--steps", "200", "--context-length", "8", "--budget-range", "0.8,1.2", "--out", str(tmp_path),
-                     "--quiet"]) == 0
-    report = json.loads((tmp_path / "rgr_budget.json").read_text())
-    assert [(p["m"], p["d_model"]) for p in report["points"]] == [(12, 12), (16, 8)]
-    assert report["seed_fits"]["key_budget_slope"] == 1.19 and report["grid"]["seeds"] == [0, 1]
-    assert all(c["test_f1"] and len(c["test_f1"]) == 2 for p in report["points"] for c in p["configs"])
-    assert (tmp_path / "rgr_budget_f1_curves.png").stat().st_size > 0
-    assert (tmp_path / "rgr_budget_scaling.png").stat().st_size > 0
-    assert "seed: c = 1.19" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Cost experiments and the capacity command: fits, JSON beside the seed's claims, plots with content."""
+"""Cost experiments on the engine and the capacity command: fits, ratios, claims, plots with content."""
 
 import json
 
@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from factkernels.capacity import sampled_storage_cost
-from factkernels.capacity_experiments import EXPERIMENTS, SEED_CLAIMS, Grid, loglog_fit, run_experiment
 from factkernels.cli import main
 from factkernels.embeddings import family_fact_set
+from factkernels.experiments import engine
+from factkernels.experiments.capacity import DEFAULT_MULTIPLIER, cost_cell, loglog_fit, run_cost_cell
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -16,8 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def _image(path):
     import matplotlib.image
 
-    pixels = matplotlib.image.imread(path)
-    return pixels[..., :3]
+    return matplotlib.image.imread(path)[..., :3]
 
 
 def test_loglog_fit_recovers_a_power_law():
@@ -30,43 +30,54 @@ def test_loglog_fit_recovers_a_power_law():
     assert loglog_fit([1.0, 2.0], [1.0, 2.0]) is None
 
 
-def test_rho_vs_cost_writes_costs_fit_and_seed_claim(tmp_path):
-    grid = Grid(("ours",), (8,), facts_per_d2=(0.5,), seeds=1, families=("spherical", "anisotropic-16",
-                                                                          "anisotropic-256"))
-    payload = run_experiment("rho-vs-cost", tmp_path, grid=grid, quiet=True)
-    saved = json.loads((tmp_path / "rho_vs_cost.json").read_text())
-    assert saved["seed_claim"] == SEED_CLAIMS["rho-vs-cost"] and "environment" in saved
-    cells = saved["measured"]["cells"]
-    assert [c["family"] for c in cells] == ["spherical", "anisotropic-16", "anisotropic-256"]
-    for cell in cells:  # each cost is the sampled search's, for the same fact sets
-        sample = lambda seed, fam=cell["family"]: family_fact_set(fam, 32, 8, seed=seed)
-        assert cell["parameters"] == sampled_storage_cost("ours", sample, seeds=1, progress=False).parameters
-    assert cells[2]["rho"] < cells[0]["rho"] and cells[2]["parameters"] > cells[0]["parameters"]
-    fit = saved["measured"]["fits"]["ours"]
-    assert fit["slope"] < 0 and fit == pytest.approx(loglog_fit([c["rho"] for c in cells],
-                                                                [c["parameters"] for c in cells]))
-    pixels = _image(payload["files"]["png"])
-    assert pixels.shape[0] > 200 and pixels.shape[1] > 300
-    assert (pixels.std(axis=2) > 0.1).sum() > 100  # coloured points and the fitted line, not an empty axis
+def test_cost_cell_is_the_sampled_search_and_reports_every_multiplier():
+    config = cost_cell("ours", "spherical", 32, 8, 2, multipliers=[1.25, DEFAULT_MULTIPLIER])
+    result = run_cost_cell(config)
+    sample = lambda seed: family_fact_set("spherical", 32, 8, seed=seed)
+    expected = sampled_storage_cost("ours", sample, seeds=2, progress=False)
+    assert result["size"] == expected.size and result["parameters"] == expected.parameters
+    assert result["by_multiplier"]["1.5"] == {"m": expected.size, "parameters": expected.parameters}
+    at_125 = sampled_storage_cost("ours", sample, seeds=2, progress=False, width_multiplier=1.25,
+                                  start=expected.size)
+    assert result["by_multiplier"]["1.25"]["parameters"] == at_125.parameters
+    cheapest = min(p["parameters"] for p in result["by_multiplier"].values())
+    assert result["cheapest_parameters"] == cheapest
+    assert result["jl_compresses"] == (expected.size < 8)
 
 
-def test_whitening_and_hybrid_experiments_report_ratios(tmp_path):
-    grid = Grid(("ours",), (8,), facts_per_d2=(0.5,), seeds=1, kappas=(256.0,), strengths=(0.0, 1.0))
-    whitening = run_experiment("whitening", tmp_path, grid=grid, quiet=True)["measured"]
-    costs = {c["options"]["whiten"]: c["parameters"] for c in whitening["cells"]}
-    assert whitening["summary"]["max_gain"] == pytest.approx(costs[0.0] / costs[1.0]) and costs[0.0] > costs[1.0]
-    grid = Grid(("ours", "naive"), (8,), facts_per_d2=(0.25,), seeds=1)
-    hybrids = run_experiment("hybrids", tmp_path, grid=grid, quiet=True)["measured"]
-    costs = {c["method"]: c["parameters"] for c in hybrids["cells"]}
-    assert hybrids["summary"]["ours_over_naive"] == pytest.approx(costs["ours"] / costs["naive"])
-    assert (tmp_path / "whitening.png").stat().st_size > 5000 and (tmp_path / "hybrids.png").stat().st_size > 5000
+def test_rho_vs_cost_fit_and_claims(tmp_path):
+    res = engine.run("rho-vs-cost", tmp_path, scale="tiny", quiet=True)
+    rows = res.summary["rows"]
+    assert [r["family"] for r in rows] == ["spherical", "anisotropic-16", "anisotropic-256"]
+    assert rows[2]["rho"] < rows[0]["rho"] and rows[2]["parameters"] > rows[0]["parameters"]
+    fit = res.summary["fits"]["ours"]
+    assert fit["slope"] < 0 and fit == pytest.approx(loglog_fit([r["rho"] for r in rows],
+                                                                [r["parameters"] for r in rows]))
+    claims = res.summary["claims"]
+    assert claims["000-fig2a-rho-gd"]["verdict"] == "not run"
+    assert claims["000-fig2a-rho-ours"]["verdict"] in ("reproduced", "partly", "not reproduced")
+    assert f"{fit['slope']:.2f}" in claims["000-fig2a-rho-ours"]["ours"]
+    pixels = _image(tmp_path / "rho-vs-cost" / "rho_vs_cost.png")
+    assert pixels.shape[0] > 200 and (pixels.std(axis=2) > 0.1).sum() > 100  # coloured points and the fit
 
 
-def test_scaling_marks_methods_that_store_nothing(tmp_path):
-    grid = Grid(("ours", "ntk"), (4,), facts_per_d2=(1.0,), seeds=1, max_size=512)
-    measured = run_experiment("scaling", tmp_path, grid=grid, quiet=True)["measured"]
-    assert measured["summary"]["ntk_not_stored"] == [[4, 16]]  # NTK at d=4 needs more than 512 units
-    assert measured["ratios"] == [{"d": 4, "facts": 16, "ntk_over_ours": None, "ours_over_gd": None}]
+def test_whitening_gain_and_ntk_that_stores_nothing(tmp_path):
+    whitening = engine.run("whitening", tmp_path, scale="tiny", quiet=True).summary
+    costs = {r["whiten"]: r["parameters"] for r in whitening["rows"]}
+    assert whitening["max_gain"] == pytest.approx(costs[0.0] / costs[1.0]) and costs[0.0] > costs[1.0]
+    scaling = engine.run("scaling", tmp_path, scale="tiny", quiet=True).summary
+    (missing,) = scaling["ntk_not_stored"]  # NTK at d=4, F=16 needs more than 512 hidden units
+    assert (missing["d"], missing["facts"], missing["max_size"]) == (4, 16, 512)
+    assert 0 < missing["best_facts_stored"] < 16  # it comes close: the claim text says how close
+    assert f"{missing['best_facts_stored']} of 16" in scaling["claims"]["000-fig2b-ntk-diverges"]["ours"]
+    assert scaling["claims"]["000-fig2b-ntk-over-ours"]["verdict"] == "not run"
+
+
+def test_hybrids_ratio(tmp_path):
+    summary = engine.run("hybrids", tmp_path, scale="tiny", quiet=True).summary
+    costs = {r["method"]: r["parameters"] for r in summary["rows"]}
+    assert summary["ours_over"]["naive"] == pytest.approx(costs["ours"] / costs["naive"])
+    assert summary["claims"]["000-fig2c-gd-gd"]["verdict"] == "not run"
 
 
 def test_capacity_command_writes_the_search(tmp_path, capsys):
@@ -80,17 +91,10 @@ def test_capacity_command_writes_the_search(tmp_path, capsys):
     assert main(["capacity", "--method", "ntk", "--d", "4", "--facts", "16", "--seeds", "1", "--max-size", "300"]) == 1
 
 
-def test_experiment_command_parses_and_bad_requests_are_rejected(tmp_path):
-    assert set(EXPERIMENTS) == {"rho-vs-cost", "whitening", "scaling", "hybrids"}
-    with pytest.raises(ValueError, match="name must be one of"):
-        run_experiment("fig2", tmp_path)
-    with pytest.raises(ValueError, match="unknown methods"):
-        run_experiment("hybrids", tmp_path, grid=Grid(("ours", "mlp"), (8,)))
-    with pytest.raises(ValueError, match="kappa=3 has no family"):
-        run_experiment("whitening", tmp_path, grid=Grid(("ours",), (8,), kappas=(3.0,)), quiet=True)
+def test_bad_requests_are_rejected():
+    with pytest.raises(ValueError, match="method must be one of"):
+        cost_cell("mlp", "spherical", 16, 8, 1)
+    with pytest.raises(ValueError, match="family must be one of"):
+        cost_cell("ours", "gaussian", 16, 8, 1)
     with pytest.raises(SystemExit):
         main(["capacity", "--method", "transformer"])
-    assert main(["experiment", "whitening", "--quick", "--out", str(tmp_path), "--seeds", "1", "--quiet",
-                 "--methods", "ours"]) == 0
-    saved = json.loads((tmp_path / "whitening.json").read_text())
-    assert saved["config"]["quick"] and saved["config"]["seeds"] == 1 and len(saved["measured"]["cells"]) == 12

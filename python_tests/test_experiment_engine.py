@@ -91,3 +91,20 @@ def test_bad_arguments(toy, tmp_path):
 def test_cell_keys_are_stable_and_distinct():
     a, b = engine.cell_key({"x": 1, "y": 2}), engine.cell_key({"y": 2, "x": 1})
     assert a == b and a != engine.cell_key({"x": 1, "y": 3})
+
+
+def test_clean_json_is_strict_and_figures_are_png(tmp_path):
+    import math
+
+    import numpy as np
+    import torch
+
+    from factkernels.experiments.plotting import panels, save_figure
+
+    data = engine.clean_json({"x": torch.tensor([1.0, 2.0]), "nan": math.nan, "n": np.int64(3), "pair": (1, 2),
+                              "path": tmp_path})
+    assert data == {"x": [1.0, 2.0], "nan": None, "n": 3, "pair": [1, 2], "path": str(tmp_path)}
+    json.dumps(data, allow_nan=False)
+    fig, (ax,) = panels(1)
+    ax.plot([0, 1], [1, 0])
+    assert save_figure(fig, tmp_path, "line").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -147,33 +147,20 @@ def test_gd_expert_is_routed_to_values_not_template_words():
     assert result["value_accuracy"] > 0.5
 
 
-def test_cli_experiments_write_json_and_png(tmp_path):
-    from factkernels.cli import main
+def test_lm_and_editing_experiments_on_the_engine(tmp_path):
+    from factkernels.experiments import engine
 
-    out = tmp_path / "lm"
-    assert main(["experiment", "lm-facts", "--quick", "--facts", "24", "--dim", "16", "--steps", "30",
-                 "--pool", "0", "--experts", "gd,constructed", "--batch-size", "16", "--threads", "1", "--quiet",
-                 "--out", str(out)]) == 0
-    payload = json.loads((out / "lm_facts.json").read_text())
-    assert [r["expert"] for r in payload["runs"]] == ["gd", "constructed"]
-    assert payload["runs"][0]["fact_mlp"]["hidden"] == 24 and payload["runs"][0]["fact_mlp"]["stored_all"]
-    run = payload["runs"][1]
-    assert run["facts"] == 24 and 0 <= run["new_fact_accuracy"] <= 1 and "m" in run["fact_mlp"]
-    assert run["ce_nonfact_fact_expert_zeroed"] > 0
+    lm_res = engine.run("lm-facts", tmp_path, scale="tiny", quiet=True).summary
+    (run,) = lm_res["runs"]
+    assert run["expert"] == "gd" and run["fact_mlp"]["hidden"] == 24 and run["fact_mlp"]["stored_all"]
+    assert 0 <= run["new_fact_accuracy"] <= 1 and run["ce_nonfact_fact_expert_zeroed"] > 0
     assert run["nonfact_ce_rise"] == pytest.approx(run["swapped"]["ce_nonfact"] / run["train_facts"]["ce_nonfact"] - 1)
-    assert "seed_claim" in payload and "environment" in payload
-    assert (out / "lm_facts.png").stat().st_size > 0
+    assert (tmp_path / "lm-facts" / "lm_facts.png").stat().st_size > 0
 
-    out = tmp_path / "edit"
-    assert main(["experiment", "editing", "--quick", "--facts", "64", "--dim", "16", "--steps", "30",
-                 "--methods", "mlp_swap,rome", "--batch-size", "16", "--threads", "1", "--quiet",
-                 "--expert", "gd", "--out", str(out)]) == 0
-    payload = json.loads((out / "editing_gd.json").read_text())
-    assert payload["config"]["expert"] == "gd" and payload["lm"]["value_accuracy"] > 0
-    assert [s["altered"] for s in payload["splits"]] == [7, 3, 2]
-    best = payload["splits"][0]["methods"]["rome"]["best"]
-    assert len(payload["splits"][0]["methods"]["rome"]["runs"]) == 54  # the seed's ROME grid
-    assert best["score"] == max(r["score"] for r in payload["splits"][0]["methods"]["rome"]["runs"])
-    swap = payload["splits"][0]["methods"]["mlp_swap"]["best"]
-    assert swap["specificity"] >= 0 and "seed_claim" in payload
-    assert (out / "editing_gd.png").stat().st_size > 0
+    edit = engine.run("editing", tmp_path, scale="tiny", quiet=True).summary
+    assert [r["altered"] for r in edit["table"]] == [7, 3, 2]
+    for row in edit["table"]:
+        for method in ("mlp_swap", "memit", "rome"):
+            score = row[method]
+            assert 0 <= score["harmonic"] <= score["geometric"] + 1e-12 <= 1 + 1e-12  # HM <= GM
+    assert "geometric" in edit["claims"]["000-fig4-editing"]["ours"]

@@ -101,7 +101,7 @@ def test_regular_summary_fits_through_the_origin_in_edges():
     x1 = 64 * 6 / 16
     assert [p["key_budget"] for p in summary["points"]] == [24, 48]
     assert summary["fit"]["slope"] == pytest.approx((24 * x1 + 48 * 2 * x1) / (x1 ** 2 + (2 * x1) ** 2))
-    assert summary["claims"]["002-regular-heads"].ours == "h* = 4 (r=1), 8 (r=2)"
+    assert summary["claims"]["002-a3-regular-hstar"].ours == "h* = 4 (r=1), 8 (r=2)"
 
 
 def test_densify_adds_seeds_only_near_the_estimates(tmp_path, monkeypatch):

@@ -17,8 +17,8 @@ Modules: ``graphs`` (RelationGraph, random families, König colouring), ``constr
 (Constructions I-IV and the softmax variant, evaluation), ``scores`` (max-over-heads scores from
 the fused kernel in ``factkernels._ops``, softmax-sum scores), ``training`` (the seed's training
 protocol on permutation and r-regular graphs, edge or message objective, budget search, fits,
-lower bound), ``block`` (pre-LN Transformer block on frozen real token embeddings), ``cli``
-(``rgr-train``, ``experiment rgr-budget | rgr-value | rgr-regular | rgr-block``).
+lower bound), ``block`` (pre-LN Transformer block on frozen real token embeddings). The
+experiments and the ``rgr-train`` command live in ``factkernels.experiments.attention``.
 """
 
 from .constructions import (

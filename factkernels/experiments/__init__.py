@@ -4,7 +4,8 @@ Importing this package registers every experiment module in :data:`engine.REGIST
 The library (factkernels.*) never imports this package.
 """
 
-from . import rgr_budget  # noqa: F401  (registers)
 from .engine import REGISTRY, Cell, Claim, Experiment, Finding, get, register, run
+
+from . import attention, capacity, rgr_budget, transformer  # noqa: F401  (each experiment module registers itself)
 
 __all__ = ["REGISTRY", "Cell", "Claim", "Experiment", "Finding", "get", "register", "run"]

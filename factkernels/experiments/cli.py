@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import engine
+from . import attention, capacity, engine, rgr_budget
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -81,3 +81,10 @@ def add_commands(experiment_subparsers) -> None:
         p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the experiment's)")
         p.add_argument("--quiet", action="store_true", help="no progress bars")
         p.set_defaults(handler=_run)
+
+
+def add_tools(subparsers) -> None:
+    """Register the top-level commands that live beside the experiments (capacity, rgr-train, rgr-search)."""
+    capacity.add_commands(subparsers)
+    attention.add_commands(subparsers)
+    rgr_budget.add_commands(subparsers)

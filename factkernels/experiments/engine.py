@@ -20,19 +20,34 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 from tqdm.auto import tqdm
 
 from ..environment import environment
-from ..results import _clean
 
 PathLike = Union[str, Path]
+
+
+def clean_json(value: Any) -> Any:
+    """JSON-safe copy: NaN/Inf become None, tuples lists, tensors and numpy scalars plain numbers."""
+    if isinstance(value, dict):
+        return {str(k): clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    if hasattr(value, "tolist"):  # torch / numpy arrays and scalars
+        return clean_json(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    return value
 
 SCALES = ("tiny", "quick", "seed")
 """tiny: seconds, run in CI; quick: minutes on 2 CPU cores; seed: the paper's own grid."""
@@ -122,7 +137,7 @@ def set_threads(threads: Optional[int]) -> None:
 
 def cell_key(config: dict) -> str:
     """A stable file name for a config: short readable prefix + hash of its canonical JSON."""
-    canonical = json.dumps(_clean(config), sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps(clean_json(config), sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha1(canonical.encode()).hexdigest()[:12]
     readable = "_".join(f"{k}-{v}" for k, v in sorted(config.items()) if isinstance(v, (int, float, str)))
     readable = "".join(c if c.isalnum() or c in "-_." else "-" for c in readable)[:60]
@@ -162,7 +177,7 @@ def _write_cell(out: PathLike, name: str, key: str, config: dict, result: dict, 
     tmp = path.with_suffix(".tmp")  # a killed run never leaves half a cell behind
     payload = {"experiment": name, "key": key, "config": config, "result": result, "seconds": seconds,
                "environment": environment()}
-    tmp.write_text(json.dumps(_clean(payload), indent=1, allow_nan=False))
+    tmp.write_text(json.dumps(clean_json(payload), indent=1, allow_nan=False))
     tmp.replace(path)
     return path
 
@@ -236,7 +251,7 @@ def summarize_dir(name: str, out: PathLike, *, keys: Optional[Iterable[str]] = N
     payload = {"experiment": name, "claims_tested": [asdict(c) for c in experiment.claims], "cells": len(cells),
                "summary": summary, "figures": files, "environment": environment()}
     path = folder / "summary.json"
-    path.write_text(json.dumps(_clean(payload), indent=2, allow_nan=False))
+    path.write_text(json.dumps(clean_json(payload), indent=2, allow_nan=False))
     return summary, [str(path), *files]
 
 
@@ -252,5 +267,5 @@ def merge(sources: Iterable[PathLike], out: PathLike) -> int:
     return copied
 
 
-__all__ = ["Cell", "Claim", "Experiment", "Finding", "REGISTRY", "RunResult", "SCALES", "VERDICTS", "cell_key", "get",
+__all__ = ["Cell", "Claim", "Experiment", "Finding", "REGISTRY", "RunResult", "SCALES", "VERDICTS", "cell_key", "clean_json", "get",
            "load_cells", "merge", "parse_shard", "register", "run", "set_threads", "summarize_dir"]

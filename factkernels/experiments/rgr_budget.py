@@ -133,9 +133,9 @@ def _curve_rows(configs: Sequence[ConfigResult]) -> list[dict]:
 
 
 BUDGET_CLAIMS = (
-    engine.Claim("002-dk-fit", "002", "§6.1, Fig. 3", "D_K* ~ c m log2(m) / d_model (fit through the origin)",
+    engine.Claim("002-sec6-dk-fit", "002", "§6.1, Fig. 3", "D_K* ~ c m log2(m) / d_model (fit through the origin)",
                  "c = 1.19, R^2 = 0.944 (base grid with the diagonal points)"),
-    engine.Claim("002-heads-fit", "002", "§6.1, Fig. 10", "h* ~ a m / d_model + b", "a = 1.65, b = -6.64, R^2 = 0.824"),
+    engine.Claim("002-sec6-hstar-fit", "002", "§6.1, Fig. 10", "h* ~ a m / d_model + b", "a = 1.65, b = -6.64, R^2 = 0.824"),
 )
 
 
@@ -157,14 +157,14 @@ def _budget_summary(cells: list) -> dict:
     if budget_fit is not None:
         off = budget_fit.slope / SEED_FITS["key_budget_slope"] - 1
         linear = budget_fit.r2 >= 0.9
-        claims["002-dk-fit"] = engine.Finding(
+        claims["002-sec6-dk-fit"] = engine.Finding(
             f"c = {budget_fit.slope:.3f}, R^2 = {budget_fit.r2:.3f} ({budget_fit.points} points)", setting,
             "reproduced" if linear and abs(off) <= 0.25 else "partly" if linear else "not reproduced",
             f"D_K* is {'' if linear else 'not '}linear in m log2(m) / d_model (R^2 {budget_fit.r2:.3f}); the slope is "
             f"{abs(off):.0%} {'above' if off > 0 else 'below'} the seed's 1.19 (reproduced: within 25%)")
     if heads_fit is not None:
         rising, linear = heads_fit.slope > 0, heads_fit.r2 >= 0.7
-        claims["002-heads-fit"] = engine.Finding(
+        claims["002-sec6-hstar-fit"] = engine.Finding(
             f"a = {heads_fit.slope:.2f}, b = {heads_fit.intercept:.2f}, R^2 = {heads_fit.r2:.3f} "
             f"({heads_fit.points} points)", setting,
             "reproduced" if rising and linear and abs(heads_fit.slope / SEED_FITS["heads_slope"] - 1) <= 0.5
@@ -358,10 +358,10 @@ def _softmax_plot(summary: dict, cells: list) -> dict:
 
 
 REGULAR_CLAIMS = (
-    engine.Claim("002-regular-fit", "002", "App. A.3, Fig. 12",
+    engine.Claim("002-a3-regular-fit", "002", "App. A.3, Fig. 12",
                  "on r-regular graphs D_K* ~ c x with x = r m log2(m) / d_model, one c for all r",
                  "c = 0.46 over r in {1, 2, 4, 8, 16} (m = 128, d_model = 32)"),
-    engine.Claim("002-regular-heads", "002", "App. A.3, Fig. 13", "h* rises with r, tracking r m / d_model",
+    engine.Claim("002-a3-regular-hstar", "002", "App. A.3, Fig. 13", "h* rises with r, tracking r m / d_model",
                  "h* within ~2x of r m / d_model"),
 )
 
@@ -384,7 +384,7 @@ def _regular_summary(cells: list) -> dict:
     claims = {}
     if fit is not None:
         close = abs(fit.slope - SEED_REGULAR_SLOPE) <= 0.25 * SEED_REGULAR_SLOPE
-        claims["002-regular-fit"] = engine.Finding(
+        claims["002-a3-regular-fit"] = engine.Finding(
             f"c = {fit.slope:.3f}, R^2 = {fit.r2:.3f} over r = {[row['degree'] for row in rows]}", setting,
             "reproduced" if close and fit.r2 >= 0.9 else "partly",
             "one slope fits every r" + ("" if close else f", but {fit.slope:.2f} is not within 25% of 0.46"))
@@ -393,7 +393,7 @@ def _regular_summary(cells: list) -> dict:
         rising = all(b["best_heads"] >= a["best_heads"] for a, b in zip(passed, passed[1:])) and \
             passed[-1]["best_heads"] > passed[0]["best_heads"]
         within = all(0.5 <= row["best_heads"] / row["edge_compression"] <= 2 for row in passed)
-        claims["002-regular-heads"] = engine.Finding(
+        claims["002-a3-regular-hstar"] = engine.Finding(
             "h* = " + ", ".join(f"{row['best_heads']} (r={row['degree']})" for row in passed), setting,
             "reproduced" if rising and within else "partly" if rising else "not reproduced",
             "h* rises with r" + (" within 2x of r m / d_model" if within else "") if rising
@@ -549,23 +549,8 @@ def _evaluate_cached(out: str, name: str, config: dict, cached: dict, log: Calla
     return cached[key].result
 
 
-def main(argv: Optional[list] = None) -> int:
-    """``rgr-search``: the bracketing search of one budget experiment as engine cells, then the summary of
-    every cell present (a sub-grid of the static grid, so ``factkernels experiment`` would not summarize it)."""
-    p = argparse.ArgumentParser(prog="rgr-search", description=search.__doc__)
-    p.add_argument("experiment", choices=sorted(EXPERIMENTS))
-    p.add_argument("--out", required=True)
-    p.add_argument("--pairs", required=True, help="m:d_model,m:d_model,...")
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds of one cell")
-    p.add_argument("--heads", default=",".join(map(str, SEED_HEADS)))
-    p.add_argument("--heads-window", type=float, default=None)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--degree", type=int, default=1)
-    p.add_argument("--aggregation", default="max")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--add-seeds", default=None,
-                   help="instead of searching: train these seeds for the configurations near each pair's estimates")
-    args = p.parse_args(argv)
+def run_search(args: argparse.Namespace) -> int:
+    """``factkernels rgr-search``: the bracketing search (or ``--add-seeds``), then the summary of every cell present."""
     engine.set_threads(args.threads)
     pairs = [tuple(int(x) for x in pair.split(":")) for pair in args.pairs.split(",")]
     log = lambda s: print(s, flush=True)  # noqa: E731
@@ -576,6 +561,33 @@ def main(argv: Optional[list] = None) -> int:
         search(args.out, args.experiment, pairs, [int(s) for s in args.seeds.split(",")],
                [int(h) for h in args.heads.split(",")], heads_window=args.heads_window, max_steps=args.max_steps,
                degree=args.degree, aggregation=args.aggregation, log=log)
-    _, files = engine.summarize_dir(args.experiment, args.out)  # over every cell present, not only this search's
+    # over every cell present: a sub-grid of the static grid, which ``factkernels experiment`` would not summarize
+    _, files = engine.summarize_dir(args.experiment, args.out)
     print("wrote " + ", ".join(files))
     return 0
+
+
+def add_commands(subparsers) -> None:
+    """Register the top-level ``rgr-search`` command."""
+    p = subparsers.add_parser("rgr-search", help="bracketing D_K* search of a seed 002 budget experiment, as its cells")
+    p.add_argument("experiment", choices=sorted(EXPERIMENTS))
+    p.add_argument("--out", required=True, help="OUT/EXPERIMENT/cells/*.json, summary.json, PNGs")
+    p.add_argument("--pairs", required=True, help="m:d_model,m:d_model,...")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds of each cell")
+    p.add_argument("--heads", default=",".join(map(str, SEED_HEADS)), help="head counts to bracket")
+    p.add_argument("--heads-window", type=float, default=None, help="only h = 1 and h within this factor of r m/d")
+    p.add_argument("--max-steps", type=int, default=None, help="step cut-off (default: the seed's)")
+    p.add_argument("--degree", type=int, default=1, help="out-degree r of the graph (rgr-regular)")
+    p.add_argument("--aggregation", default="max", choices=("max", "softmax-sum"))
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--add-seeds", default=None,
+                   help="instead of searching: train these seeds for the configurations near each pair's estimates")
+    p.set_defaults(handler=run_search)
+
+
+def main(argv: Optional[list] = None) -> int:
+    """``rgr-search`` on its own (``python -c "from factkernels.experiments.rgr_budget import main; main()" ...``)."""
+    parser = argparse.ArgumentParser(prog="rgr-search")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["rgr-search", *(argv if argv is not None else __import__("sys").argv[1:])])
+    return args.handler(args)

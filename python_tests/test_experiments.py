@@ -1,0 +1,29 @@
+"""Every registered experiment runs at scale "tiny" through the engine and yields cells, summary and claims."""
+
+import json
+
+import pytest
+
+from factkernels.experiments import REGISTRY, engine
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_experiment_runs_tiny(name, tmp_path, one_thread):
+    result = engine.run(name, tmp_path, scale="tiny", quiet=True)
+    assert result.missing == 0 and result.ran == result.total > 0
+    assert len(list((tmp_path / name / "cells").glob("*.json"))) == result.total
+    saved = json.loads((tmp_path / name / "summary.json").read_text())
+    declared = {c.id for c in REGISTRY[name].claims}
+    assert declared and set(saved["summary"]["claims"]) == declared  # every declared claim gets a finding
+    for finding in saved["summary"]["claims"].values():
+        assert finding["verdict"] in engine.VERDICTS and finding["setting"]
+    for path in saved["figures"]:
+        assert path.endswith(".png") and (tmp_path / name / path.split("/")[-1]).stat().st_size > 5000
+
+
+def test_claim_ids_are_unique_and_name_their_paper():
+    ids = [c.id for e in REGISTRY.values() for c in e.claims]
+    assert len(ids) == len(set(ids))
+    for e in REGISTRY.values():
+        for c in e.claims:
+            assert c.paper in ("000", "002") and c.id.startswith(c.paper + "-") and c.value
