@@ -40,6 +40,7 @@ BASE_PAIRS = tuple((m, d) for m in (64, 128, 256, 512) for d in (16, 32, 64))
 DIAGONAL_PAIRS = ((128, 16), (256, 32), (512, 64), (1024, 128), (2048, 256), (4096, 512))
 SOFTMAX_PANELS = ((64, 16), (64, 32), (128, 16), (128, 32))
 SEED_HEADS = (1, 2, 4, 8, 16, 32, 64)
+NO_PASS = "no configuration reached mean test F1 >= 0.99 on the cells that ran"
 REGULAR_DEGREES = (1, 2, 4, 8, 16)
 REGULAR_HEADS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -125,6 +126,11 @@ def _setting(cells: Sequence[engine.Cell], points: dict) -> str:
             f"{seeds} (seed: 10); step cut-offs {steps}; bracketing D_K search (ladder ratio 1.25) per h")
 
 
+def _complete(claims: dict, declared: Sequence[engine.Claim], setting: str, reason: str) -> dict:
+    """``claims`` with a finding for every declared claim: the ones the cells cannot decide get ``reason``."""
+    return {c.id: claims.get(c.id) or engine.Finding("-", setting, "not reproduced", reason) for c in declared}
+
+
 def _curve_rows(configs: Sequence[ConfigResult]) -> list[dict]:
     return [c.to_dict() for c in sorted(configs, key=lambda c: (c.num_heads, c.key_budget))]
 
@@ -176,7 +182,8 @@ def _budget_summary(cells: list) -> dict:
             "fits": {"key_budget": budget_fit and vars(budget_fit), "heads": heads_fit and vars(heads_fit),
                      "key_budget_without_d16_m_gt_64": without_small and vars(without_small)},
             "seed_fits": SEED_FITS | {"key_budget_without_d16_m_gt_64": {"slope": 0.966, "r2": 0.992}},
-            "claims": claims}
+            "claims": _complete(claims, BUDGET_CLAIMS, setting, "needs D_K* (and h*) at two or more (m, d_model): "
+                                + NO_PASS)}
 
 
 def _budget_plot(summary: dict, cells: list) -> dict:
@@ -345,7 +352,7 @@ def _softmax_summary(cells: list) -> dict:
             "; ".join(f"(m={m}, d={d}): softmax {s or 'never'}, max {mx or 'never'}" for m, d, s, mx in shift),
             setting, "reproduced" if all(right) else "partly" if any(right) else "not reproduced",
             "D_K* (min over h) of the softmax model against the max model on the same cells")
-    return {"panels": rows, "claims": claims}
+    return {"panels": rows, "claims": _complete(claims, SOFTMAX_CLAIMS, setting, NO_PASS)}
 
 
 def _softmax_plot(summary: dict, cells: list) -> dict:
@@ -398,7 +405,8 @@ def _regular_summary(cells: list) -> dict:
             "reproduced" if rising and within else "partly" if rising else "not reproduced",
             "h* rises with r" + (" within 2x of r m / d_model" if within else "") if rising
             else "h* does not rise with r on the heads that ran")
-    return {"points": rows, "fit": fit and vars(fit), "seed_fit": {"slope": SEED_REGULAR_SLOPE}, "claims": claims}
+    return {"points": rows, "fit": fit and vars(fit), "seed_fit": {"slope": SEED_REGULAR_SLOPE},
+            "claims": _complete(claims, REGULAR_CLAIMS, setting, "needs D_K* at two or more degrees: " + NO_PASS)}
 
 
 def _regular_plot(summary: dict, cells: list) -> dict:
