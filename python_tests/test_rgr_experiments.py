@@ -117,3 +117,9 @@ def test_densify_adds_seeds_only_near_the_estimates(tmp_path, monkeypatch):
     assert sorted((c["heads"], c["head_dim"]) for c in added) == [(2, 12), (4, 6)]
     assert all(c["seeds"] == [3, 4] and c["max_steps"] == 100 for c in ran) and len(ran) == 2
     assert rgr_budget.densify(str(tmp_path), "rgr-budget", [(64, 16)], [3, 4], log=lambda s: None) == []
+
+
+def test_search_starts_from_the_conservative_budget_of_earlier_cells():
+    evaluate, calls = _threshold_model({1: 400, 4: 30})
+    rgr_budget.search_pair(64, 16, [1], [0, 1, 2], evaluate, known_upper=30)
+    assert calls and all(c["head_dim"] <= 33 for c in calls)  # h = 1 never climbs past 1.1 x 30

@@ -446,16 +446,16 @@ EXPERIMENTS = {e.name: engine.register(e) for e in (
 
 def search_pair(m: int, d_model: int, head_counts: Sequence[int], seeds: Sequence[int],
                 evaluate: Callable[[dict], dict], *, start_rung: int = -1, max_steps: Optional[int] = None,
-                degree: int = 1, aggregation: str = "max") -> list[dict]:
+                degree: int = 1, aggregation: str = "max", known_upper: Optional[int] = None) -> list[dict]:
     """Bracket the D_K* estimates of one (m, d_model) (module docstring); the configs evaluated, in order.
 
     Head counts run nearest to r m / d_model first. ``evaluate(config) -> result`` with ``test_f1``
-    per seed (the caller caches).
+    per seed (the caller caches). ``known_upper``: a conservative D_K* already found (earlier cells).
     """
     centre = law(m, d_model, degree)
     order = sorted(head_counts, key=lambda h: (abs(math.log2(h) - math.log2(degree * m / d_model)), -h))
     done: list[dict] = []
-    best_upper = math.inf
+    best_upper = math.inf if known_upper is None else known_upper
 
     def budget(h: int, rung: int) -> int:
         return h * rung_head_dim(centre, h, rung)
@@ -503,11 +503,13 @@ def search(out: str, name: str, pairs: Sequence[tuple], seeds: Sequence[int], he
         return _evaluate_cached(out, name, config, cached, log)
 
     configs = []
+    known = budget_points(list(cached.values()))
     for m, d in pairs:
         heads = [h for h in head_counts if heads_window is None or h == 1
                  or 1 / heads_window <= h / (degree * m / d) <= heads_window]
+        point = known.get((m, d, degree, aggregation))
         configs += search_pair(m, d, heads, seeds, evaluate, max_steps=max_steps, degree=degree,
-                               aggregation=aggregation)
+                               aggregation=aggregation, known_upper=point and point.key_budget_upper)
     return configs
 
 
