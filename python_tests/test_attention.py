@@ -372,14 +372,13 @@ def test_head_count_fit_is_least_squares():
     assert attention.fit_head_count(points[:1]) is None
 
 
-def test_head_dim_ladder_spans_the_budget_range():
-    ladder = attention.head_dim_ladder(64, 16, 4, (0.3, 2.0))
-    law = attention.seed_law(64, 16)
-    assert ladder == sorted(set(ladder)) and ladder[0] * 4 <= 0.3 * law + 4 and ladder[-1] * 4 >= 2.0 * law - 4
-
-
-# ----------------------------------------------------------------------------- CLI
-
+def test_search_budget_brackets_the_threshold_on_the_ladder():
+    point = attention.search_budget(12, 12, [1, 2], [0, 1], TINY, quiet=True)
+    # h = m / d_model = 1 first, at rung -1 of the ladder around the seed's law
+    first = point.configs[0]
+    assert (first.num_heads, first.head_dim) == (1, attention.rung_head_dim(attention.seed_law(12, 12), 1, -1))
+    assert point.key_budget_lower <= point.key_budget <= (point.key_budget_upper or math.inf)
+    assert all(len(c.test_f1) == 2 for c in point.configs)
 
 def test_cli_rgr_train_writes_json(tmp_path, capsys):
     out = tmp_path / "train.json"

@@ -24,11 +24,11 @@ y = x W_V, prediction S_max V_C with raw scores, MSE over rows whose neighbour i
 early stop after ``patience`` checks without a better validation MSE; the last parameters
 are kept). Evaluation takes decisions / scores from the fused max-over-heads kernel.
 
-Budget search (App. A.2): for each (m, d_model), every head count h and a ladder of d_k,
-D_K* = min{D_K : mean test F1 >= 0.99 for some h}, with the conservative upper estimate
-(95% t-interval low end >= 0.99) and the optimistic lower one (high end >= 0.99); h* the
-head count attaining D_K* (ties: larger mean F1). Fits: D_K* ~ c m log2(m) / d_model
-through the origin, and h* ~ a m / d_model + b.
+Budget search (App. A.2): for each (m, d_model), head counts h against a geometric D_K ladder
+(``bracket_budget``), D_K* = min{D_K : mean test F1 >= 0.99 for some h}, with the conservative
+upper estimate (95% t-interval low end >= 0.99) and the optimistic lower one (high end >=
+0.99); h* the head count attaining D_K* (ties: larger mean F1) with the paired-t-test interval.
+Fits: D_K* ~ c m log2(m) / d_model through the origin, and h* ~ a m / d_model + b.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -624,131 +624,77 @@ def seed_law(m: int, d_model: int) -> float:
     return SEED_FITS["key_budget_slope"] * m * math.log2(m) / d_model
 
 
-def head_dim_ladder(m: int, d_model: int, num_heads: int, budget_range: tuple = (0.25, 3.0),
-                    ratio: float = 1.2) -> list[int]:
-    """The d_k tried with h heads: D_K = h d_k on a geometric ladder (step ``ratio``) from
-    budget_range[0] to budget_range[1] times ``seed_law(m, d_model)``, d_k >= 1, no repeats."""
-    low, high = (f * seed_law(m, d_model) for f in budget_range)
-    ladder, budget = set(), max(low, 1.0)
-    while True:
-        ladder.add(max(1, round(min(budget, high) / num_heads)))
-        if budget >= high:
-            return sorted(ladder)
-        budget *= ratio
+LADDER_RATIO = 1.25
+LADDER_RUNGS = (-7, 5)  # rung k: D_K ~ centre * 1.25^k for k in [-7, 5), i.e. 0.21x to 2.4x the centre
+
+
+def rung_head_dim(centre: float, num_heads: int, rung: int) -> int:
+    """d_k of ladder rung ``rung`` with h heads: round(centre * 1.25^rung / h), at least 1."""
+    return max(1, round(centre * LADDER_RATIO ** rung / num_heads))
+
+
+def bracket_budget(head_counts: Sequence[int], evaluate: Callable[[int, int], ConfigResult], centre: float,
+                   compression: float, *, start_rung: int = -1, known_upper: Optional[int] = None
+                   ) -> list[ConfigResult]:
+    """The configurations that decide the App. A.2 estimates, found on the ladder around ``centre``.
+
+    ``evaluate(h, d_k)`` trains (or looks up) one configuration over its seeds. Head counts run
+    nearest to ``compression`` (r m / d_model, the construction's head count) first. Per h, from
+    ``start_rung`` (lowered below 1.1x the best conservative D_K so far): down while the F1
+    interval's high end still reaches 0.99, then up while its low end does not. No D_K above
+    1.1x the best conservative D_K is tried: such a configuration cannot be any estimate nor in
+    the h* test's 10% pool. Assumes F1 grows with D_K at fixed h, as the seed's definition does.
+    ``known_upper``: a conservative D_K* found earlier (by other head counts).
+    """
+    head_counts = _check_int_list("head_counts", head_counts, 1)
+    order = sorted(head_counts, key=lambda h: (abs(math.log2(h) - math.log2(compression)), -h))
+    low_rung, high_rung = LADDER_RUNGS
+    best_upper = math.inf if known_upper is None else known_upper
+    done: list[ConfigResult] = []
+
+    def budget(h: int, rung: int) -> int:
+        return h * rung_head_dim(centre, h, rung)
+
+    def bounds(h: int, rung: int) -> tuple[float, float]:
+        nonlocal best_upper
+        config = evaluate(h, rung_head_dim(centre, h, rung))
+        done.append(config)
+        _, low, high = config.interval
+        if low >= PASS_F1:
+            best_upper = min(best_upper, config.key_budget)
+        return low, high
+
+    for h in order:
+        start = start_rung
+        while start > low_rung and budget(h, start) > 1.1 * best_upper:
+            start -= 1
+        if budget(h, start) > 1.1 * best_upper:
+            continue
+        first_low, high = bounds(h, start)
+        rung = start
+        while high >= PASS_F1 and rung - 1 >= low_rung and budget(h, rung - 1) < budget(h, rung):
+            rung -= 1
+            _, high = bounds(h, rung)
+        rung, low = start, first_low
+        while low < PASS_F1 and rung + 1 < high_rung and budget(h, rung + 1) <= 1.1 * best_upper:
+            rung += 1
+            if budget(h, rung) > budget(h, rung - 1):
+                low, _ = bounds(h, rung)
+    return done
 
 
 def search_budget(m: int, d_model: int, head_counts: Sequence[int], seeds: Sequence[int],
-                  config: TrainingConfig = TrainingConfig(), *, budget_range: tuple = (0.25, 3.0),
+                  config: TrainingConfig = TrainingConfig(), *, known_upper: Optional[int] = None,
                   quiet: bool = False) -> BudgetPoint:
-    """Train every h in ``head_counts`` with d_k on ``head_dim_ladder`` and summarize (App. A.2).
+    """D_K* estimates and h* of one (m, d_model) (App. A.2) by ``bracket_budget`` around the seed's law
+    (times r for an r-regular graph), each configuration trained for all seeds as one batch."""
+    def evaluate(h: int, d_k: int) -> ConfigResult:
+        runs = train_runs(m, d_model, h, [d_k], seeds, config, quiet=quiet)
+        return ConfigResult(h, d_k, [r.test_f1 for r in runs], [r.seed for r in runs], [r.steps for r in runs])
 
-    Head counts run from largest to smallest; once a configuration passes conservatively
-    (CI low end >= 0.99, budget D_K_up), smaller head counts try D_K only up to 1.1 D_K_up:
-    larger budgets cannot change D_K* (any estimate) or the h* interval. D_K* found at the
-    bottom of the ladder is only an upper estimate: widen ``budget_range``.
-    """
-    configs, cap = [], math.inf
-    for h in sorted(_check_int_list("head_counts", head_counts, 1), reverse=True):
-        dims = [d_k for d_k in head_dim_ladder(m, d_model, h, budget_range) if h * d_k <= cap]
-        if not dims:
-            continue
-        runs = train_runs(m, d_model, h, dims, seeds, config, quiet=quiet)
-        for d_k in dims:
-            mine = [r for r in runs if r.head_dim == d_k]
-            configs.append(ConfigResult(h, d_k, [r.test_f1 for r in mine], [r.seed for r in mine],
-                                        [r.steps for r in mine]))
-        upper = _min_budget(configs, 1)
-        if upper is not None:
-            cap = 1.1 * upper.key_budget
+    configs = bracket_budget(head_counts, evaluate, config.degree * seed_law(m, d_model),
+                             config.degree * m / d_model, known_upper=known_upper)
     return summarize_budget(m, d_model, configs)
-
-
-@dataclass(frozen=True)
-class BudgetGrid:
-    """Which (m, d_model) pairs, head counts and seeds a budget experiment trains."""
-
-    pairs: tuple  # ((m, d_model), ...)
-    head_counts: tuple
-    seeds: tuple
-    max_steps: Optional[int] = None  # None: Table 2 cut-offs
-    budget_range: tuple = (0.25, 3.0)  # D_K tried, as multiples of seed_law(m, d_model)
-
-    def to_dict(self) -> dict:
-        return {"pairs": [list(p) for p in self.pairs], "head_counts": list(self.head_counts),
-                "seeds": list(self.seeds), "max_steps": self.max_steps, "budget_range": list(self.budget_range)}
-
-
-# The seed's base grid (Sec. 6.1, App. A.2): days of CPU time; use a GPU or a subset.
-SEED_GRID = BudgetGrid(pairs=tuple((m, d) for m in (64, 128, 256, 512) for d in (16, 32, 64)),
-                       head_counts=(1, 2, 4, 8, 16, 32, 64), seeds=tuple(range(10)))
-# Minutes on 2 CPU cores: the seed's protocol and cut-offs on small m, 4 head counts, 3 seeds.
-QUICK_GRID = BudgetGrid(pairs=((32, 16), (64, 16), (64, 32), (128, 16), (128, 32)), head_counts=(1, 2, 4, 8),
-                        seeds=(0, 1, 2), budget_range=(0.3, 2.0))
-
-
-def budget_experiment(grid: BudgetGrid = QUICK_GRID, config: TrainingConfig = TrainingConfig(), *,
-                      quiet: bool = False) -> dict:
-    """Run ``search_budget`` on every pair of the grid and fit both laws; a JSON-ready report."""
-    if grid.max_steps is not None:
-        config = replace(config, max_steps=grid.max_steps)
-    points = []
-    for m, d_model in tqdm(grid.pairs, desc="rgr-budget", disable=True if quiet else None):
-        points.append(search_budget(m, d_model, grid.head_counts, grid.seeds, config,
-                                    budget_range=grid.budget_range, quiet=quiet))
-    budget_fit, heads_fit = fit_key_budget(points), fit_head_count(points)
-    return {"grid": grid.to_dict(), "training": asdict(config), "points": [p.to_dict() for p in points],
-            "fits": {"key_budget": budget_fit and asdict(budget_fit), "heads": heads_fit and asdict(heads_fit)},
-            "seed_fits": SEED_FITS}
-
-
-def value_experiment(m: int, model_dims: Sequence[int], head_counts: Sequence[int], key_budgets: Sequence[int],
-                     seeds: Sequence[int], config: TrainingConfig = TrainingConfig(), *, quiet: bool = False) -> dict:
-    """Sec. 7.2: test message-retrieval MSE against D_K per head count, for each d_model (Fig. 6).
-
-    Every (d_model, h) trains the D_K in ``key_budgets`` that h divides, all seeds, as one batch.
-    """
-    config = replace(config, objective="messages")
-    runs = []
-    model_dims = _check_int_list("model_dims", model_dims, 1)
-    for d_model in tqdm(model_dims, desc="rgr-value", disable=True if quiet else None):
-        for h in _check_int_list("head_counts", head_counts, 1):
-            dims = [b // h for b in _check_int_list("key_budgets", key_budgets, 1) if b % h == 0]
-            if dims:
-                runs += [{"d_model": d_model, **r.to_dict()}
-                         for r in train_runs(m, d_model, h, dims, seeds, config, quiet=quiet)]
-    summary = []
-    for d_model, h, budget in sorted({(r["d_model"], r["num_heads"], r["key_budget"]) for r in runs}):
-        mses = [r["test_mse"] for r in runs if (r["d_model"], r["num_heads"], r["key_budget"]) == (d_model, h, budget)]
-        mean, low, high = t_interval(mses)
-        summary.append({"d_model": d_model, "num_heads": h, "key_budget": budget, "mean_mse": mean,
-                        "ci_low": low, "ci_high": high})
-    return {"config": {"m": m, "model_dims": list(model_dims), "head_counts": list(head_counts),
-                       "key_budgets": list(key_budgets), "seeds": list(seeds), "training": asdict(config)},
-            "runs": runs, "summary": summary,
-            "seed_claim": "Fig. 6 (m = 64): at d_model = 16, h = 1 plateaus at high MSE while h >= 4 drives it down "
-                          "sharply; at d_model = 32 the gap narrows and h = 4, 8 reach the lowest MSE"}
-
-
-def regular_experiment(m: int, d_model: int, degrees: Sequence[int], head_counts: Sequence[int],
-                       seeds: Sequence[int], config: TrainingConfig = TrainingConfig(), *,
-                       budget_range: tuple = (0.15, 2.0), quiet: bool = False) -> dict:
-    """App. A.3: D_K* on r-regular graphs for each r, fitted as D_K* ~ c x with x = r m log2(m) / d_model.
-
-    ``budget_range`` is in multiples of r * seed_law(m, d_model): the ladder grows with the edges.
-    """
-    points, xs = [], []
-    for r in tqdm(_check_int_list("degrees", degrees, 1), desc="rgr-regular", disable=True if quiet else None):
-        point = search_budget(m, d_model, head_counts, seeds, replace(config, degree=r),
-                              budget_range=(budget_range[0] * r, budget_range[1] * r), quiet=quiet)
-        xs.append(r * point.scaling_x)
-        points.append(point.to_dict() | {"degree": r, "edge_scaling_x": xs[-1], "edge_compression": r * m / d_model})
-    fit = fit_through_origin(xs, [p["key_budget"] for p in points])
-    return {"config": {"m": m, "d_model": d_model, "degrees": list(degrees), "head_counts": list(head_counts),
-                       "seeds": list(seeds), "budget_range": list(budget_range), "training": asdict(config)},
-            "points": points, "fit": fit and asdict(fit), "seed_fit": {"slope": SEED_REGULAR_SLOPE}}
-
-
-# ----------------------------------------------------------------------------- fits
 
 
 @dataclass(frozen=True)

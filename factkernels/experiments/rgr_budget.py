@@ -29,13 +29,11 @@ import statistics
 import time
 from typing import Callable, Optional, Sequence
 
-from ..attention.training import (PASS_F1, SEED_FITS, SEED_REGULAR_SLOPE, ConfigResult, TrainingConfig,
-                                  fit_head_count, fit_key_budget, fit_through_origin, seed_law, summarize_budget,
-                                  t_interval, train_runs)
+from ..attention.training import (LADDER_RUNGS, PASS_F1, SEED_FITS, SEED_REGULAR_SLOPE, ConfigResult,
+                                  TrainingConfig, bracket_budget, fit_head_count, fit_key_budget, fit_through_origin,
+                                  rung_head_dim, seed_law, summarize_budget, train_runs)
 from . import engine
 
-LADDER_RATIO = 1.25
-LADDER_RANGE = (-7, 5)  # rung k: D_K ~ law * 1.25^k, k in [-7, 5) (0.21x to 2.4x the law)
 BASE_PAIRS = tuple((m, d) for m in (64, 128, 256, 512) for d in (16, 32, 64))
 DIAGONAL_PAIRS = ((128, 16), (256, 32), (512, 64), (1024, 128), (2048, 256), (4096, 512))
 SOFTMAX_PANELS = ((64, 16), (64, 32), (128, 16), (128, 32))
@@ -71,18 +69,13 @@ def law(m: int, d_model: int, degree: int = 1) -> float:
     return degree * seed_law(m, d_model)
 
 
-def rung_head_dim(centre: float, heads: int, rung: int) -> int:
-    """d_k of ladder rung ``rung`` with ``heads`` heads: round(centre * 1.25^rung / h), at least 1."""
-    return max(1, round(centre * LADDER_RATIO ** rung / heads))
-
-
 def ladder_grid(pairs: Sequence[tuple], heads: Sequence[int], seeds: Sequence[int], max_steps: Optional[int] = None,
                 *, degree: int = 1, aggregation: str = "max") -> list[dict]:
     """Every h in ``heads`` against every distinct d_k of the ladder, for each (m, d_model)."""
     cells = []
     for m, d in pairs:
         for h in heads:
-            dims = sorted({rung_head_dim(law(m, d, degree), h, k) for k in range(*LADDER_RANGE)})
+            dims = sorted({rung_head_dim(law(m, d, degree), h, k) for k in range(*LADDER_RUNGS)})
             cells += [cell_config(m, d, h, d_k, seeds, max_steps, degree=degree, aggregation=aggregation)
                       for d_k in dims]
     return cells
@@ -445,47 +438,21 @@ EXPERIMENTS = {e.name: engine.register(e) for e in (
 
 
 def search_pair(m: int, d_model: int, head_counts: Sequence[int], seeds: Sequence[int],
-                evaluate: Callable[[dict], dict], *, start_rung: int = -1, max_steps: Optional[int] = None,
-                degree: int = 1, aggregation: str = "max", known_upper: Optional[int] = None) -> list[dict]:
-    """Bracket the D_K* estimates of one (m, d_model) (module docstring); the configs evaluated, in order.
+                evaluate: Callable[[dict], dict], *, max_steps: Optional[int] = None, degree: int = 1,
+                aggregation: str = "max", known_upper: Optional[int] = None) -> list[dict]:
+    """``attention.bracket_budget`` on one (m, d_model) with cells: the configs evaluated, in order.
 
-    Head counts run nearest to r m / d_model first. ``evaluate(config) -> result`` with ``test_f1``
-    per seed (the caller caches). ``known_upper``: a conservative D_K* already found (earlier cells).
+    ``evaluate(config) -> result`` with ``test_f1`` and ``steps`` per seed (the caller caches).
     """
-    centre = law(m, d_model, degree)
-    order = sorted(head_counts, key=lambda h: (abs(math.log2(h) - math.log2(degree * m / d_model)), -h))
     done: list[dict] = []
-    best_upper = math.inf if known_upper is None else known_upper
 
-    def budget(h: int, rung: int) -> int:
-        return h * rung_head_dim(centre, h, rung)
-
-    def bounds(h: int, rung: int) -> tuple[float, float]:
-        nonlocal best_upper
-        config = cell_config(m, d_model, h, rung_head_dim(centre, h, rung), seeds, max_steps, degree=degree,
-                             aggregation=aggregation)
-        _, low, high = t_interval(evaluate(config)["test_f1"])
+    def train(h: int, d_k: int) -> ConfigResult:
+        config = cell_config(m, d_model, h, d_k, seeds, max_steps, degree=degree, aggregation=aggregation)
+        result = evaluate(config)
         done.append(config)
-        if low >= PASS_F1:
-            best_upper = min(best_upper, budget(h, rung))
-        return low, high
+        return ConfigResult(h, d_k, list(result["test_f1"]), list(seeds), list(result["steps"]))
 
-    for h in order:
-        start = start_rung
-        while start > LADDER_RANGE[0] and budget(h, start) > 1.1 * best_upper:
-            start -= 1
-        if budget(h, start) > 1.1 * best_upper:
-            continue
-        first_low, high = bounds(h, start)
-        rung = start  # down while a lower D_K may still pass optimistically
-        while high >= PASS_F1 and rung - 1 >= LADDER_RANGE[0] and budget(h, rung - 1) < budget(h, rung):
-            rung -= 1
-            _, high = bounds(h, rung)
-        rung, low = start, first_low  # up until the conservative estimate passes
-        while low < PASS_F1 and rung + 1 < LADDER_RANGE[1] and budget(h, rung + 1) <= 1.1 * best_upper:
-            rung += 1
-            if budget(h, rung) > budget(h, rung - 1):
-                low, _ = bounds(h, rung)
+    bracket_budget(head_counts, train, law(m, d_model, degree), degree * m / d_model, known_upper=known_upper)
     return done
 
 
