@@ -123,3 +123,14 @@ def test_search_starts_from_the_conservative_budget_of_earlier_cells():
     evaluate, calls = _threshold_model({1: 400, 4: 30})
     rgr_budget.search_pair(64, 16, [1], [0, 1, 2], evaluate, known_upper=30)
     assert calls and all(c["head_dim"] <= 33 for c in calls)  # h = 1 never climbs past 1.1 x 30
+
+
+def test_rgr_search_command_writes_cells_and_a_summary_of_what_ran(tmp_path, capsys):
+    from factkernels.cli import main
+
+    assert main(["rgr-search", "rgr-budget", "--out", str(tmp_path), "--pairs", "16:16", "--heads", "1",
+                 "--max-steps", "100", "--seeds", "0,1"]) == 0
+    cells = engine.load_cells(tmp_path, "rgr-budget")
+    assert cells and all(c.config["max_steps"] == 100 and c.config["seeds"] == [0, 1] for c in cells.values())
+    summary = json.loads((tmp_path / "rgr-budget" / "summary.json").read_text())
+    assert summary["cells"] == len(cells) and "summary.json" in capsys.readouterr().out

@@ -1,6 +1,7 @@
 #!/bin/bash
-# pass 3 (replaces the rest of pass 2): first the head counts where h* sat at the edge of the tried set,
-# then r-regular graphs, 10 seeds near every base-grid estimate, the softmax model, the diagonal.
+# pass 4 (replaces pass 3, same steps, r-regular before the extra seeds): after pass 2's (512, 16) search,
+# the head counts where h* sat at the edge of the tried set, r-regular graphs, 10 seeds near every
+# base-grid estimate, the softmax model.
 cd /work/wt/rgr
 while kill -0 31264 2>/dev/null; do sleep 10; done   # pass 2's (512, 16) search
 export OMP_NUM_THREADS=1
@@ -13,6 +14,6 @@ search rgr-budget --pairs 256:64 --heads 1
 for r in 1 2 4 8 16; do
   search rgr-regular --pairs 128:32 --degree $r --heads 1,2,4,8,16,32,64,128 --heads-window 2
 done
-search rgr-budget --pairs 64:16,64:32,64:64,128:16,128:32,128:64,256:32,256:64,512:64,512:32,256:16,512:16 --add-seeds 3,4,5,6,7,8,9
+search rgr-budget --pairs 64:16,64:32,64:64,128:16,128:32,128:64,256:32,256:64,512:64,512:32,256:16 --add-seeds 3,4,5,6,7,8,9
 search rgr-softmax --pairs 64:16,64:32 --aggregation softmax-sum --heads 1,2,4,8 --heads-window 2
-echo PASS3 DONE
+echo PASS4 DONE
