@@ -214,17 +214,21 @@ def _curves_figure(points: Sequence[dict]):
     from .plotting import panels
 
     fig, axes = panels(min(4, max(1, len(points))), nrows=max(1, math.ceil(len(points) / 4)), width=4.0, height=3.2)
+    colors = {h: f"C{k}" for k, h in enumerate(REGULAR_HEADS)}  # one colour per h in every panel
     for ax, p in zip(axes, points):
         for h in sorted({c["num_heads"] for c in p["configs"]}):
             line = [c for c in p["configs"] if c["num_heads"] == h]
             ax.errorbar([c["key_budget"] for c in line], [c["mean_f1"] for c in line], marker="o", ms=3, capsize=2,
                         yerr=[[c["mean_f1"] - c["ci_low"] for c in line], [c["ci_high"] - c["mean_f1"] for c in line]],
-                        label=f"h={h}")
+                        color=colors.get(h), label=f"h={h}")
         ax.axhline(PASS_F1, color="grey", lw=0.5)
         ax.set_xscale("log", base=2)
         ax.set(title=f"m={p['m']} d={p['d_model']}" + (f" {p['label']}" if "label" in p else ""),
                xlabel="D_K", ylabel="test micro-F1")
         ax.legend(fontsize=6)
+    for ax in axes[len(points):]:
+        ax.axis("off")
+    fig.tight_layout()
     return fig
 
 
