@@ -170,7 +170,8 @@ def _budget_summary(cells: list) -> dict:
             else "partly" if rising else "not reproduced",
             f"h* {'rises' if rising else 'does not rise'} with m / d_model (R^2 {heads_fit.r2:.2f}); slope "
             f"{heads_fit.slope:.2f} against the seed's 1.65 (reproduced: within 50%, R^2 >= 0.7); largest "
-            f"m / d_model run: {max(p.m / p.d_model for p in base):g} (seed: 32)")
+            f"m / d_model with an h*: {max(p.m / p.d_model for p in base if p.best_heads is not None):g} (seed: 32)"
+            + "".join(f"; no D_K* at (m={p.m}, d_model={p.d_model})" for p in base if p.key_budget is None))
     return {"points": [p.to_dict() for p in base],
             "fits": {"key_budget": budget_fit and vars(budget_fit), "heads": heads_fit and vars(heads_fit),
                      "key_budget_without_d16_m_gt_64": without_small and vars(without_small)},
@@ -272,10 +273,13 @@ def _diagonal_summary(cells: list) -> dict:
             "D_K* = " + ", ".join(f"{p.key_budget} (m={p.m})" for p in passed) if passed else "-", setting, "not run",
             "fewer than two points with m >= 512 ran (their step budgets are 20,000-200,000 steps per run)")
     heads = [p.best_heads for p in passed]
+    flat = len(heads) >= 2 and max(heads) <= 4 * min(heads)
+    full = any(p.m >= 1024 for p in passed)
     claims["002-diagonal-heads"] = engine.Finding(
         "h* = " + ", ".join(f"{p.best_heads} (m={p.m})" for p in passed) if passed else "-", setting,
-        "not run" if len(heads) < 2 else ("reproduced" if max(heads) <= 4 * min(heads) else "partly"),
-        "fewer than two points" if len(heads) < 2 else f"h* ranges {min(heads)}-{max(heads)} along the diagonal")
+        "not run" if len(heads) < 2 else ("reproduced" if flat and full else "partly" if flat else "not reproduced"),
+        "fewer than two points" if len(heads) < 2 else f"h* ranges {min(heads)}-{max(heads)} along the diagonal"
+        + ("" if full else " up to m = 512 only (the seed goes to m = 4096)"))
     return {"points": [p.to_dict() for p in points], "dk_over_lambda_log2m": ratios, "claims": claims}
 
 
@@ -391,7 +395,8 @@ def _regular_summary(cells: list) -> dict:
         claims["002-a3-regular-fit"] = engine.Finding(
             f"c = {fit.slope:.3f}, R^2 = {fit.r2:.3f} over r = {[row['degree'] for row in rows]}", setting,
             "reproduced" if close and fit.r2 >= 0.9 else "partly",
-            "one slope fits every r" + ("" if close else f", but {fit.slope:.2f} is not within 25% of 0.46"))
+            f"one slope fits every r (R^2 {fit.r2:.3f}); {fit.slope:.2f} is {abs(fit.slope / SEED_REGULAR_SLOPE - 1):.0%} "
+            f"{'above' if fit.slope > SEED_REGULAR_SLOPE else 'below'} the seed's 0.46 (reproduced: within 25%)")
     passed = [row for row in rows if row["best_heads"] is not None]
     if len(passed) >= 2:
         rising = all(b["best_heads"] >= a["best_heads"] for a, b in zip(passed, passed[1:])) and \
