@@ -372,14 +372,13 @@ def test_head_count_fit_is_least_squares():
     assert attention.fit_head_count(points[:1]) is None
 
 
-def test_head_dim_ladder_spans_the_budget_range():
-    ladder = attention.head_dim_ladder(64, 16, 4, (0.3, 2.0))
-    law = attention.seed_law(64, 16)
-    assert ladder == sorted(set(ladder)) and ladder[0] * 4 <= 0.3 * law + 4 and ladder[-1] * 4 >= 2.0 * law - 4
-
-
-# ----------------------------------------------------------------------------- CLI
-
+def test_search_budget_brackets_the_threshold_on_the_ladder():
+    point = attention.search_budget(12, 12, [1, 2], [0, 1], TINY, quiet=True)
+    # h = m / d_model = 1 first, at rung -1 of the ladder around the seed's law
+    first = point.configs[0]
+    assert (first.num_heads, first.head_dim) == (1, attention.rung_head_dim(attention.seed_law(12, 12), 1, -1))
+    assert point.key_budget_lower <= point.key_budget <= (point.key_budget_upper or math.inf)
+    assert all(len(c.test_f1) == 2 for c in point.configs)
 
 def test_cli_rgr_train_writes_json(tmp_path, capsys):
     out = tmp_path / "train.json"
@@ -389,18 +388,3 @@ def test_cli_rgr_train_writes_json(tmp_path, capsys):
     assert [r["head_dim"] for r in payload["runs"]] == [2, 2, 6, 6]
     assert payload["config"]["training"]["max_steps"] == 300 and "torch" in payload["environment"]
     assert "mean test F1" in capsys.readouterr().out
-
-
-def test_rgr_budget_cells_give_the_search_result(tmp_path):
-    """The engine's per-h cells summarize to the same D_K* as search_budget on the same ladder."""
-    grid = engine.get("rgr-budget").grid("tiny")
-    assert {(c["m"], c["d_model"], c["heads"]) for c in grid} == {(12, 12, 1), (12, 12, 2), (16, 8, 1), (16, 8, 2)}
-    res = engine.run("rgr-budget", tmp_path, scale="tiny", quiet=True)
-    point = next(p for p in res.summary["points"] if (p["m"], p["d_model"]) == (12, 12))
-    training = attention.TrainingConfig(**grid[0]["training"])
-    searched = attention.search_budget(12, 12, [1, 2], [0, 1], training, budget_range=(0.8, 1.2), quiet=True)
-    assert (point["key_budget"], point["key_budget_upper"], point["best_heads"]) == (
-        searched.key_budget, searched.key_budget_upper, searched.best_heads)
-    assert res.summary["seed_fits"]["key_budget_slope"] == 1.19
-    assert all(len(c["test_f1"]) == 2 for p in res.summary["points"] for c in p["configs"])
-    assert (tmp_path / "rgr-budget" / "rgr_budget_scaling.png").stat().st_size > 0

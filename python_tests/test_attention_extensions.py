@@ -86,16 +86,12 @@ def test_value_channel_settings_are_checked():
         attention.TrainingConfig(degree=0)
 
 
-def test_value_and_regular_experiments():
-    config = replace(TINY, max_steps=200)
-    value = training.value_experiment(12, [12], [1, 2], [4, 8], [0, 1], config, quiet=True)
-    assert {(r["num_heads"], r["key_budget"]) for r in value["runs"]} == {(1, 4), (1, 8), (2, 4), (2, 8)}
-    assert len(value["summary"]) == 4 and all(r["test_mse"] >= 0 for r in value["runs"])
-    regular = training.regular_experiment(16, 16, [1, 2], [2], [0, 1], config, budget_range=(0.5, 1.0),
-                                          quiet=True)
-    assert [p["degree"] for p in regular["points"]] == [1, 2]
-    assert regular["points"][1]["edge_scaling_x"] == pytest.approx(2 * 16 * 4 / 16)
-    assert regular["seed_fit"]["slope"] == 0.46
+def test_search_budget_on_a_regular_graph_centres_its_ladder_on_the_edges():
+    config = replace(TINY, degree=2, max_steps=200)
+    point = attention.search_budget(16, 16, [2], [0, 1], config, quiet=True)
+    law = 2 * attention.seed_law(16, 16)
+    assert point.configs[0].head_dim == attention.rung_head_dim(law, 2, -1)  # the first rung tried
+    assert all(c.num_heads == 2 and len(c.test_f1) == 2 for c in point.configs)
 
 
 def test_cli_rgr_train_messages_and_degree(tmp_path, capsys):

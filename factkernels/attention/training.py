@@ -24,11 +24,11 @@ y = x W_V, prediction S_max V_C with raw scores, MSE over rows whose neighbour i
 early stop after ``patience`` checks without a better validation MSE; the last parameters
 are kept). Evaluation takes decisions / scores from the fused max-over-heads kernel.
 
-Budget search (App. A.2): for each (m, d_model), every head count h and a ladder of d_k,
-D_K* = min{D_K : mean test F1 >= 0.99 for some h}, with the conservative upper estimate
-(95% t-interval low end >= 0.99) and the optimistic lower one (high end >= 0.99); h* the
-head count attaining D_K* (ties: larger mean F1). Fits: D_K* ~ c m log2(m) / d_model
-through the origin, and h* ~ a m / d_model + b.
+Budget search (App. A.2): for each (m, d_model), head counts h against a geometric D_K ladder
+(``bracket_budget``), D_K* = min{D_K : mean test F1 >= 0.99 for some h}, with the conservative
+upper estimate (95% t-interval low end >= 0.99) and the optimistic lower one (high end >=
+0.99); h* the head count attaining D_K* (ties: larger mean F1) with the paired-t-test interval.
+Fits: D_K* ~ c m log2(m) / d_model through the origin, and h* ~ a m / d_model + b.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -44,9 +44,9 @@ import torch.nn.functional as F
 from scipy import stats
 
 from ..progress import progress_bar
-from .constructions import AttentionHeads, EdgeCounts, gaussian_unit_norm
+from .constructions import AGGREGATIONS, AttentionHeads, EdgeCounts, gaussian_unit_norm
 from .graphs import RelationGraph, random_graph
-from .scores import max_head_scores
+from .scores import max_head_scores, softmax_head_scores
 
 PASS_F1 = 0.99  # the seed's D_K* criterion on mean test micro-F1
 CONFIDENCE = 0.95
@@ -61,6 +61,7 @@ SEED_REGULAR_SLOPE = 0.46  # App. A.3, eq. (32): D_K* ~ 0.46 r m log2(m) / d_mod
 _INIT_SEED_OFFSET = 1_000_003  # parameter init uses its own stream, so data do not depend on D_K
 _VALUE_SEED_OFFSET = 2_000_003  # the frozen value map W_V too, so edge-task data do not depend on it
 OBJECTIVES = ("edges", "messages")
+SOFTMAX_STEP_CUTOFF = 80_000  # Sec. 7.1: softmax runs may train up to 80,000 steps
 _EVAL_ELEMENTS = 1 << 23  # floats held at once by an evaluation chunk
 
 
@@ -88,6 +89,7 @@ class TrainingConfig:
     degree: int = 1  # out-degree r: 1 = permutation graph (Sec. 6), r > 1 = r-regular graph (App. A.3)
     objective: str = "edges"  # "edges": thresholded edge classification; "messages": value channel (Sec. 7.2)
     message_dim: Optional[int] = None  # d_msg of the frozen random value map; None: d_model
+    aggregation: str = "max"  # "max": max over heads (Sec. 3); "softmax-sum": summed scaled softmax (Sec. 7.1)
 
     def __post_init__(self) -> None:
         for name in ("context_length", "check_every", "patience", "val_contexts", "test_contexts"):
@@ -109,12 +111,20 @@ class TrainingConfig:
             raise ValueError(f"degree (out-degree r of the graph) must be a positive int, got {self.degree!r}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        if self.aggregation == "softmax-sum" and self.objective != "edges":
+            raise ValueError("aggregation='softmax-sum' is the seed's edge-classification variant (Sec. 7.1): "
+                             "it needs objective='edges'")
         if self.objective == "messages" and self.degree != 1:
             raise ValueError("objective='messages' retrieves the one neighbour's message: it needs degree=1 "
                              "(a permutation graph, as in Sec. 7.2)")
 
     def steps_for(self, m: int, d_model: int) -> int:
-        return self.max_steps if self.max_steps is not None else step_cutoff(m, d_model)
+        """``max_steps``, else Table 2's cut-off (max) or Sec. 7.1's 80,000 (softmax)."""
+        if self.max_steps is not None:
+            return self.max_steps
+        return SOFTMAX_STEP_CUTOFF if self.aggregation == "softmax-sum" else step_cutoff(m, d_model)
 
 
 # ----------------------------------------------------------------------------- data
@@ -272,6 +282,7 @@ def _train_runs(m: int, d_model: int, num_heads: int, head_dims: Sequence[int], 
     runs = [(d_k, i) for d_k in head_dims for i in range(len(seeds))]
     num_runs = len(runs)
     dims = [d_k for d_k, _ in runs]
+    all_dims = torch.tensor(dims)  # true d_k per run (the softmax scale; parameters are zero-padded)
     all_seeds = torch.tensor([i for _, i in runs])
 
     # W_Q, W_K ~ N(0, 1/d_model) entries (std 1/sqrt(d_model)), tau = 0
@@ -299,7 +310,7 @@ def _train_runs(m: int, d_model: int, num_heads: int, head_dims: Sequence[int], 
     step = 0
     while step < max_steps and active:
         wq, wk, tau = params
-        run_seed = all_seeds[active]
+        run_seed, run_dims = all_seeds[active], all_dims[active]
         block = min(config.check_every, max_steps - step)
         contexts = torch.stack([sample_contexts(d.graph.out_neighbors, block, config.context_length,
                                                 config.target_rate, d.stream) for d in data], dim=1)  # (block, S, ell)
@@ -308,7 +319,7 @@ def _train_runs(m: int, d_model: int, num_heads: int, head_dims: Sequence[int], 
         vs = None if messages is None else messages[seed_rows, contexts]  # (block, S, ell, d_msg)
         for t in range(block):
             x = xs[t][run_seed]  # (R, ell, d_model)
-            scores = max_head_scores(_heads(x, wq), _heads(x, wk))  # (R, ell, ell)
+            scores = _head_scores(config.aggregation, _heads(x, wq), _heads(x, wk), run_dims)  # (R, ell, ell)
             loss = _loss(config, scores, tau, ys[t][run_seed], None if vs is None else vs[t][run_seed])
             optimizer.zero_grad(set_to_none=True)
             loss.sum().backward()
@@ -318,7 +329,8 @@ def _train_runs(m: int, d_model: int, num_heads: int, head_dims: Sequence[int], 
         if block < config.check_every:
             break
         if messages is None:
-            metric = torch.tensor([c.f1 for c in _evaluate(wq, wk, tau, embeddings, neighbors, run_seed, val)])
+            metric = torch.tensor([c.f1 for c in _evaluate(wq, wk, tau, embeddings, neighbors, run_seed, val,
+                                                            config.aggregation, run_dims)])
             hit = metric > config.stop_f1
         else:
             metric = _evaluate_messages(wq, wk, embeddings, messages, neighbors, run_seed, val)
@@ -348,11 +360,12 @@ def _train_runs(m: int, d_model: int, num_heads: int, head_dims: Sequence[int], 
     details = {"m": m, "d_model": d_model, "degree": config.degree, "objective": config.objective}
     results = []
     for r, (d_k, i) in enumerate(runs):
-        heads = AttentionHeads(final[r][0], final[r][1], float(final[r][2]), "max", "trained",
+        heads = AttentionHeads(final[r][0], final[r][1], float(final[r][2]), config.aggregation, "trained",
                                {"seed": seeds[i], **details})
         results.append(RunResult(seeds[i], num_heads, d_k, math.nan, math.nan, steps[r], early[r], heads))
     if messages is None:
-        for run, counts, v in zip(results, _evaluate(wq, wk, tau, embeddings, neighbors, all_seeds, test_contexts),
+        for run, counts, v in zip(results, _evaluate(wq, wk, tau, embeddings, neighbors, all_seeds, test_contexts,
+                                                                   config.aggregation, all_dims),
                                   val_metric):
             run.test_f1, run.val_f1 = counts.f1, v
     else:
@@ -360,6 +373,14 @@ def _train_runs(m: int, d_model: int, num_heads: int, head_dims: Sequence[int], 
         for run, mse, v in zip(results, test_mse.tolist(), val_metric):
             run.test_mse, run.val_mse = mse, v
     return results
+
+
+def _head_scores(aggregation: str, queries: torch.Tensor, keys: torch.Tensor, head_dim: torch.Tensor
+                 ) -> torch.Tensor:
+    """Head-aggregated scores (R, ell, ell) of per-head projections (R, h, ell, width); head_dim (R,) true d_k."""
+    if aggregation == "softmax-sum":
+        return softmax_head_scores(queries, keys, head_dim=head_dim)
+    return max_head_scores(queries, keys)
 
 
 def _loss(config: TrainingConfig, scores: torch.Tensor, tau: torch.Tensor, labels: torch.Tensor,
@@ -447,13 +468,15 @@ def _context_projections(queries: torch.Tensor, keys: torch.Tensor, ctx: torch.T
 
 @torch.no_grad()
 def _evaluate(wq: torch.Tensor, wk: torch.Tensor, tau: torch.Tensor, embeddings: torch.Tensor,
-              neighbors: torch.Tensor, run_seed: torch.Tensor, contexts: torch.Tensor) -> list[EdgeCounts]:
+              neighbors: torch.Tensor, run_seed: torch.Tensor, contexts: torch.Tensor,
+              aggregation: str = "max", head_dim: Optional[torch.Tensor] = None) -> list[EdgeCounts]:
     """Edge counts per run over all ordered pairs of its seed's contexts (S, N, ell).
 
-    Queries and keys of all m items are projected once. Scores of a pair do not depend on
-    the rest of the context, so when m^2 <= N ell^2 the full (m, m) decision matrix is
-    computed once and gathered; otherwise each context is scored on its own. Decisions come
-    from the fused max-over-heads kernel when one is built (``factkernels._ops``).
+    Queries and keys of all m items are projected once. Max-over-heads scores of a pair do
+    not depend on the rest of the context, so when m^2 <= N ell^2 the full (m, m) decision
+    matrix is computed once and gathered; otherwise (and always for softmax, which normalises
+    over the context) each context is scored on its own. Max decisions come from the fused
+    kernel when one is built (``factkernels._ops``). head_dim (R,): true d_k (softmax only).
     """
     num_runs, m = wq.shape[0], embeddings.shape[1]
     queries, keys = _heads(embeddings[run_seed], wq), _heads(embeddings[run_seed], wk)  # (R, h, m, width)
@@ -461,13 +484,19 @@ def _evaluate(wq: torch.Tensor, wk: torch.Tensor, tau: torch.Tensor, embeddings:
     n_total, ell = ctx.shape[1:]
     runs = torch.arange(num_runs)[:, None, None]
     truth = _labels(neighbors[run_seed][runs, ctx], ctx)  # (R, N, ell, ell)
-    if m * m <= n_total * ell * ell:
+    if aggregation == "max" and m * m <= n_total * ell * ell:
         decision_all = max_head_scores(queries, keys, tau, decision_only=True)  # (R, m, m)
         decision = decision_all[runs[..., None], ctx[..., None], ctx[:, :, None, :]]  # (R, N, ell, ell)
     else:
-        decision = torch.cat([max_head_scores(q, k, tau.repeat_interleave(c.shape[1]), decision_only=True)
-                              .view(num_runs, c.shape[1], ell, ell)
-                              for c, q, k in _context_projections(queries, keys, ctx)], dim=1)
+        chunks = []
+        for c, q, k in _context_projections(queries, keys, ctx):
+            taus = tau.repeat_interleave(c.shape[1])
+            if aggregation == "softmax-sum":
+                d = softmax_head_scores(q, k, taus, head_dim=head_dim.repeat_interleave(c.shape[1]))[1]
+            else:
+                d = max_head_scores(q, k, taus, decision_only=True)
+            chunks.append(d.view(num_runs, c.shape[1], ell, ell))
+        decision = torch.cat(chunks, dim=1)
     tp, fp, fn = ((a & b).sum(dim=(1, 2, 3)).tolist() for a, b in ((decision, truth), (decision, ~truth),
                                                                        (~decision, truth)))
     return [EdgeCounts(*counts, decision[0].numel()) for counts in zip(tp, fp, fn)]
@@ -595,131 +624,77 @@ def seed_law(m: int, d_model: int) -> float:
     return SEED_FITS["key_budget_slope"] * m * math.log2(m) / d_model
 
 
-def head_dim_ladder(m: int, d_model: int, num_heads: int, budget_range: tuple = (0.25, 3.0),
-                    ratio: float = 1.2) -> list[int]:
-    """The d_k tried with h heads: D_K = h d_k on a geometric ladder (step ``ratio``) from
-    budget_range[0] to budget_range[1] times ``seed_law(m, d_model)``, d_k >= 1, no repeats."""
-    low, high = (f * seed_law(m, d_model) for f in budget_range)
-    ladder, budget = set(), max(low, 1.0)
-    while True:
-        ladder.add(max(1, round(min(budget, high) / num_heads)))
-        if budget >= high:
-            return sorted(ladder)
-        budget *= ratio
+LADDER_RATIO = 1.25
+LADDER_RUNGS = (-7, 5)  # rung k: D_K ~ centre * 1.25^k for k in [-7, 5), i.e. 0.21x to 2.4x the centre
+
+
+def rung_head_dim(centre: float, num_heads: int, rung: int) -> int:
+    """d_k of ladder rung ``rung`` with h heads: round(centre * 1.25^rung / h), at least 1."""
+    return max(1, round(centre * LADDER_RATIO ** rung / num_heads))
+
+
+def bracket_budget(head_counts: Sequence[int], evaluate: Callable[[int, int], ConfigResult], centre: float,
+                   compression: float, *, start_rung: int = -1, known_upper: Optional[int] = None
+                   ) -> list[ConfigResult]:
+    """The configurations that decide the App. A.2 estimates, found on the ladder around ``centre``.
+
+    ``evaluate(h, d_k)`` trains (or looks up) one configuration over its seeds. Head counts run
+    nearest to ``compression`` (r m / d_model, the construction's head count) first. Per h, from
+    ``start_rung`` (lowered below 1.1x the best conservative D_K so far): down while the F1
+    interval's high end still reaches 0.99, then up while its low end does not. No D_K above
+    1.1x the best conservative D_K is tried: such a configuration cannot be any estimate nor in
+    the h* test's 10% pool. Assumes F1 grows with D_K at fixed h, as the seed's definition does.
+    ``known_upper``: a conservative D_K* found earlier (by other head counts).
+    """
+    head_counts = _check_int_list("head_counts", head_counts, 1)
+    order = sorted(head_counts, key=lambda h: (abs(math.log2(h) - math.log2(compression)), -h))
+    low_rung, high_rung = LADDER_RUNGS
+    best_upper = math.inf if known_upper is None else known_upper
+    done: list[ConfigResult] = []
+
+    def budget(h: int, rung: int) -> int:
+        return h * rung_head_dim(centre, h, rung)
+
+    def bounds(h: int, rung: int) -> tuple[float, float]:
+        nonlocal best_upper
+        config = evaluate(h, rung_head_dim(centre, h, rung))
+        done.append(config)
+        _, low, high = config.interval
+        if low >= PASS_F1:
+            best_upper = min(best_upper, config.key_budget)
+        return low, high
+
+    for h in order:
+        start = start_rung
+        while start > low_rung and budget(h, start) > 1.1 * best_upper:
+            start -= 1
+        if budget(h, start) > 1.1 * best_upper:
+            continue
+        first_low, high = bounds(h, start)
+        rung = start
+        while high >= PASS_F1 and rung - 1 >= low_rung and budget(h, rung - 1) < budget(h, rung):
+            rung -= 1
+            _, high = bounds(h, rung)
+        rung, low = start, first_low
+        while low < PASS_F1 and rung + 1 < high_rung and budget(h, rung + 1) <= 1.1 * best_upper:
+            rung += 1
+            if budget(h, rung) > budget(h, rung - 1):
+                low, _ = bounds(h, rung)
+    return done
 
 
 def search_budget(m: int, d_model: int, head_counts: Sequence[int], seeds: Sequence[int],
-                  config: TrainingConfig = TrainingConfig(), *, budget_range: tuple = (0.25, 3.0),
+                  config: TrainingConfig = TrainingConfig(), *, known_upper: Optional[int] = None,
                   quiet: bool = False) -> BudgetPoint:
-    """Train every h in ``head_counts`` with d_k on ``head_dim_ladder`` and summarize (App. A.2).
+    """D_K* estimates and h* of one (m, d_model) (App. A.2) by ``bracket_budget`` around the seed's law
+    (times r for an r-regular graph), each configuration trained for all seeds as one batch."""
+    def evaluate(h: int, d_k: int) -> ConfigResult:
+        runs = train_runs(m, d_model, h, [d_k], seeds, config, quiet=quiet)
+        return ConfigResult(h, d_k, [r.test_f1 for r in runs], [r.seed for r in runs], [r.steps for r in runs])
 
-    Head counts run from largest to smallest; once a configuration passes conservatively
-    (CI low end >= 0.99, budget D_K_up), smaller head counts try D_K only up to 1.1 D_K_up:
-    larger budgets cannot change D_K* (any estimate) or the h* interval. D_K* found at the
-    bottom of the ladder is only an upper estimate: widen ``budget_range``.
-    """
-    configs, cap = [], math.inf
-    for h in sorted(_check_int_list("head_counts", head_counts, 1), reverse=True):
-        dims = [d_k for d_k in head_dim_ladder(m, d_model, h, budget_range) if h * d_k <= cap]
-        if not dims:
-            continue
-        runs = train_runs(m, d_model, h, dims, seeds, config, quiet=quiet)
-        for d_k in dims:
-            mine = [r for r in runs if r.head_dim == d_k]
-            configs.append(ConfigResult(h, d_k, [r.test_f1 for r in mine], [r.seed for r in mine],
-                                        [r.steps for r in mine]))
-        upper = _min_budget(configs, 1)
-        if upper is not None:
-            cap = 1.1 * upper.key_budget
+    configs = bracket_budget(head_counts, evaluate, config.degree * seed_law(m, d_model),
+                             config.degree * m / d_model, known_upper=known_upper)
     return summarize_budget(m, d_model, configs)
-
-
-@dataclass(frozen=True)
-class BudgetGrid:
-    """Which (m, d_model) pairs, head counts and seeds a budget experiment trains."""
-
-    pairs: tuple  # ((m, d_model), ...)
-    head_counts: tuple
-    seeds: tuple
-    max_steps: Optional[int] = None  # None: Table 2 cut-offs
-    budget_range: tuple = (0.25, 3.0)  # D_K tried, as multiples of seed_law(m, d_model)
-
-    def to_dict(self) -> dict:
-        return {"pairs": [list(p) for p in self.pairs], "head_counts": list(self.head_counts),
-                "seeds": list(self.seeds), "max_steps": self.max_steps, "budget_range": list(self.budget_range)}
-
-
-# The seed's base grid (Sec. 6.1, App. A.2): days of CPU time; use a GPU or a subset.
-SEED_GRID = BudgetGrid(pairs=tuple((m, d) for m in (64, 128, 256, 512) for d in (16, 32, 64)),
-                       head_counts=(1, 2, 4, 8, 16, 32, 64), seeds=tuple(range(10)))
-# Minutes on 2 CPU cores: the seed's protocol and cut-offs on small m, 4 head counts, 3 seeds.
-QUICK_GRID = BudgetGrid(pairs=((32, 16), (64, 16), (64, 32), (128, 16), (128, 32)), head_counts=(1, 2, 4, 8),
-                        seeds=(0, 1, 2), budget_range=(0.3, 2.0))
-
-
-def budget_experiment(grid: BudgetGrid = QUICK_GRID, config: TrainingConfig = TrainingConfig(), *,
-                      quiet: bool = False) -> dict:
-    """Run ``search_budget`` on every pair of the grid and fit both laws; a JSON-ready report."""
-    if grid.max_steps is not None:
-        config = replace(config, max_steps=grid.max_steps)
-    points = []
-    for m, d_model in progress_bar(grid.pairs, desc="rgr-budget", enabled=not quiet):
-        points.append(search_budget(m, d_model, grid.head_counts, grid.seeds, config,
-                                    budget_range=grid.budget_range, quiet=quiet))
-    budget_fit, heads_fit = fit_key_budget(points), fit_head_count(points)
-    return {"grid": grid.to_dict(), "training": asdict(config), "points": [p.to_dict() for p in points],
-            "fits": {"key_budget": budget_fit and asdict(budget_fit), "heads": heads_fit and asdict(heads_fit)},
-            "seed_fits": SEED_FITS}
-
-
-def value_experiment(m: int, model_dims: Sequence[int], head_counts: Sequence[int], key_budgets: Sequence[int],
-                     seeds: Sequence[int], config: TrainingConfig = TrainingConfig(), *, quiet: bool = False) -> dict:
-    """Sec. 7.2: test message-retrieval MSE against D_K per head count, for each d_model (Fig. 6).
-
-    Every (d_model, h) trains the D_K in ``key_budgets`` that h divides, all seeds, as one batch.
-    """
-    config = replace(config, objective="messages")
-    runs = []
-    model_dims = _check_int_list("model_dims", model_dims, 1)
-    for d_model in progress_bar(model_dims, desc="rgr-value", enabled=not quiet):
-        for h in _check_int_list("head_counts", head_counts, 1):
-            dims = [b // h for b in _check_int_list("key_budgets", key_budgets, 1) if b % h == 0]
-            if dims:
-                runs += [{"d_model": d_model, **r.to_dict()}
-                         for r in train_runs(m, d_model, h, dims, seeds, config, quiet=quiet)]
-    summary = []
-    for d_model, h, budget in sorted({(r["d_model"], r["num_heads"], r["key_budget"]) for r in runs}):
-        mses = [r["test_mse"] for r in runs if (r["d_model"], r["num_heads"], r["key_budget"]) == (d_model, h, budget)]
-        mean, low, high = t_interval(mses)
-        summary.append({"d_model": d_model, "num_heads": h, "key_budget": budget, "mean_mse": mean,
-                        "ci_low": low, "ci_high": high})
-    return {"config": {"m": m, "model_dims": list(model_dims), "head_counts": list(head_counts),
-                       "key_budgets": list(key_budgets), "seeds": list(seeds), "training": asdict(config)},
-            "runs": runs, "summary": summary,
-            "seed_claim": "Fig. 6 (m = 64): at d_model = 16, h = 1 plateaus at high MSE while h >= 4 drives it down "
-                          "sharply; at d_model = 32 the gap narrows and h = 4, 8 reach the lowest MSE"}
-
-
-def regular_experiment(m: int, d_model: int, degrees: Sequence[int], head_counts: Sequence[int],
-                       seeds: Sequence[int], config: TrainingConfig = TrainingConfig(), *,
-                       budget_range: tuple = (0.15, 2.0), quiet: bool = False) -> dict:
-    """App. A.3: D_K* on r-regular graphs for each r, fitted as D_K* ~ c x with x = r m log2(m) / d_model.
-
-    ``budget_range`` is in multiples of r * seed_law(m, d_model): the ladder grows with the edges.
-    """
-    points, xs = [], []
-    for r in progress_bar(_check_int_list("degrees", degrees, 1), desc="rgr-regular", enabled=not quiet):
-        point = search_budget(m, d_model, head_counts, seeds, replace(config, degree=r),
-                              budget_range=(budget_range[0] * r, budget_range[1] * r), quiet=quiet)
-        xs.append(r * point.scaling_x)
-        points.append(point.to_dict() | {"degree": r, "edge_scaling_x": xs[-1], "edge_compression": r * m / d_model})
-    fit = fit_through_origin(xs, [p["key_budget"] for p in points])
-    return {"config": {"m": m, "d_model": d_model, "degrees": list(degrees), "head_counts": list(head_counts),
-                       "seeds": list(seeds), "budget_range": list(budget_range), "training": asdict(config)},
-            "points": points, "fit": fit and asdict(fit), "seed_fit": {"slope": SEED_REGULAR_SLOPE}}
-
-
-# ----------------------------------------------------------------------------- fits
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,6 @@ The library (factkernels.*) never imports this package.
 from .engine import REGISTRY, Cell, Claim, Experiment, Finding, get, register, run
 from . import real_lm  # noqa: F401  (registers real-lm-editing)
 
-from . import attention, capacity, transformer  # noqa: F401  (each experiment module registers itself)
+from . import attention, capacity, rgr_budget, transformer  # noqa: F401  (each experiment module registers itself)
 
 __all__ = ["REGISTRY", "Cell", "Claim", "Experiment", "Finding", "get", "register", "run"]

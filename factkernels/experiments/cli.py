@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import attention, capacity, engine, report
+from . import attention, capacity, engine, report, rgr_budget
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -79,6 +79,7 @@ def add_commands(experiment_subparsers) -> None:
 
 
 def add_tools(subparsers) -> None:
-    """Register the top-level single-run commands that live beside the experiments (``capacity``, ``rgr-train``)."""
+    """Register the top-level commands that live beside the experiments (capacity, rgr-train, rgr-search)."""
     capacity.add_commands(subparsers)
     attention.add_commands(subparsers)
+    rgr_budget.add_commands(subparsers)
