@@ -2,9 +2,9 @@
 # pass 5 (replaces the rest of pass 4 under a machine load of ~15): r = 8 with h = 16, r = 16 without h = 1,
 # the softmax model with a 20,000-step cut-off (the seed: 80,000), then 10 seeds near the base-grid estimates
 # (pairs with the widest intervals first) until the deadline.
-cd /work/wt/rgr
+cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
-PY=/work/venvs/rgr/bin/python
+PY=python
 OUT=benchmarks/results/experiments
 search() { $PY -c "from factkernels.experiments.rgr_budget import main; main()" "$@" --out $OUT --threads 1; }
 search rgr-regular --pairs 128:32 --degree 8 --heads 16

@@ -1,5 +1,5 @@
 #!/bin/bash
 # pass 7: r = 16 with the head counts beside h = 64
-cd /work/wt/rgr
-OMP_NUM_THREADS=1 /work/venvs/rgr/bin/python -c "from factkernels.experiments.rgr_budget import main; main()" \
+cd "$(dirname "$0")/../../.."
+OMP_NUM_THREADS=1 python -c "from factkernels.experiments.rgr_budget import main; main()" \
   rgr-regular --pairs 128:32 --degree 16 --heads 32,128 --out benchmarks/results/experiments --threads 1

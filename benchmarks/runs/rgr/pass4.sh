@@ -2,10 +2,10 @@
 # pass 4 (replaces pass 3, same steps, r-regular before the extra seeds): after pass 2's (512, 16) search,
 # the head counts where h* sat at the edge of the tried set, r-regular graphs, 10 seeds near every
 # base-grid estimate, the softmax model.
-cd /work/wt/rgr
+cd "$(dirname "$0")/../../.."
 while kill -0 31264 2>/dev/null; do sleep 10; done   # pass 2's (512, 16) search
 export OMP_NUM_THREADS=1
-PY=/work/venvs/rgr/bin/python
+PY=python
 OUT=benchmarks/results/experiments
 search() { $PY -c "from factkernels.experiments.rgr_budget import main; main()" "$@" --out $OUT --threads 1; }
 search rgr-budget --pairs 256:16 --heads 64

@@ -1,9 +1,9 @@
 #!/bin/bash
 # pass 6 (load ~16 on 2 cores: cells take minutes): the softmax model, 20,000-step cut-off (the seed: 80,000),
 # (64, 16) with h in {1, 4}, then (64, 32) with h in {1, 2}.
-cd /work/wt/rgr
+cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
-PY=/work/venvs/rgr/bin/python
+PY=python
 OUT=benchmarks/results/experiments
 search() { $PY -c "from factkernels.experiments.rgr_budget import main; main()" "$@" --out $OUT --threads 1; }
 search rgr-softmax --pairs 64:16 --aggregation softmax-sum --heads 1,4 --max-steps 20000

@@ -1,10 +1,10 @@
 #!/bin/bash
 # pass 2 (after pass 1): h = 1 where pass 1 left it out, the lambda = 32 point, r-regular graphs,
 # the softmax model, the larger diagonal points.
-cd /work/wt/rgr
-while kill -0 $(cat runs/base_pass1.pid) 2>/dev/null; do sleep 10; done
+cd "$(dirname "$0")/../../.."
+while kill -0 $(cat benchmarks/runs/rgr/base_pass1.pid) 2>/dev/null; do sleep 10; done
 export OMP_NUM_THREADS=1
-PY=/work/venvs/rgr/bin/python
+PY=python
 OUT=benchmarks/results/experiments
 search() { $PY -c "from factkernels.experiments.rgr_budget import main; main()" "$@" --out $OUT --threads 1; }
 search rgr-budget --pairs 128:16,256:32,512:64 --heads 1

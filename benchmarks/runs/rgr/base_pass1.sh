@@ -1,8 +1,8 @@
 #!/bin/bash
 # pass 1: the base grid pairs in priority order, heads within 2x of m/d_model (h = 1 only where m/d_model <= 4)
-cd /work/wt/rgr
+cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
-PY=/work/venvs/rgr/bin/python
+PY=python
 OUT=benchmarks/results/experiments
 run() { $PY -c "from factkernels.experiments.rgr_budget import main; main()" --out $OUT --seeds 3 --heads-window 2 "$@"; }
 run --pairs 64:16,128:32,64:32,64:64,128:64 --heads 1,2,4,8,16,32,64
