@@ -127,3 +127,16 @@ def test_report_and_list_show_every_claim(toy, tmp_path, capsys):
     assert main(["experiment", "list", "--results", str(tmp_path / "runs")]) == 0
     printed = capsys.readouterr().out
     assert all(claim in printed for claim in ["toy-sum", *others]) and "reproduced" in printed
+
+
+def test_report_shows_one_row_per_folder_that_ran_a_claim(toy, tmp_path):
+    from factkernels.experiments import report
+
+    engine.run("toy", tmp_path / "quick", scale="tiny", quiet=True)
+    engine.run("toy", tmp_path / "seed", scale="seed", quiet=True)
+    rows = [r for r in report.claim_rows([tmp_path / "quick", tmp_path / "seed", tmp_path / "empty"])
+            if r["claim"] == "toy-sum"]
+    assert [(r["results"], r["ours"]) for r in rows] == [(str(tmp_path / "quick"), "4 cells even: True"),
+                                                          (str(tmp_path / "seed"), "8 cells even: True")]
+    table = report.write_claims_table([tmp_path / "quick", tmp_path / "seed"], tmp_path / "CLAIMS.md").read_text()
+    assert "**toy-sum** (quick)" in table and "**toy-sum** (seed)" in table

@@ -57,7 +57,7 @@ def add_commands(experiment_subparsers) -> None:
     ls.add_argument("--json", action="store_true", help="print JSON rows")
     ls.set_defaults(handler=_list)
     rp = experiment_subparsers.add_parser("report", help="markdown claims table from every RESULTS/*/summary.json")
-    rp.add_argument("results", help="folder of experiment outputs (NAME/summary.json)")
+    rp.add_argument("results", nargs="+", help="folders of experiment outputs (NAME/summary.json), e.g. quick and seed runs")
     rp.add_argument("--out", required=True, help="markdown file to write, e.g. benchmarks/results/CLAIMS.md")
     rp.set_defaults(handler=_report)
     mg = experiment_subparsers.add_parser("merge", help="copy the cell files of several runs into one folder")

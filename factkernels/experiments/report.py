@@ -1,8 +1,8 @@
 """The claims table: every registered claim beside what the experiments under a folder measured.
 
-    factkernels experiment report benchmarks/results/experiments --out benchmarks/results/CLAIMS.md
+    factkernels experiment report benchmarks/results/experiments benchmarks/results/experiments-seed --out benchmarks/results/CLAIMS.md
 
-Reads DIR/*/summary.json (written by :func:`engine.summarize_dir`) and writes one markdown row per
+Reads DIR/*/summary.json of each folder given (written by :func:`engine.summarize_dir`) and writes one markdown row per
 claim: the paper's number, ours, the setting that ran, the verdict and its reason, with links to
 the experiment's PNGs. Registered claims without a summary get a "not run" row with the command
 that would run them.
@@ -14,9 +14,11 @@ import json
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Union
+from typing import Sequence, Union
 
 from . import engine
+
+PathLike = Union[str, Path]
 
 COLUMNS = ("claim", "paper", "where", "paper's number", "ours", "setting", "verdict", "reason", "plots")
 
@@ -25,49 +27,56 @@ def _cell(text) -> str:
     return str(text if text not in (None, "") else "–").replace("|", "\\|").replace("\n", " ")
 
 
-def claim_rows(results: Union[str, Path]) -> list[dict]:
-    """One dict per claim (registered or found in a summary), in experiment then declaration order."""
-    results = Path(results)
-    found = {}
-    for path in sorted(results.glob("*/summary.json")):
-        found[path.parent.name] = json.loads(path.read_text())
+def claim_rows(results: Union[PathLike, Sequence[PathLike]]) -> list[dict]:
+    """One dict per (claim, results folder holding a summary of it), in experiment then declaration order.
+
+    results: one folder or several (e.g. the quick grids and a seed-scale run); a registered claim no
+    folder has a summary for gets one "not run" row naming the command that would run it.
+    """
+    folders = [Path(results)] if isinstance(results, (str, Path)) else [Path(r) for r in results]
+    found: dict[str, list[tuple[Path, dict]]] = {}
+    for folder in folders:
+        for path in sorted(folder.glob("*/summary.json")):
+            found.setdefault(path.parent.name, []).append((folder, json.loads(path.read_text())))
     rows = []
-    names = sorted(set(engine.REGISTRY) | set(found))
-    for name in names:
-        saved = found.get(name)
+    for name in sorted(set(engine.REGISTRY) | set(found)):
         declared = [c.__dict__ for c in engine.REGISTRY[name].claims] if name in engine.REGISTRY else []
-        if saved is not None:  # claims the summary tested but this version no longer declares stay visible
+        for folder, saved in found.get(name, []):  # claims a summary tested but this version no longer declares stay
             known = {c["id"] for c in declared}
             declared += [c for c in saved.get("claims_tested", []) if c["id"] not in known]
-        findings = saved["summary"].get("claims", {}) if saved else {}
-        figures = [results / name / Path(f).name for f in (saved or {}).get("figures", [])]
         for claim in declared:
-            finding = findings.get(claim["id"])
-            rows.append({"experiment": name, "claim": claim["id"], "paper": claim["paper"], "where": claim["where"],
-                         "statement": claim["statement"], "paper_value": claim["value"],
-                         "ours": finding["ours"] if finding else "",
-                         "setting": finding["setting"] if finding else "",
-                         "verdict": finding["verdict"] if finding else "not run",
-                         "reason": finding["reason"] if finding else f"no {results / name / 'summary.json'}",
-                         "figures": [str(f) for f in figures],
-                         "command": f"factkernels experiment {name} --out {results}"})
+            hits = [(folder, saved["summary"].get("claims", {}).get(claim["id"]), saved)
+                    for folder, saved in found.get(name, [])]
+            hits = [(folder, finding, saved) for folder, finding, saved in hits if finding] or [(folders[0], None, {})]
+            for folder, finding, saved in hits:
+                rows.append({"experiment": name, "results": str(folder), "claim": claim["id"], "paper": claim["paper"],
+                             "where": claim["where"], "statement": claim["statement"], "paper_value": claim["value"],
+                             "ours": finding["ours"] if finding else "",
+                             "setting": finding["setting"] if finding else "",
+                             "verdict": finding["verdict"] if finding else "not run",
+                             "reason": finding["reason"] if finding else "no summary.json in " + ", ".join(
+                                 str(f / name) for f in folders),
+                             "figures": [str(folder / name / Path(f).name) for f in saved.get("figures", [])],
+                             "command": f"factkernels experiment {name} --out {folder}"})
     return sorted(rows, key=lambda r: r["paper"])  # stable: experiments and their claims keep their order
 
 
-def write_claims_table(results: Union[str, Path], out: Union[str, Path]) -> Path:
-    """Write the markdown claims table of ``results`` to ``out``; links are relative to ``out``'s folder."""
+def write_claims_table(results: Union[PathLike, Sequence[PathLike]], out: PathLike) -> Path:
+    """Write the markdown claims table of ``results`` (one folder or several) to ``out``; links are
+    relative to ``out``'s folder."""
     out = Path(out)
     rows = claim_rows(results)
+    folders = " ".join(str(r) for r in ([results] if isinstance(results, (str, Path)) else results))
     counts = Counter(r["verdict"] for r in rows)
     lines = ["# Claims of the seed papers: theirs beside ours", "",
-             f"Generated by `factkernels experiment report {results} --out {out}` from the `summary.json` of each "
+             f"Generated by `factkernels experiment report {folders} --out {out}` from the `summary.json` of each "
              "experiment (the cell JSON beside it holds every number, config and environment). Paper 000: fact-storing "
              "MLPs; paper 002: attention-head capacity. Verdicts: "
              + ", ".join(f"{counts.get(v, 0)} {v}" for v in engine.VERDICTS) + ".", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
         plots = " ".join(f"[{Path(f).stem}]({os.path.relpath(f, out.parent)})" for f in r["figures"])
-        claim = f"**{r['claim']}**: {r['statement']}"
+        claim = f"**{r['claim']}** ({Path(r['results']).name}): {r['statement']}"
         lines.append("| " + " | ".join(_cell(v) for v in (claim, r["paper"], r["where"], r["paper_value"], r["ours"],
                                                           r["setting"] or f"`{r['command']}`", r["verdict"],
                                                           r["reason"], plots)) + " |")
