@@ -14,7 +14,8 @@ def test_every_experiment_runs_tiny(name, tmp_path, one_thread):
     assert len(list((tmp_path / name / "cells").glob("*.json"))) == result.total
     saved = json.loads((tmp_path / name / "summary.json").read_text())
     declared = {c.id for c in REGISTRY[name].claims}
-    assert declared and set(saved["summary"]["claims"]) == declared  # every declared claim gets a finding
+    # every declared claim gets a finding; experiments beyond the papers (real-lm-editing) declare none
+    assert set(saved["summary"]["claims"]) == declared and len(saved["summary"]) > 1
     for finding in saved["summary"]["claims"].values():
         assert finding["verdict"] in engine.VERDICTS and finding["setting"]
     for path in saved["figures"]:

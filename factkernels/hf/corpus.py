@@ -1,7 +1,7 @@
 """Natural text shipped with factkernels, for second-moment statistics and non-fact metrics.
 
 ``factkernels/data/smollm2_text.jsonl`` holds English prose written by SmolLM2-135M-Instruct
-itself (see ``tools/make_natural_text.py`` and ``factkernels/data/README.md``): one document
+itself (see ``benchmarks/make_natural_text.py`` and ``factkernels/data/README.md``): one document
 per line, each in split ``"stats"`` (the editors' key statistics) or ``"eval"`` (held out
 for perplexity / KL against the original model).
 

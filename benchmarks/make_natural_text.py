@@ -5,7 +5,7 @@ PyPI package, so the natural text for second-moment statistics and the non-fact 
 metrics is the packaged model's own writing: one document per prompt of a fixed list (topics ×
 styles below), sampled with a fixed seed. Rerun (resumable: finished batches are kept):
 
-    OMP_NUM_THREADS=1 python tools/make_natural_text.py
+    OMP_NUM_THREADS=1 python benchmarks/make_natural_text.py
 
 Each line: {"id", "split", "prompt", "text"}; split "stats" (second moments, the first 80 % of
 prompts in a seeded shuffle) or "eval" (held out for perplexity/KL).
