@@ -3,7 +3,7 @@
     python benchmarks/hf_insert.py --facts 10 100 [--gate detector] [--sharpness 100 --threshold 0.92]
 
 One JSON per setting under benchmarks/results/hf/ (skipped when it exists: resumable). The shipped
-texts are split: the first 20 are the insertion's background, the last 10 are scored (never seen
+text's "stats" split is the insertion's background; its held-out "eval" split is scored (never seen
 by the insertion).
 """
 
@@ -32,8 +32,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    texts = hf.text.natural_texts()
-    background, scored = texts[:20], texts[20:]
+    background, scored = hf.natural_text("stats"), hf.natural_text("eval")  # the scored texts are never seen
     model, tok = hf.load(args.model)
     for n in args.facts:
         path = Path(args.out) / (f"insert_{args.gate}_n{n}_s{args.sharpness:g}_t{args.threshold:g}"

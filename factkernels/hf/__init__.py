@@ -6,10 +6,10 @@
                                    "target_new": " Jane Austen"}])
     keys = hf.capture_keys(model, tok, requests, layer=8)          # (n, d) MLP inputs at the subject
     facts = hf.book_requests(100, seed=0)                           # counterfactual authors + eval sets
-    ref = hf.record_reference(model, tok, neighborhood=facts.neighborhood, texts=hf.text.natural_texts())
+    ref = hf.record_reference(model, tok, neighborhood=facts.neighborhood, texts=hf.natural_text("eval"))
     ins = hf.insert_facts(model, tok, facts.requests)               # appended units in one LlamaMLP
     hf.evaluate(model, tok, facts.requests, paraphrases=facts.paraphrases, neighborhood=facts.neighborhood,
-                texts=hf.text.natural_texts(), reference=ref)       # efficacy, paraphrase, neighborhood, ppl, KL
+                texts=hf.natural_text("eval"), reference=ref)   # efficacy, paraphrase, neighborhood, ppl, KL
     ins.remove()                                                    # bit-for-bit the original again
 
 Needs the ``hf`` extra (transformers, gguf, accelerate); importing this package does not.
@@ -23,7 +23,6 @@ from .evaluate import Reference, evaluate, fact_margins, record_reference
 from .insert import Insertion, InsertionReport, insert_facts
 from .layout import mlp_layers, mlp_module
 from .loading import PACKAGED_MODELS, load, packaged_gguf
-from . import text
 from .requests import BOOK_PROMPTS, Request, RequestSet, book_requests, make_request, parse_requests
 from .statistics import key_second_moments
 
@@ -32,6 +31,6 @@ __all__ = [
     "mlp_layers", "mlp_module",
     "Request", "RequestSet", "make_request", "parse_requests", "book_requests", "BOOK_PROMPTS",
     "edit", "EditResult", "key_second_moments", "natural_text",
-    "insert_facts", "Insertion", "InsertionReport", "evaluate", "record_reference", "Reference", "fact_margins", "text",
+    "insert_facts", "Insertion", "InsertionReport", "evaluate", "record_reference", "Reference", "fact_margins",
     "PromptBatch", "encode_requests", "encode_texts", "capture", "capture_keys", "record_inputs", "site_module",
 ]

@@ -1,9 +1,9 @@
 """Scoring an edited model — the same function for every method (construction, ROME, MEMIT, AlphaEdit).
 
-    ref = record_reference(model, tok, neighborhood=facts.neighborhood, texts=natural_texts())   # before editing
+    ref = record_reference(model, tok, neighborhood=facts.neighborhood, texts=natural_text("eval"))   # before editing
     ... edit the model ...
     scores = evaluate(model, tok, facts.requests, paraphrases=facts.paraphrases,
-                      neighborhood=facts.neighborhood, texts=natural_texts(), reference=ref)
+                      neighborhood=facts.neighborhood, texts=natural_text("eval"), reference=ref)
 
 * efficacy: fraction of requests whose greedy continuation is the whole ``target_new`` (every
   target token is the argmax, teacher-forced — exactly what greedy decoding reproduces);

@@ -326,7 +326,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     layer: default the last layer (``position="target"``) or a third of the depth ("subject").
     background: ordinary text (list of strings) whose hidden states set the detector's whitening
         and the generic construction's zero-output constraints; default
-        :func:`factkernels.hf.text.natural_texts`.
+        :func:`factkernels.hf.natural_text` ("stats").
     contrast: rounds of contrast states — each request's prompt (and target) with another request's
         subject, at the key positions — added to the background: same template, other subject, so the
         detectors learn what distinguishes the subject rather than the template (0 turns it off).
@@ -344,9 +344,9 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     if position not in KEY_POSITIONS:
         raise ValueError(f"position must be one of {KEY_POSITIONS}, got {position!r}")
     if background is None:
-        from .text import natural_texts
+        from .corpus import natural_text
 
-        background = natural_texts()
+        background = natural_text("stats")
     torch.manual_seed(seed)
 
     t = time.perf_counter()
