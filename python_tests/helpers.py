@@ -4,3 +4,24 @@ import torch
 
 # Kernel tests run on every device present; CUDA ones are simply absent without a GPU.
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def gloo_construct_worker(rank: int, world_size: int, port: int, out: str, sizes: tuple) -> None:
+    """One rank of a 2-process gloo build (lives here, not in a test module, so that spawned
+    children can import it: this folder is on sys.path through pytest's ``pythonpath``)."""
+    import torch.distributed as dist
+
+    from factkernels.distributed import construct_sharded, shard_rows
+    from factkernels.embeddings import random_fact_set
+
+    facts, values, dim, m = sizes
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        K, V, f = random_fact_set(facts, values, dim, seed=0, dtype=torch.float64)
+        rows = shard_rows(facts, rank, world_size)
+        mlp = construct_sharded(K[rows], V, f[rows], m=m, outputs="values", cg_tol=1e-10)
+        if rank == 0:
+            torch.save({"state": mlp.state_dict(), "failed": mlp.failed}, out)
+    finally:
+        dist.destroy_process_group()

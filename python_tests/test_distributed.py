@@ -3,12 +3,12 @@
 import socket
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from factkernels import construct
-from factkernels.distributed import construct_sharded, shard_rows
+from factkernels.distributed import shard_rows
 from factkernels.embeddings import random_fact_set
+from helpers import gloo_construct_worker
 
 FACTS, VALUES, DIM, M = 200, 64, 16, 32
 
@@ -19,19 +19,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    try:
-        K, V, f = random_fact_set(FACTS, VALUES, DIM, seed=0, dtype=torch.float64)
-        rows = shard_rows(FACTS, rank, world_size)
-        mlp = construct_sharded(K[rows], V, f[rows], m=M, outputs="values", cg_tol=1e-10)
-        if rank == 0:
-            torch.save({"state": mlp.state_dict(), "failed": mlp.failed}, out)
-    finally:
-        dist.destroy_process_group()
-
-
 def test_shard_rows_cover_every_row_once():
     parts = [shard_rows(10, r, 3) for r in range(3)]
     assert [(p.start, p.stop) for p in parts] == [(0, 4), (4, 7), (7, 10)]
@@ -39,7 +26,7 @@ def test_shard_rows_cover_every_row_once():
 
 def test_two_gloo_processes_equal_one_process(tmp_path):
     out = str(tmp_path / "rank0.pt")
-    mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+    mp.spawn(gloo_construct_worker, args=(2, _free_port(), out, (FACTS, VALUES, DIM, M)), nprocs=2, join=True)
     result = torch.load(out)
     assert result["failed"] == 0
     K, V, f = random_fact_set(FACTS, VALUES, DIM, seed=0, dtype=torch.float64)

@@ -40,9 +40,9 @@ CHILD = textwrap.dedent(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
-def test_default_cg_build_has_no_quadratic_allocation():
+def test_default_cg_build_has_no_quadratic_allocation(tmp_path):
     F, d = 8192, 32
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(F), str(d)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(F), str(d)], capture_output=True, text=True, cwd=tmp_path,
                           timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
