@@ -37,7 +37,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F_nn
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 
 from ..transformer.editing import alphaedit_update, memit_update, null_space_projector, rome_update
 from .capture import PromptBatch, capture, encode_requests, model_device
@@ -146,8 +146,8 @@ def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: i
     device = model_device(model)
     parts: list[tuple[torch.Tensor, ...]] = []
     with _frozen(model):
-        for start in tqdm(range(0, len(requests), chunk), desc=f"targets at layer {layer}",
-                          disable=None if progress is None else not progress, leave=False):
+        for start in progress_bar(range(0, len(requests), chunk), desc=f"targets at layer {layer}",
+                                  enabled=progress is not False, leave=False):
             part = list(requests[start:start + chunk])
             facts = encode_requests(tok, part, with_target=True)
             essence = encode_requests(tok, [Request(KL_PROMPT, r.subject, r.target_new) for r in part])

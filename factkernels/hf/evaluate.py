@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from .capture import encode_requests, encode_texts, model_device, pad_id, pad_right
-from .insert import target_margins
+from .insert import batch_margins
 from .requests import Request, parse_requests
 
 
@@ -93,14 +93,7 @@ def fact_margins(model: Any, tok: Any, requests: Sequence[Request], *, batch_siz
     decoding produces the whole ``target_new``. (n,)."""
     if not requests:
         return torch.empty(0)
-    batch = encode_requests(tok, requests, with_target=True)
-    device, out = model_device(model), []
-    for start in range(0, len(batch), batch_size):
-        sl = slice(start, start + batch_size)
-        sub = batch.rows(sl)
-        logits = model(input_ids=sub.input_ids.to(device), attention_mask=sub.attention_mask.to(device)).logits
-        out.append(target_margins(logits, sub))
-    return torch.cat(out)
+    return batch_margins(model, encode_requests(tok, requests, with_target=True), batch_size)
 
 
 @torch.no_grad()

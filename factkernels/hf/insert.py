@@ -33,7 +33,7 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F_nn
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 
 from ..encoder import assemble, build_shared_gate
 from ..mlp import FactMLP
@@ -135,7 +135,7 @@ def optimise_deltas(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *,
         tokens = keys.token.to(device)
     mlp = mlp_module(model, layer)
     history = []
-    bar = tqdm(range(steps), desc=f"values at layer {layer}", disable=not progress, leave=False)
+    bar = progress_bar(range(steps), desc=f"values at layer {layer}", enabled=progress, leave=False)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.requires_grad_(False)
@@ -378,7 +378,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     units = append_units(model, layer, fact_mlp.swiglu_weights())
     t = time.perf_counter()
     with torch.no_grad():
-        margins = _edited_margins(model, batch, batch_size)
+        margins = batch_margins(model, batch, batch_size)
     timings["verify"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - start_time
     report = InsertionReport(
@@ -403,7 +403,8 @@ def _capture_at(model: Any, batch: PromptBatch, layer: int, keys: KeySet, batch_
 
 
 @torch.no_grad()
-def _edited_margins(model: Any, batch: PromptBatch, batch_size: int) -> torch.Tensor:
+def batch_margins(model: Any, batch: PromptBatch, batch_size: int) -> torch.Tensor:
+    """Teacher-forced target margins (see :func:`target_margins`) of every row of ``batch``, in slices. (n,)"""
     device, out = model_device(model), []
     for start in range(0, len(batch), batch_size):
         sl = slice(start, start + batch_size)

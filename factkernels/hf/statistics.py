@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 
 from .capture import encode_texts, model_device, record_inputs
 from .corpus import natural_text
@@ -85,8 +85,8 @@ def key_second_moments(model: Any, tok: Any, layers: Sequence[int], *, texts: Op
     count = 0
     with ExitStack() as stack:
         seen = {layer: stack.enter_context(record_inputs(mlp_module(model, layer).down_proj)) for layer in todo}
-        for start in tqdm(range(0, input_ids.shape[0], batch_size), desc=f"second moments, layers {todo}",
-                          disable=None if progress is None else not progress, leave=False):
+        for start in progress_bar(range(0, input_ids.shape[0], batch_size), desc=f"second moments, layers {todo}",
+                                  enabled=progress is not False, leave=False):
             mask = attention_mask[start:start + batch_size].to(device)
             for inputs in seen.values():
                 inputs.clear()
