@@ -154,11 +154,3 @@ def test_block_training_is_seeded_and_learns():
     assert block.train_block(24, 2, 8, 1, short, table=table) == block.train_block(24, 2, 8, 1, short, table=table)
     with pytest.raises(ValueError, match="m \\+ 1"):
         block.train_block(30, 2, 8, 0, config, table=table)
-
-
-def test_block_experiment_uses_shipped_minilm_tokens():
-    config = block.BlockConfig(context_pairs=2, batch_size=8, max_steps=20, check_every=10, val_examples=20,
-                               test_examples=20)
-    report = block.block_experiment(12, [8], [1, 2], [0], config, quiet=True)
-    assert report["config"]["d_model"] == 384 and len(report["runs"]) == 2
-    assert all(0.0 <= r["test_accuracy"] <= 1.0 for r in report["runs"])

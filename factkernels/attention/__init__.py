@@ -31,7 +31,7 @@ from .constructions import (
     f1,
     gaussian_unit_norm,
 )
-from .block import BlockConfig, BlockRun, PreLNBlock, RetrievalBatch, block_experiment, sample_retrieval, train_block
+from .block import BlockConfig, BlockRun, PreLNBlock, RetrievalBatch, sample_retrieval, train_block
 from .graphs import RelationGraph, konig_edge_coloring, matching_head_bound, pack_matchings, random_graph
 from .scores import max_head_scores, softmax_head_scores
 from .training import (
@@ -104,5 +104,4 @@ __all__ = [
     "RetrievalBatch",
     "sample_retrieval",
     "train_block",
-    "block_experiment",
 ]

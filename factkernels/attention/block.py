@@ -196,18 +196,3 @@ def train_block(m: int, num_heads: int, key_budget: int, seed: int, config: Bloc
                 bar.set_postfix(val=f"{val_acc:.3f}", best=f"{best[0]:.3f}")
         bar.close()
     return BlockRun(seed, num_heads, key_budget, best[1], best[0], best[2], config.max_steps)
-
-
-def block_experiment(m: int, key_budgets: Sequence[int], head_counts: Sequence[int], seeds: Sequence[int],
-                     config: BlockConfig = BlockConfig(), *, quiet: bool = False) -> dict:
-    """Every (D_K, h, seed) on one frozen MiniLM table; JSON-ready config and runs."""
-    table, tokens = token_embeddings(m + 1)
-    runs = []
-    for key_budget in key_budgets:
-        for h in head_counts:
-            for seed in seeds:
-                runs.append(train_block(m, h, key_budget, seed, config, table=table, quiet=quiet).to_dict())
-    return {"config": {"m": m, "d_model": table.shape[1], "key_budgets": list(key_budgets),
-                       "head_counts": list(head_counts), "seeds": list(seeds), "null_token": tokens[-1],
-                       "embeddings": "all-MiniLM-L6-v2 whole-word tokens (shipped)", "training": asdict(config)},
-            "runs": runs}
