@@ -1,7 +1,16 @@
 """Shared fixtures: seeded fact sets and device parametrization."""
 
+import os
+
 import pytest
 import torch
+from hypothesis import settings
+
+# CI draws the same examples every run (a red build is always reproducible);
+# HYPOTHESIS_PROFILE=explore draws new ones for bug hunting.
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 from factkernels.embeddings import random_fact_set
 

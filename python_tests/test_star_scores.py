@@ -44,15 +44,18 @@ def test_star_topk_matches_twin(device, n, d, k, r, dtype, own_outputs, dup, see
     vals, index = _ops.star_topk(_wide(W), k, None if P is None else _wide(P), rows, backend="kernels")
     ref_vals, _ = _ops.star_topk(W.double(), k, None if P is None else P.double(), rows, backend="torch")
     assert vals.shape == index.shape == (rr.numel(), k)
-    tol = 2e-4 if dtype == torch.float32 else 1e-10
+    # The documented precision: pairs just above the close threshold get their distance from
+    # |w_s|^2 + |w_j|^2 - 2<w_s, w_j>, a relative error of about eps / STAR_CLOSE_REL in the score.
+    rel = 3 * torch.finfo(dtype).eps / _ops.STAR_CLOSE_REL[dtype]
     finite = torch.isfinite(ref_vals)
+    tol = (2e-4 if dtype == torch.float32 else 1e-10) + rel * ref_vals[finite].abs()
     assert torch.equal(torch.isfinite(vals), finite)  # n - 1 others, then +inf and -1
     assert torch.equal(index < 0, ~finite)
-    assert (vals[finite].double() - ref_vals[finite]).abs().max().item() <= tol if finite.any() else True
+    assert ((vals[finite].double() - ref_vals[finite]).abs() <= tol).all()
     # each reported pair really has (about) the reported score, no pair is the value itself
     assert ((index != rr[:, None]) | (index < 0)).all()
     ex = _exact(W, W[rr] if P is None else P, rr, index)
-    assert (ex[finite] - vals[finite].double()).abs().max().item() <= tol if finite.any() else True
+    assert ((ex[finite] - vals[finite].double()).abs() <= tol).all()
     assert (vals[:, 1:] >= vals[:, :-1]).all()  # ascending
     real = torch.where(index >= 0, index, -1 - torch.arange(k, device=device)[None, :])
     assert (real.sort(dim=1).values.diff(dim=1) != 0).all()  # distinct pairs (ties may pick either)
