@@ -373,6 +373,12 @@ def _scaling_grid(scale: str) -> list[dict]:
     return [cost_cell(m, "spherical", num_facts(d, r), d, seeds) for d in dims for r in ratios for m in method_list]
 
 
+def _span_text(span: tuple[float, float], digits: int) -> str:
+    """"a–b×", or "a×" when the span is one value at this precision."""
+    lo, hi = f"{span[0]:.{digits}f}", f"{span[1]:.{digits}f}"
+    return f"{lo}×" if lo == hi else f"{lo}–{hi}×"
+
+
 def _summarize_scaling(cells: list[engine.Cell]) -> dict:
     by_point: dict = {}
     for c in cells:
@@ -406,8 +412,8 @@ def _summarize_scaling(cells: list[engine.Cell]) -> dict:
     else:
         inside = 5 <= s[0] and s[1] <= 150
         claims["000-fig2b-ntk-over-ours"] = Finding(
-            f"{s[0]:.0f}–{s[1]:.0f}× at multiplier 1.5" + (f" ({cheap[0]:.0f}–{cheap[1]:.0f}× with ours at its "
-                                                            "cheapest multiplier)" if cheap else "") +
+            f"{_span_text(s, 0)} at multiplier 1.5" + (f" ({_span_text(cheap, 0)} with ours at its "
+                                                        "cheapest multiplier)" if cheap else "") +
             (f"; NTK stores no size up to h = {not_stored[0]['max_size']} at {len(not_stored)} point(s)"
              if not_stored else ""),
             _setting(ntk_cells, paper), "reproduced" if inside else "partly",
@@ -418,9 +424,10 @@ def _summarize_scaling(cells: list[engine.Cell]) -> dict:
         claims["000-fig2b-ours-over-gd"] = Finding("-", "GD not in this grid (see hybrids)", "not run")
     else:
         near = 10 <= s[0] and s[1] <= 40
+        points = ", ".join(f"d={r['d']} F={r['facts']}" for r in ratios if r["ours_over_gd"] is not None)
         claims["000-fig2b-ours-over-gd"] = Finding(
-            f"{s[0]:.1f}–{s[1]:.1f}× at multiplier 1.5" + (f" ({cheap[0]:.1f}–{cheap[1]:.1f}× at ours' cheapest)"
-                                                            if cheap else ""),
+            f"{_span_text(s, 1)} at multiplier 1.5" + (f" ({_span_text(cheap, 1)} at ours' cheapest)" if cheap else "")
+            + f" at the points where GD ran ({points})",
             _setting(gd_cells, paper), "reproduced" if near else "partly",
             "within 2× of ~20×" if near else "ratio differs from ~20× by more than 2×")
     facts_per_param = {}
