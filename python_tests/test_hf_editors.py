@@ -83,6 +83,38 @@ def test_rome_writes_its_targets_exactly(llama, tmp_path):
         result.restore()
 
 
+def test_reused_targets_give_the_same_edit_and_are_checked(llama, tmp_path, monkeypatch):
+    """An update-rule grid reuses δ: the same mom2_weight gives the same weights without a residual step."""
+    model, tok = llama
+    stats = key_second_moments(model, tok, [0, 1], texts=TEXTS, cache_dir=tmp_path)
+    first = edit(model, tok, REQUESTS, method="memit", layers=[0, 1], stats=stats, progress=False, **STRONG)
+    edited = model.model.layers[0].mlp.down_proj.weight.detach().clone()
+    first.restore()
+    import factkernels.hf.editors as editors
+
+    def no_step(*_args, **_kwargs):
+        raise AssertionError("δ was re-trained")
+
+    monkeypatch.setattr(editors, "residual_targets", no_step)
+    again = edit(model, tok, REQUESTS, method="memit", layers=[0, 1], stats=stats, progress=False,
+                 targets=first.targets, **STRONG)
+    assert torch.equal(model.model.layers[0].mlp.down_proj.weight, edited) and again.report["targets_reused"]
+    again.restore()
+    weaker = edit(model, tok, REQUESTS, method="memit", layers=[0, 1], stats=stats, progress=False,
+                  targets=first.targets, mom2_weight=1e6, **STRONG)
+    assert not torch.equal(model.model.layers[0].mlp.down_proj.weight, edited)
+    weaker.restore()
+    weights = [p.detach().clone() for p in model.parameters()]
+    for kwargs, message in [({"layers": [0]}, "trained at layer 1"), ({"lr": 0.1}, "lr=0.5/0.1"),
+                            ({"requests": REQUESTS[:1]}, "hold 2 facts but 1")]:
+        args = {"layers": [0, 1], "requests": REQUESTS, **STRONG, **kwargs}
+        with pytest.raises(ValueError, match=message):
+            edit(model, tok, method="memit", stats=stats, progress=False, targets=first.targets, **args)
+    with pytest.raises(TypeError, match="ResidualTargets"):
+        edit(model, tok, REQUESTS, method="memit", layers=[0, 1], stats=stats, targets=first.targets.delta)
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+
+
 def test_alphaedit_with_an_empty_null_space_changes_nothing(llama, tmp_path):
     model, tok = llama
     stats = key_second_moments(model, tok, [0, 1], texts=TEXTS, cache_dir=tmp_path)

@@ -28,3 +28,19 @@ def test_tiny_grid_runs_every_method_and_leaves_the_model_unedited(tmp_path):
     table = real_lm.markdown_table(res.summary)
     assert len(table.splitlines()) == 2 + len(grid)
     assert set(res.summary["comparison"]["4"]) >= {"ours_score", "best_editor_score", "least_editor_kl_mean"}
+    assert set(res.summary["comparison"]["4"]["best"]) == set(real_lm.METHODS)
+
+
+def test_editor_grid_shares_one_residual_step(tmp_path):
+    """The second MEMIT / AlphaEdit grid point reuses the first's δ and still counts its time."""
+    grid = [c for c in real_lm._grid("tiny") if c["method"] in ("memit", "alphaedit")]
+    assert [("hparams" in c) for c in grid] == [False, True, False, True]  # published first, one update setting after
+    res = engine.run(real_lm.NAME, tmp_path, scale="tiny", quiet=True, grid=grid)
+    results = {engine.cell_key(c): None for c in grid}
+    loaded = engine.load_cells(tmp_path, real_lm.NAME)
+    reused = [loaded[k].result["targets_reused"] for k in results]
+    assert reused == [False, True, False, True]
+    for k in results:
+        r = loaded[k].result
+        assert r["edit_seconds"] >= r["targets_seconds"] > 0
+    assert res.summary["rows"][1]["setting"] != "published"

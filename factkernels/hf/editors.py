@@ -59,6 +59,8 @@ DEFAULT_HPARAMS: dict[str, dict[str, Any]] = {
                   "kl_factor": 0.0625, "early_stop": 5e-2, "nullspace_tol": 2e-2, "l2": 10.0},
 }
 KL_PROMPT = "{} is a"  # ROME/MEMIT's essence prompt for the KL term
+# The hyperparameters of the residual step (δ); the rest of each method's are its update rule's.
+TARGET_HPARAMS = ("steps", "lr", "weight_decay", "clamp_norm", "kl_factor", "early_stop")
 
 
 # ----------------------------------------------------------------------------- the residual step
@@ -68,13 +70,17 @@ KL_PROMPT = "{} is a"  # ROME/MEMIT's essence prompt for the KL term
 class ResidualTargets:
     """Per fact (n rows): delta (n, d) the trained δ; mlp_out (n, d) the unedited MLP output and
     layer_out (n, d) the unedited residual stream after the layer, at the subject's last token;
-    nll_before / nll_after (n,) the target's mean NLL without / with δ."""
+    nll_before / nll_after (n,) the target's mean NLL without / with δ. layer and settings (the
+    δ hyperparameters, :data:`TARGET_HPARAMS`, and clamp_to) say how they were made, so a later
+    :func:`edit` can reuse them only where they apply."""
 
     delta: torch.Tensor
     mlp_out: torch.Tensor
     layer_out: torch.Tensor
     nll_before: torch.Tensor
     nll_after: torch.Tensor
+    layer: int = -1
+    settings: dict = field(default_factory=dict)
 
 
 @contextmanager
@@ -195,7 +201,9 @@ def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: i
             with torch.no_grad(), _add_at(mlp, rows, where, delta):
                 nll_after = _target_nll(model, facts)
             parts.append((delta, mlp_out, layer_out, nll_before, nll_after))
-    return ResidualTargets(*(torch.cat(cols) for cols in zip(*parts)))
+    settings = {"steps": steps, "lr": lr, "weight_decay": weight_decay, "clamp_norm": clamp_norm,
+                "kl_factor": kl_factor, "early_stop": early_stop, "clamp_to": clamp_to}
+    return ResidualTargets(*(torch.cat(cols) for cols in zip(*parts)), layer=layer, settings=settings)
 
 
 # ----------------------------------------------------------------------------- the editors
@@ -203,12 +211,14 @@ def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: i
 
 @dataclass
 class EditResult:
-    """An applied edit: ``report`` (method, layers, hparams, NLLs, seconds) and the original down
-    projections by layer, which :meth:`restore` puts back."""
+    """An applied edit: ``report`` (method, layers, hparams, NLLs, seconds), the residual
+    ``targets`` it wrote (pass them to another :func:`edit` to try other update settings without
+    re-training δ) and the original down projections by layer, which :meth:`restore` puts back."""
 
     method: str
     layers: tuple[int, ...]
     report: dict
+    targets: Optional[ResidualTargets] = field(repr=False)
     _model: Any = field(repr=False)
     _original: dict[int, torch.Tensor] = field(repr=False)
 
@@ -241,15 +251,33 @@ def _resolve(method: str, layers: Optional[Sequence[int]], hparams: dict, num_la
     return layers, {**defaults, **hparams}
 
 
+def _check_targets(targets: ResidualTargets, n: int, layer: int, settings: dict) -> None:
+    """Reused targets must be for these requests (count), this last layer and these δ settings."""
+    if not isinstance(targets, ResidualTargets):
+        raise TypeError(f"targets must be ResidualTargets (e.g. EditResult.targets), got {type(targets).__name__}")
+    if targets.delta.shape[0] != n:
+        raise ValueError(f"targets hold {targets.delta.shape[0]} facts but {n} requests were given")
+    if targets.layer != layer:
+        raise ValueError(f"targets were trained at layer {targets.layer}, this edit writes δ at layer {layer}")
+    differ = {k: (targets.settings.get(k), v) for k, v in settings.items() if targets.settings.get(k) != v}
+    if differ:
+        raise ValueError("targets were trained with other residual-step settings (theirs, these): "
+                         + ", ".join(f"{k}={a!r}/{b!r}" for k, (a, b) in differ.items()))
+
+
 def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Optional[Sequence[int]] = None, *,
          stats: Optional[dict[int, torch.Tensor]] = None, cache_dir: Any = None, progress: Optional[bool] = None,
-         **hparams: Any) -> EditResult:
+         targets: Optional[ResidualTargets] = None, **hparams: Any) -> EditResult:
     """Apply ROME, MEMIT or AlphaEdit for ``requests`` to ``model`` in place (see the module docstring).
 
     requests: anything :func:`~factkernels.hf.requests.parse_requests` takes. layers: the edited
     layers (default: the published depth, :data:`DEFAULT_HPARAMS`). stats: {layer: C} to use instead
     of :func:`~factkernels.hf.statistics.key_second_moments` (computed and cached under ``cache_dir``).
     hparams: overrides of :data:`DEFAULT_HPARAMS` [method] (and ``chunk``, facts per δ batch).
+    targets: the δ of an earlier edit of the same requests (``EditResult.targets``), reused instead
+    of re-trained — an update-rule grid (MEMIT's ``mom2_weight``, AlphaEdit's ``l2`` /
+    ``nullspace_tol``) then costs one residual step; they must match the last layer and the δ
+    settings (:data:`TARGET_HPARAMS`), else ValueError. The model must be unedited either way.
     """
     started = time.perf_counter()
     reqs = list(parse_requests(requests))
@@ -262,10 +290,13 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
     stats_seconds = time.perf_counter() - started
     original = {layer: mlps[layer].down_proj.weight.detach().clone() for layer in layers}
     last = layers[-1]
-    targets = residual_targets(model, tok, reqs, last, steps=hp["steps"], lr=hp["lr"],
-                               weight_decay=hp["weight_decay"], clamp_norm=hp["clamp_norm"],
-                               clamp_to="mlp" if method == "rome" else "layer", kl_factor=hp["kl_factor"],
-                               early_stop=hp["early_stop"], chunk=hp.get("chunk", 32), progress=progress)
+    target_settings = {k: hp[k] for k in TARGET_HPARAMS} | {"clamp_to": "mlp" if method == "rome" else "layer"}
+    reused = targets is not None
+    if reused:
+        _check_targets(targets, len(reqs), last, target_settings)
+    else:
+        targets = residual_targets(model, tok, reqs, last, **target_settings, chunk=hp.get("chunk", 32),
+                                   progress=progress)
     targets_seconds = time.perf_counter() - started - stats_seconds
     batch = encode_requests(tok, reqs)
     report: dict[str, Any] = {"method": method, "layers": list(layers), "facts": len(reqs),
@@ -277,14 +308,14 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
             else:
                 report["null_space_dims"] = _apply_spread(model, batch, layers, targets, covs, method, hp)
     except Exception:
-        EditResult(method, layers, report, model, original).restore()
+        EditResult(method, layers, report, targets, model, original).restore()
         raise
     report.update({"nll_before": float(targets.nll_before.mean()), "nll_target": float(targets.nll_after.mean()),
                    "delta_norm": float(targets.delta.norm(dim=1).mean()), "stats_seconds": stats_seconds,
-                   "targets_seconds": targets_seconds,
+                   "targets_seconds": targets_seconds, "targets_reused": reused,
                    "update_seconds": time.perf_counter() - started - stats_seconds - targets_seconds,
                    "seconds": time.perf_counter() - started})
-    return EditResult(method, layers, report, model, original)
+    return EditResult(method, layers, report, targets, model, original)
 
 
 def _keys(model: Any, batch: PromptBatch, layer: int) -> torch.Tensor:
@@ -351,4 +382,5 @@ def _apply_spread(model: Any, batch: PromptBatch, layers: tuple[int, ...], targe
     return null_dims
 
 
-__all__ = ["DEFAULT_HPARAMS", "METHODS", "EditResult", "ResidualTargets", "edit", "residual_targets"]
+__all__ = ["DEFAULT_HPARAMS", "METHODS", "TARGET_HPARAMS", "EditResult", "ResidualTargets", "edit",
+           "residual_targets"]
