@@ -16,7 +16,8 @@ method's best grid point by score, as the seed's editing protocol does.
 
 Scales: tiny — a 3-layer random Llama built from a LlamaConfig with a word-level tokenizer over the
 requests' and texts' words (CI seconds; no numbers worth reading); quick — SmolLM2-135M, 10 facts,
-every method, ours at three layers; seed — SmolLM2-135M, 10/100/1,000 facts, ours at six layers.
+every method, ours with target-position keys at three layers and subject keys at layers 5 and 10;
+seed — SmolLM2-135M, 10/100/1,000 facts, ours at six layers (target keys) and two (subject keys).
 """
 
 from __future__ import annotations
@@ -42,14 +43,17 @@ EDITOR_GRIDS: dict[str, list[dict]] = {
 
 def _grid(scale: str) -> list[dict]:
     if scale == "tiny":
-        model, sizes, our_layers = "tiny", (4,), (2, 1)
+        model, sizes, our_layers, subject_layers = "tiny", (4,), (2, 1), (1,)
     elif scale == "quick":
-        model, sizes, our_layers = "smollm2-135m", (10,), (29, 20, 10)
+        model, sizes, our_layers, subject_layers = "smollm2-135m", (10,), (29, 20, 10), (5, 10)
     else:
-        model, sizes, our_layers = "smollm2-135m", (10, 100, 1000), (29, 25, 20, 15, 10, 5)
+        model, sizes, our_layers, subject_layers = "smollm2-135m", (10, 100, 1000), (29, 25, 20, 15, 10, 5), (5, 10)
     cells = []
     for n in sizes:
         ours = [{"model": model, "method": "ours", "n_facts": n, "layer": layer, "seed": 0} for layer in our_layers]
+        # keys at the subject's last token (ROME's key), values through the model: the way to paraphrases
+        ours += [{"model": model, "method": "ours", "n_facts": n, "layer": layer, "seed": 0, "position": "subject"}
+                 for layer in subject_layers]
         grids = {m: g[:2] for m, g in EDITOR_GRIDS.items()} if scale == "tiny" else EDITOR_GRIDS  # CI: reuse once
         editors = [_editor_cell(model, m, n, hp) for m in METHODS[1:] for hp in grids[m]]
         cells += ours[:1] + editors + ours[1:]  # the comparison first, the rest of the sweep after
@@ -144,7 +148,7 @@ def run_cell(config: dict) -> dict:
     if config["method"] not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {config['method']!r}")
     if config["method"] == "ours":
-        kwargs: dict = {"background": _texts("stats", tiny)}
+        kwargs: dict = {"background": _texts("stats", tiny), "position": config.get("position", "target")}
         if tiny:
             kwargs.update(value_steps=10)
         applied = hf.insert_facts(model, tok, facts.requests, layer=config["layer"], progress=False, **kwargs)
@@ -191,7 +195,8 @@ def _rows(cells: list[engine.Cell]) -> list[dict]:
                                          _setting_text(c.config.get("hparams", {}))))
     for c in order:
         rows.append({"method": c.config["method"], "n_facts": c.config["n_facts"], "layer": c.config["layer"],
-                     "setting": _setting_text(c.config.get("hparams", {})) if c.config["method"] != "ours" else "",
+                     "setting": (_setting_text(c.config.get("hparams", {})) if c.config["method"] != "ours"
+                                 else f"keys at {c.config.get('position', 'target')}"),
                      "seed": c.config["seed"], **{m: c.result.get(m) for m in METRICS}})
     return rows
 
