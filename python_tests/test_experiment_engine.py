@@ -76,6 +76,19 @@ def test_shards_partition_the_grid_and_merge(toy, tmp_path):
     assert res.ran == 0 and res.summary is not None and not calls
 
 
+def test_only_runs_a_sub_grid_and_summarizes_every_present_cell(toy, tmp_path):
+    engine.run("toy", tmp_path, scale="seed", only={"y": 0, "x": 0}, quiet=True)
+    assert calls == [{"x": 0, "y": 0}]
+    res = engine.run("toy", tmp_path, scale="seed", only=engine.parse_only(["y=2"]), resume=True, quiet=True)
+    assert res.total == 4 and res.ran == 4 and res.summary is not None
+    assert res.summary["total"] == sum(x + 2 for x in (0, 2, 4, 6))  # the sub-grid's 4 cells and the x=0, y=0 one
+    assert engine.parse_only(["method=memit", "hparams={\"a\": 1}"]) == {"method": "memit", "hparams": {"a": 1}}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        engine.parse_only(["n_facts"])
+    with pytest.raises(ValueError, match="no cell"):
+        engine.run("toy", tmp_path, scale="seed", only={"x": 1}, quiet=True)
+
+
 def test_bad_arguments(toy, tmp_path):
     with pytest.raises(ValueError, match="shard"):
         engine.parse_shard("4/3")

@@ -195,19 +195,45 @@ class RunResult:
     files: list[str]
 
 
+def matches(config: dict, only: dict) -> bool:
+    """Whether a cell config has every ``only`` field at the given value (a sub-grid filter)."""
+    return all(k in config and config[k] == v for k, v in only.items())
+
+
+def parse_only(items: Optional[Iterable[str]]) -> dict:
+    """["n_facts=100", "method=memit"] -> {"n_facts": 100, "method": "memit"} (values read as JSON, else text)."""
+    only = {}
+    for item in items or ():
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--only takes KEY=VALUE, got {item!r}")
+        try:
+            only[key] = json.loads(text)
+        except json.JSONDecodeError:
+            only[key] = text
+    return only
+
+
 def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple[int, int]] = None,
         resume: bool = False, threads: Optional[int] = None, quiet: bool = False,
-        grid: Optional[list[dict]] = None) -> RunResult:
+        grid: Optional[list[dict]] = None, only: Optional[dict] = None) -> RunResult:
     """Run experiment ``name`` at ``scale`` into ``out`` (see the module docstring).
 
     resume: keep cells already on disk (default: recompute them). shard: (i, N) runs every N-th cell.
-    grid: run these configs instead of ``experiment.grid(scale)``. Returns a :class:`RunResult`; the
-    summary is written once every cell of the grid is on disk.
+    grid: run these configs instead of ``experiment.grid(scale)``. only: run the sub-grid of cells
+    whose config has these field values (e.g. {"n_facts": 100}); its summary covers every cell of
+    the full grid present on disk. Returns a :class:`RunResult`; the summary is written once every
+    cell of the (sub-)grid is on disk.
     """
     experiment = get(name)
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     configs = experiment.grid(scale) if grid is None else grid
+    if only:
+        full_keys = [cell_key(c) for c in configs]
+        configs = [c for c in configs if matches(c, only)]
+        if not configs:
+            raise ValueError(f"no cell of {name!r} at scale {scale!r} has {only}")
     keys = [cell_key(c) for c in configs]
     if len(set(keys)) != len(keys):
         raise ValueError(f"experiment {name!r} has duplicate cells in its {scale} grid")
@@ -225,7 +251,7 @@ def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple
     missing = [k for k in keys if k not in present]
     summary, files = None, []
     if not missing:
-        summary, files = summarize_dir(name, out, keys=keys)
+        summary, files = summarize_dir(name, out, keys=[k for k in full_keys if k in present] if only else keys)
     return RunResult(name, len(keys), len(todo), len(mine) - len(todo), len(missing), summary, files)
 
 
@@ -268,4 +294,5 @@ def merge(sources: Iterable[PathLike], out: PathLike) -> int:
 
 
 __all__ = ["Cell", "Claim", "Experiment", "Finding", "REGISTRY", "RunResult", "SCALES", "VERDICTS", "cell_key", "clean_json", "get",
-           "load_cells", "merge", "parse_shard", "register", "run", "set_threads", "summarize_dir"]
+           "load_cells", "matches", "merge", "parse_only", "parse_shard", "register", "run", "set_threads",
+           "summarize_dir"]
