@@ -83,6 +83,7 @@ def test_only_runs_a_sub_grid_and_summarizes_every_present_cell(toy, tmp_path):
     assert res.total == 4 and res.ran == 4 and res.summary is not None
     assert res.summary["total"] == sum(x + 2 for x in (0, 2, 4, 6))  # the sub-grid's 4 cells and the x=0, y=0 one
     assert engine.parse_only(["method=memit", "hparams={\"a\": 1}"]) == {"method": "memit", "hparams": {"a": 1}}
+    assert engine.matches({"x": 1}, {"y": None}) and not engine.matches({"x": 1}, {"x": None})
     with pytest.raises(ValueError, match="KEY=VALUE"):
         engine.parse_only(["n_facts"])
     with pytest.raises(ValueError, match="no cell"):

@@ -196,8 +196,9 @@ class RunResult:
 
 
 def matches(config: dict, only: dict) -> bool:
-    """Whether a cell config has every ``only`` field at the given value (a sub-grid filter)."""
-    return all(k in config and config[k] == v for k, v in only.items())
+    """Whether a cell config has every ``only`` field at the given value (a sub-grid filter);
+    None (JSON null) matches a field the config does not have."""
+    return all(config.get(k) == v for k, v in only.items())
 
 
 def parse_only(items: Optional[Iterable[str]]) -> dict:

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# real-lm-editing at 100 facts (cells of the seed grid): ours with target keys (layers 29, 20) and subject
+# keys (layers 5, 10), and each editor at its best grid point of the 10-fact quick grid (MEMIT λ = 150,
+# AlphaEdit lr 0.5 / 100 steps / tol 10, ROME published). Resumable: finished cells are kept.
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+run() { factkernels experiment real-lm-editing --scale seed --out benchmarks/results/experiments --resume --threads 1 \
+          --quiet --only n_facts=100 "$@"; }
+run --only method=ours --only layer=29 --only position=null
+run --only method=memit --only 'hparams={"mom2_weight": 150.0}'
+run --only method=ours --only layer=5 --only position=subject
+run --only method=ours --only layer=10 --only position=subject
+run --only method=alphaedit --only 'hparams={"lr": 0.5, "nullspace_tol": 10.0, "steps": 100}'
+run --only method=rome --only hparams=null
+run --only method=ours --only layer=20 --only position=null
