@@ -139,7 +139,8 @@ def evaluate(model: Any, tok: Any, requests: Union[str, Sequence[Union[Request, 
                 own = lp.gather(1, idx)
                 own_rest = torch.log1p(-own.exp().sum(1).clamp(max=1 - 1e-7))
                 ref_rest = reference.text_rest_logp[rows]
-                kl.append((ref_logp.exp() * (ref_logp - own)).sum(1) + ref_rest.exp() * (ref_rest - own_rest))
+                token_kl = (ref_logp.exp() * (ref_logp - own)).sum(1) + ref_rest.exp() * (ref_rest - own_rest)
+                kl.append(token_kl.clamp_min(0.0))  # a KL of bucketed distributions is >= 0: below is float rounding
             offset += lp.shape[0]
         mean_nll = float(torch.cat(nll).mean())
         scores.update(text_tokens=offset, perplexity=math.exp(mean_nll))
