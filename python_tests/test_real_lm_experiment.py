@@ -27,6 +27,7 @@ def test_tiny_grid_runs_every_method_and_leaves_the_model_unedited(tmp_path):
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
     table = real_lm.markdown_table(res.summary)
     assert len(table.splitlines()) == 2 + len(grid)
+    assert len(real_lm.markdown_table(res.summary, best_only=True).splitlines()) == 2 + len(real_lm.METHODS)
     assert set(res.summary["comparison"]["4"]) >= {"ours_score", "best_editor_score", "least_editor_kl_mean"}
     assert set(res.summary["comparison"]["4"]["best"]) == set(real_lm.METHODS)
 

@@ -231,11 +231,14 @@ def summarize(cells: list[engine.Cell]) -> dict:
     return {"rows": rows, "comparison": comparison, "claims": {}}
 
 
-def markdown_table(summary: dict) -> str:
-    """The README table of a summary: one line per cell."""
+def markdown_table(summary: dict, best_only: bool = False) -> str:
+    """The README table of a summary: one line per cell, or (best_only) each method's best point per fact count."""
     head = "| facts | method | layer | setting | efficacy | paraphrase | neighborhood | score | ppl ratio | KL | seconds |"
     lines = [head, "|" + "---|" * 11]
-    for r in summary["rows"]:
+    rows = summary["rows"]
+    if best_only:
+        rows = [b for n in sorted({r["n_facts"] for r in rows}) for m in METHODS if (b := _best(rows, m, n))]
+    for r in rows:
         layer = "default" if r["layer"] == EDITOR_LAYERS else str(r["layer"])
         lines.append(f"| {r['n_facts']} | {r['method']} | {layer} | {r.get('setting', '')} | {r['efficacy']:.3f} | "
                      f"{r['paraphrase']:.3f} | "
