@@ -116,7 +116,7 @@ _CORRAL_BYTES = 1 << 28
 _ACTIVE_BYTES = 1 << 24
 # Up to this many values "auto" solves densely (every value against all others
 # per iteration, fastest for small sets); above it, by active-set cutting planes.
-_DENSE_MAX = 2048
+_DENSE_MAX = 4096
 # Smallest margins per value re-checked in float64 after a streaming pass in
 # the input precision (the true minimum is among them unless float32 rounding
 # reorders scores closer than ~1e-6).
@@ -703,7 +703,7 @@ def margin_optimal_outputs(
         return_radii: also return the per-value radii.
         method: "dense" (every pair each iteration), "active_set" (cutting
             planes with streaming passes, ``O(n d)`` extra memory beyond the
-            active lists) or "auto" (dense up to 2,048 values).
+            active lists) or "auto" (dense up to 4,096 values).
 
     Returns:
         ``(U, rho)`` or ``(U, rho, radii)`` where ``U`` is (n, d) with unit rows,
