@@ -9,7 +9,7 @@ run() { factkernels experiment real-lm-editing --scale seed --out benchmarks/res
 run --only method=ours --only layer=29 --only position=null
 run --only method=memit --only 'hparams={"mom2_weight": 150.0}'
 run --only method=ours --only layer=5 --only position=subject
-run --only method=ours --only layer=10 --only position=subject
 run --only method=alphaedit --only 'hparams={"lr": 0.5, "nullspace_tol": 10.0, "steps": 100}'
 run --only method=rome --only hparams=null
 run --only method=ours --only layer=20 --only position=null
+run --only method=ours --only layer=10 --only position=subject
