@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # real-lm-editing at 100 facts (cells of the seed grid): ours with target keys (layers 29, 20) and subject
-# keys (layers 5, 10), and each editor at its best grid point of the 10-fact quick grid (MEMIT λ = 150,
-# AlphaEdit lr 0.5 / 100 steps / tol 10, ROME published). Resumable: finished cells are kept.
+# keys (layers 5, 10), and each editor at its best grid point of the 10-fact quick grid (MEMIT λ = 150 at the
+# published and at the 100-step residual step, AlphaEdit lr 0.5 / 100 steps / tol 10, ROME published).
+# Resumable: finished cells are kept.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 run() { factkernels experiment real-lm-editing --scale seed --out benchmarks/results/experiments --resume --threads 1 \
@@ -13,3 +14,4 @@ run --only method=alphaedit --only 'hparams={"lr": 0.5, "nullspace_tol": 10.0, "
 run --only method=rome --only hparams=null
 run --only method=ours --only layer=20 --only position=null
 run --only method=ours --only layer=10 --only position=subject
+run --only method=memit --only 'hparams={"steps": 100, "mom2_weight": 150.0}'
