@@ -33,15 +33,13 @@ def test_tiny_grid_runs_every_method_and_leaves_the_model_unedited(tmp_path):
 
 
 def test_editor_grid_shares_one_residual_step(tmp_path):
-    """The second MEMIT / AlphaEdit grid point reuses the first's δ and still counts its time."""
+    """The second MEMIT / AlphaEdit grid point reuses the first's δ and carries its recorded cost over."""
     grid = [c for c in real_lm._grid("tiny") if c["method"] in ("memit", "alphaedit")]
     assert [("hparams" in c) for c in grid] == [False, True, False, True]  # published first, one update setting after
     res = engine.run(real_lm.NAME, tmp_path, scale="tiny", quiet=True, grid=grid)
-    results = {engine.cell_key(c): None for c in grid}
+    keys = [engine.cell_key(c) for c in grid]
     loaded = engine.load_cells(tmp_path, real_lm.NAME)
-    reused = [loaded[k].result["targets_reused"] for k in results]
-    assert reused == [False, True, False, True]
-    for k in results:
-        r = loaded[k].result
-        assert r["edit_seconds"] >= r["targets_seconds"] > 0
+    assert [loaded[k].result["targets_reused"] for k in keys] == [False, True, False, True]
+    first_memit, reused_memit = (loaded[k].result for k in keys[:2])
+    assert reused_memit["targets_seconds"] == first_memit["targets_seconds"]  # the shared δ's cost is carried over
     assert res.summary["rows"][1]["setting"] != "published"

@@ -62,7 +62,8 @@ def _grid(scale: str) -> list[dict]:
 
 def _editor_cell(model: str, method: str, n: int, hparams: dict) -> dict:
     """An editor's cell; the published setting (the first grid point) carries no "hparams" key."""
-    published = {k: v for k, v in hparams.items() if hparams[k] != _published(method).get(k)}
+    defaults = _published(method)
+    published = {k: v for k, v in hparams.items() if v != defaults.get(k)}
     cell = {"model": model, "method": method, "n_facts": n, "layer": EDITOR_LAYERS, "seed": 0}
     return cell | ({"hparams": published} if published else {})
 
@@ -214,7 +215,7 @@ def summarize(cells: list[engine.Cell]) -> dict:
     rows = _rows(cells)
     comparison = {}
     for n in sorted({r["n_facts"] for r in rows}):
-        best = {m: _best(rows, m, n) for m in METHODS if _best(rows, m, n) is not None}
+        best = {m: b for m in METHODS if (b := _best(rows, m, n)) is not None}
         editors = [r for r in rows if r["n_facts"] == n and r["method"] != "ours"]
         if "ours" not in best or not editors:
             continue
