@@ -58,7 +58,8 @@ The dense iteration above touches all ``n^2`` pairs every iteration.  For
 ``n > _DENSE_MAX`` (``method="auto"``) each value instead keeps a list of
 *active constraints* (value indices).  One round solves every value's problem
 restricted to its active list with the same batched solver (explicit star
-vectors of the candidates, warm-started from the previous direction), then
+vectors of the candidates, warm-started from the previous round's corral,
+which stays feasible since constraints are only appended), then
 one streaming pass over ``V`` (:func:`factkernels._ops.star_topk`: tiles,
 running top-k, no ``n x n`` matrix, in the input precision) finds every
 value's most violated constraints; they are re-scored in float64 from
@@ -155,6 +156,12 @@ def _check_method(method: str) -> None:
 # ----------------------------------------------------------------------------
 
 
+def _batched_matvec(A: Tensor, x: Tensor) -> Tensor:
+    """``A[r] @ x[r]`` for A (r, k, d), x (r, d) -> (r, k).  As a row times Aᵀ: CPU ``bmm`` with one
+    output column runs ~4x slower than with one output row."""
+    return torch.bmm(x[:, None, :], A.transpose(1, 2)).squeeze(1)
+
+
 class _Star(NamedTuple):
     """Star geometry of a chunk of rows against all ``n`` values (float64).
 
@@ -223,7 +230,7 @@ class _CandStar(NamedTuple):
     n_other: int
 
     def margins(self, W: Tensor, P: Tensor) -> Tensor:
-        g = torch.bmm(self.X, P[:, :, None]).squeeze(2)
+        g = _batched_matvec(self.X, P)
         return g.masked_fill_(~self.valid, math.inf)
 
     def vectors(self, W: Tensor, cand: Tensor) -> Tensor:
@@ -321,7 +328,7 @@ def _affine_min_norm(Q: Tensor, m: Tensor, refine: bool = True) -> Tuple[Tensor,
     z = torch.cholesky_solve(rhs, L).mul_(rhs)
     if refine:  # one step of iterative refinement against the unregularised system
         M.diagonal(dim1=1, dim2=2).sub_(_RIDGE * mf)
-        z += torch.cholesky_solve(rhs - torch.bmm(M, z), L).mul_(rhs)
+        z += torch.cholesky_solve(rhs - _batched_matvec(M, z.squeeze(2))[:, :, None], L).mul_(rhs)
     z = z.squeeze(2)
     s = z.sum(dim=1, keepdim=True)
     ok &= torch.isfinite(s[:, 0]) & (s[:, 0] > 0)
@@ -352,7 +359,7 @@ def _drop_dependent(Q: Tensor, lam: Tensor, m: Tensor) -> Tensor:
     for _ in range(2):  # inverse iteration towards the null space of M0
         w = torch.cholesky_solve(w[:, :, None], L).squeeze(2).mul_(mf)
         w = w / w.norm(dim=1, keepdim=True).clamp_min(1e-300)
-    res = torch.bmm(w[:, None, :], torch.bmm(M0, w[:, :, None])).reshape(-1)
+    res = (w * _batched_matvec(M0, w)).sum(dim=1)
     dep = ok & (res <= 1e-9) & torch.isfinite(w).all(dim=1)
     w = torch.where((w > 0).any(dim=1, keepdim=True), w, -w)
     ratio = torch.where(m & (w > 0), lam / w.clamp_min(1e-300), torch.full_like(lam, math.inf))
@@ -386,14 +393,19 @@ def _solve_chunk(
     n_init: int,
     n_add: int,
     n_fast: int,
-) -> Tuple[Tensor, Tensor, Tensor]:
+    corral: Optional[Tuple[Tensor, Tensor]] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tuple[Tensor, Tensor]]:
     """Margin-optimal directions of the rows of star ``st`` (float64 ``W``, centred).
 
-    ``P`` (c, d) holds unit start directions.  Returns ``(U, lower, upper)``: unit directions (c, d), their achieved
-    margins (c,) and the smallest hull-point norm seen (c,), an upper bound of
-    ``rho_i`` when ``rho_i > 0``.  The state of unconverged rows only is kept
-    (compacted when rows finish); corral slots freed by dropped points are
-    reused, so corrals never need compaction.
+    ``P`` (c, d) holds unit start directions; ``corral`` optionally a warm start
+    instead: ``(columns (c, k) long, -1 for none; weights (c, k))``, a simplex
+    point of each row's star (e.g. the corral this function returned for a
+    smaller candidate set of the same rows).  Returns ``(U, lower, upper,
+    corral)``: unit directions (c, d), their achieved margins (c,), the smallest
+    hull-point norm seen (c,), an upper bound of ``rho_i`` when ``rho_i > 0``,
+    and the final corral in the same format.  The state of unconverged rows only
+    is kept (compacted when rows finish); corral slots freed by dropped points
+    are reused, so corrals never need compaction.
     """
     dev, dt = W.device, W.dtype
     d = W.shape[1]
@@ -401,7 +413,8 @@ def _solve_chunk(
     dup_row, n_other = st.dup_row, st.n_other
 
     kcap = max(1, min(n_other, d + 1 + n_add))  # corral (<= d + 1) + additions
-    kb = max(1, min(kcap, n_init + 4 * n_add))  # current slot buffer size
+    k0 = 0 if corral is None else corral[0].shape[1]
+    kb = max(1, min(kcap, max(n_init + 4 * n_add, k0 + 2 * n_add)))  # current slot buffer size
     gid = torch.arange(c, device=dev)  # chunk position of each unconverged row
     idx = st.self_j[:, None].repeat(1, kb)  # corral members; free slots hold the row itself
     occ = torch.zeros(c, kb, dtype=torch.bool, device=dev)  # slot in use
@@ -409,9 +422,26 @@ def _solve_chunk(
     X = torch.zeros(c, kb, d, dtype=dt, device=dev)  # star vectors of the slots
     Q = torch.zeros(c, kb, kb, dtype=dt, device=dev)  # their Gram matrix
     prev_pp = torch.full((c,), math.inf, dtype=dt, device=dev)
+    warm = k0 > 0
+    if warm:
+        cols, weights = corral
+        occ[:, :k0] = cols >= 0
+        idx[:, :k0] = torch.where(occ[:, :k0], cols, st.self_j[:, None])
+        lam[:, :k0] = weights * occ[:, :k0]
+        X[:, :k0] = st.vectors(W, idx[:, :k0])
+        Q[:, :k0, :k0] = torch.bmm(X[:, :k0], X[:, :k0].transpose(1, 2))
+        P = torch.where(occ[:, :1], torch.bmm(lam[:, None, :k0], X[:, :k0]).squeeze(1), P)
+    out_idx = torch.full((c, kcap), -1, dtype=torch.long, device=dev)
+    out_lam = torch.zeros(c, kcap, dtype=dt, device=dev)
+
+    def save(rows: Tensor, ids: Tensor) -> None:
+        """Keep the corral of the chunk rows ``ids`` (their state rows ``rows``) for the caller."""
+        k = idx.shape[1]
+        out_idx[ids, :k] = torch.where(occ[rows], idx[rows], -1)
+        out_lam[ids, :k] = lam[rows] * occ[rows]
 
     best_lo = torch.full((c,), -math.inf, dtype=dt, device=dev)
-    best_u = P.clone()
+    best_u = P / P.norm(dim=1, keepdim=True).clamp_min(1e-300)
     best_hi = torch.full((c,), math.inf, dtype=dt, device=dev)
 
     it = 0
@@ -438,6 +468,8 @@ def _solve_chunk(
             # that is carried along stays finished; compaction copies all state)
             nd = int(done.sum())
             if nd * 8 >= done.numel():
+                fin = done.nonzero(as_tuple=True)[0]
+                save(fin, gid[fin])
                 kk = (~done).nonzero(as_tuple=True)[0]
                 st = st.subset(kk)
                 gid, P, g, pp, prev_pp = gid[kk], P[kk], g[kk], pp[kk], prev_pp[kk]
@@ -457,7 +489,8 @@ def _solve_chunk(
             cnt = occ.sum(dim=1)
 
         # ---- add the most violating j outside the corral
-        a = min(n_init if it == 1 else n_add, n_other)
+        first = it == 1 and not warm
+        a = min(n_init if first else n_add, n_other)
         need = min(kcap, int(cnt.max()) + a)
         if need > kb:
             kb_new = min(kcap, max(need, kb + 2 * n_add))
@@ -471,7 +504,7 @@ def _solve_chunk(
         if a > 0:
             g.scatter_(1, idx, math.inf)
             vals, cand = torch.topk(g, a, dim=1, largest=False)
-            thr = pp * (1.0 - 0.5 * tol) if it > 1 else torch.full_like(pp, math.inf)
+            thr = torch.full_like(pp, math.inf) if first else pp * (1.0 - 0.5 * tol)
             # Wolfe's corrals are affinely independent: at most d + 1 points
             t = torch.arange(a, device=dev)
             ok = (vals < thr[:, None]) & (t[None, :] < (d + 1 - cnt)[:, None])
@@ -483,7 +516,7 @@ def _solve_chunk(
             lam[ri, sl] = 0.0
             occ[ri, sl] = ok
             X[ri, sl] = xn
-            if it == 1:
+            if first:
                 lam[:, 0] = ok[:, 0].to(dt)  # start from the worst point (slot 0)
             # Gram rows of the new points against every slot in use
             in_use = occ.any(dim=0).nonzero()  # empty when no row has a valid candidate
@@ -545,12 +578,17 @@ def _solve_chunk(
         idx[:, :ke] = torch.where(ms, idx[:, :ke], st.self_j[:, None])
         P = torch.bmm(ls[:, None, :], X[:, :ke]).squeeze(1)
 
+    save(torch.arange(gid.numel(), device=dev), gid)
     best_lo.clamp_(-1.0, 1.0)  # margins are cosines; drop rounding excess
     # a duplicated value has margin 0 for every output
     zero = torch.zeros_like(best_lo)
     best_lo = torch.where(dup_row, torch.minimum(best_lo, zero), best_lo)
     best_hi = torch.where(dup_row, zero, best_hi)
-    return best_u, best_lo, best_hi
+    # occupied slots first, trimmed to the largest corral
+    order = torch.argsort((out_idx < 0).to(torch.int8), dim=1, stable=True)
+    width = max(1, int((out_idx >= 0).sum(dim=1).max()))
+    order = order[:, :width]
+    return best_u, best_lo, best_hi, (out_idx.gather(1, order), out_lam.gather(1, order))
 
 
 def _unit_start(Wr: Tensor, P: Tensor) -> Tensor:
@@ -580,7 +618,7 @@ def _solve_dense(W: Tensor, tol: float, max_iter: int, n_init: int, n_add: int, 
         inv_s = st.inv[:, sub]
         P = _unit_start(st.Wr, st.Wr * inv_s.sum(dim=1, keepdim=True) - inv_s @ W[sub])
         del inv_s
-        U[rows], lo[rows], hi[rows] = _solve_chunk(
+        U[rows], lo[rows], hi[rows], _ = _solve_chunk(
             st, W, P, tol=tol, max_iter=max_iter, n_init=n_init, n_add=n_add, n_fast=n_fast
         )
     return U, lo, hi
@@ -597,10 +635,15 @@ def _exact_star_scores(W: Tensor, U: Tensor, rows: Tensor, cols: Tensor) -> Tens
         r, c = rows[s : s + step], cols[s : s + step]
         diff = W[r][:, None, :] - W[c.clamp(min=0)]
         nrm = diff.norm(dim=2)
-        g = torch.bmm(diff, U[s : s + step, :, None]).squeeze(2) / nrm.clamp_min(1e-300)
+        g = _batched_matvec(diff, U[s : s + step]) / nrm.clamp_min(1e-300)
         g = torch.where(nrm > 0, g, torch.zeros_like(g))
         out[s : s + step] = torch.where(c >= 0, g, torch.full_like(g, math.inf))
     return out
+
+
+def _pad_columns(t: Tensor, width: int, fill: float) -> Tensor:
+    """Pad the columns of ``t`` (r, k) to ``width`` with ``fill``."""
+    return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill)
 
 
 def _solve_active_set(
@@ -621,15 +664,26 @@ def _solve_active_set(
     rows = torch.arange(n, device=dev)
     budget = max(_ACTIVE_BYTES, 8 * n * d)
     passes = 1
+    # each value's corral (positions in its active list, -1 for none) and weights: the next round starts
+    # from the last optimum, which stays feasible because constraints are only appended
+    corral_idx = torch.full((n, 0), -1, dtype=torch.long, device=dev)
+    corral_lam = torch.zeros(n, 0, dtype=torch.float64, device=dev)
     while rows.numel() > 0:
         K = active.shape[1]
         step = max(1, min(rows.numel(), budget // (8 * (K + 1) * (2 * d + K + 2))))
         dup = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
+        parts = []
         for s in range(0, rows.numel(), step):
             rs = rows[s : s + step]
             st = _cand_star(W, rs, active[s : s + step])
-            u, _, h = _solve_chunk(st, W, U[rs], tol=tol, max_iter=max_iter, n_init=n_init, n_add=n_add, n_fast=n_fast)
+            warm = (corral_idx[s : s + step], corral_lam[s : s + step]) if corral_idx.shape[1] else None
+            u, _, h, part = _solve_chunk(st, W, U[rs], tol=tol, max_iter=max_iter, n_init=n_init, n_add=n_add,
+                                         n_fast=n_fast, corral=warm)
             U[rs], hi[rs], dup[s : s + step] = u, torch.minimum(hi[rs], h), st.dup_row
+            parts.append(part)
+        width = max(p[0].shape[1] for p in parts)
+        corral_idx = torch.cat([_pad_columns(p[0], width, -1) for p in parts])
+        corral_lam = torch.cat([_pad_columns(p[1], width, 0.0) for p in parts])
         # one streaming pass: the most violated constraints of every unfinished value
         _, cand = _ops.star_topk(Wk, min(n - 1, 2 * n_add), U[rows].to(Wk.dtype), rows, backend=backend)
         passes += 1
@@ -640,6 +694,7 @@ def _solve_active_set(
         done = ~new.any(dim=1) | dup | (hi[rows] <= math.sqrt(_ZERO_PP)) | (passes > max_iter)
         keep = ~done
         rows, active, new, cand = rows[keep], active[keep], new[keep], cand[keep]
+        corral_idx, corral_lam = corral_idx[keep], corral_lam[keep]
         if rows.numel() == 0:
             break
         # append the new constraints, valid ones first, trimmed to the widest row

@@ -515,6 +515,29 @@ def test_active_set_few_passes_and_public_api():
         geo.margin_optimal_outputs(V, method="fast")
 
 
+def test_warm_corral_restarts_at_the_optimum(monkeypatch):
+    """A round of the active-set method starts from the previous round's corral: given the optimal corral of a
+    candidate set, the solver returns the same optimum after at most two corral solves; grown by more
+    candidates, it reaches the cold solve's optimum of the larger set."""
+    W = geo._normalize_values(_values("sphere", 300, 10, 5))
+    rows = torch.arange(40)
+    _, cand = geo._ops.star_topk(W, 60, backend="torch")
+    kw = dict(tol=1e-9, max_iter=200, n_init=8, n_add=4, n_fast=3)
+    small = geo._cand_star(W, rows, cand[:40, :30])
+    U0, lo0, _, corral = geo._solve_chunk(small, W, W[rows], **kw)
+    assert bool((corral[0] < 30).all()) and torch.allclose(corral[1].sum(1), torch.ones(40, dtype=torch.float64))
+    solves = []
+    real = geo._affine_min_norm
+    monkeypatch.setattr(geo, "_affine_min_norm", lambda Q, m, refine=True: solves.append(1) or real(Q, m, refine))
+    U1, lo1, _, _ = geo._solve_chunk(small, W, W[rows], **kw, corral=corral)
+    assert len(solves) <= 2
+    assert torch.allclose(lo1, lo0, atol=1e-9) and (U1 - U0).norm(dim=1).max().item() < 1e-6
+    big = geo._cand_star(W, rows, cand[:40])
+    U2, lo2, _, _ = geo._solve_chunk(big, W, W[rows], **kw, corral=corral)
+    U3, lo3, _, _ = geo._solve_chunk(big, W, W[rows], **kw)
+    assert torch.allclose(lo2, lo3, atol=1e-9) and (U2 - U3).norm(dim=1).max().item() < 1e-6
+
+
 def test_active_set_duplicates_and_nonpositive():
     V = geo.spherical(60, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     V[10] = V[4]
