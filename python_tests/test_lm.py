@@ -160,6 +160,11 @@ def test_lm_and_editing_experiments_on_the_engine(tmp_path):
     assert math.log(run["nonvalue_ppl_ratio"]) == pytest.approx(run["swapped"]["ce_nonvalue"]
                                                                 - run["train_facts"]["ce_nonvalue"])
     assert (tmp_path / "lm-facts" / "lm_facts.png").stat().st_size > 0
+    (point,) = lm_res["scaling"]  # Fig. 9a: the tiny W-vs-F search
+    assert point["num_facts"] == 8 and point["kind"] == "gd" and point["trace"][0]["size"] == 2
+    claim = lm_res["claims"]["000-fig9a-lm-w-vs-f"]
+    assert claim["verdict"] == "not run" and "two F" in claim["reason"]  # one F has no slope
+    assert (tmp_path / "lm-facts" / "lm_w_vs_f.png").stat().st_size > 0
 
     edit = engine.run("editing", tmp_path, scale="tiny", quiet=True).summary
     assert [r["altered"] for r in edit["table"]] == [7, 3, 2]
@@ -168,3 +173,35 @@ def test_lm_and_editing_experiments_on_the_engine(tmp_path):
             score = row[method]
             assert 0 <= score["harmonic"] <= score["geometric"] + 1e-12 <= 1 + 1e-12  # HM <= GM
     assert "geometric" in edit["claims"]["000-fig4-editing"]["ours"]
+
+
+def test_smallest_size_doubles_then_bisects():
+    from factkernels.transformer.scaling import smallest_size
+
+    tried = []
+    usable = lambda size: tried.append(size) or size >= 37  # noqa: E731
+    assert smallest_size(usable, 8, max_size=1024, resolution=1.05) == 37
+    assert tried[:4] == [8, 16, 32, 64] and tried[-1] in (37, 38)
+    tried.clear()
+    assert smallest_size(usable, 512, max_size=1024, resolution=1.25, floor=4) <= 1.25 * 37  # usable start: down
+    assert smallest_size(lambda s: False, 8, max_size=20, resolution=2.0) is None
+    with pytest.raises(ValueError, match="resolution"):
+        smallest_size(usable, 8, max_size=64, resolution=1.0)
+
+
+def test_lm_usable_size_searches_the_gd_expert_width():
+    from factkernels.transformer.scaling import lm_usable_size
+
+    task = AuthorsBooks.build(8)
+    train = lm.LMTrainConfig(steps=60, batch_size=32, lr=1e-2)
+    point = lm_usable_size(task, dim=16, seeds=[0], train=train, start=2, max_size=16, resolution=2.0, target=0.9,
+                           progress=False)
+    widths = [t["size"] for t in point.trace]
+    assert widths[:2] == [2, 4] and len(set(widths)) == len(widths)
+    for t in point.trace:  # an expert that cannot decode its facts is not put into an LM
+        run = t["runs"][0]
+        assert (run["value_accuracy"] is None) == (run["capacity"] < 0.9)
+        assert t["usable"] == (run["value_accuracy"] is not None and run["value_accuracy"] > 0.9)
+    if point.size is not None:
+        assert point.accuracy > 0.9 and point.parameters == next(t["parameters"] for t in point.trace
+                                                                  if t["size"] == point.size)

@@ -7,7 +7,7 @@
 
 Cells: ssfr has one cell per transformer variant (seed modifications, vanilla block: best of the
 seeds and learning rates) and one per F of the W-vs-F search; usability one per (κ, α); lm-facts
-one per (F, expert, pool); editing one per GD expert width (F and the paper's parameters per fact): train the LM,
+one per (F, expert, pool) and one per F of the LM W-vs-F search (Fig. 9a); editing one per GD expert width (F and the paper's parameters per fact): train the LM,
 then every split and editor.
 The quick grids train ~0.1M sequences at lr 1e-2 instead of the seed's 4.8M at 2e-4 (see each
 finding's setting).
@@ -24,7 +24,7 @@ from ..construct import construct
 from ..mlp import FactMLP
 from ..transformer.editing import SEED_SPLITS, compare_editors, make_split, scaled_split
 from ..transformer.lm import AuthorsBooks, LMTrainConfig, evaluate, random_facts, trained_lm
-from ..transformer.scaling import SEED_DIM, SEED_FACTS, SEED_SEEDS, TARGET, usable_size
+from ..transformer.scaling import SEED_DIM, SEED_FACTS, SEED_SEEDS, TARGET, lm_usable_size, usable_size
 from ..transformer.ssfr import SSFRTask
 from ..transformer.training import SEED_LR, SEED_SEQUENCES, build_fact_mlp, run_fact_adaptive
 from ..transformer.usability import SEED_ALPHAS, SEED_KAPPAS, SEED_LRS, run_usability, spearman
@@ -151,11 +151,12 @@ def _summarize_ssfr(cells: list[engine.Cell]) -> dict:
             "claims": claims}
 
 
-def _plot_ssfr(summary: dict, cells: list[engine.Cell]) -> dict:
+def _plot_w_vs_f(points: list[dict], title: str):
+    """Smallest usable MLP parameters W against facts F (log-log), with an F log F guide through the first point."""
     from .plotting import panels
 
     fig, (ax,) = panels(1, width=5, height=4)
-    found = [p for p in summary["scaling"] if p["parameters"]]
+    found = [p for p in points if p["parameters"]]
     if found:
         facts = [p["num_facts"] for p in found]
         params = [p["parameters"] for p in found]
@@ -163,8 +164,12 @@ def _plot_ssfr(summary: dict, cells: list[engine.Cell]) -> dict:
         reference = [f * math.log(f) for f in facts]  # information-theoretic W ~ F log F, through the first point
         ax.loglog(facts, [r * params[0] / reference[0] for r in reference], "k--", label="∝ F log F")
         ax.legend()
-    ax.set(xlabel="facts F", ylabel="MLP parameters W")
-    return {"ssfr_scaling": fig}
+    ax.set(xlabel="facts F", ylabel="MLP parameters W", title=title)
+    return fig
+
+
+def _plot_ssfr(summary: dict, cells: list[engine.Cell]) -> dict:
+    return {"ssfr_scaling": _plot_w_vs_f(summary["scaling"], "SSFR: smallest usable MLP")}
 
 
 engine.register(engine.Experiment(
@@ -276,6 +281,8 @@ LM_CLAIMS = (
           "facts", "new-fact accuracy > 0.99"),
     Claim("000-fig9b-nonfact-ce", "000", "§5.4, Fig. 9b", "swapping the fact MLP barely changes the LM on non-fact "
           "tokens", "~3% rise of non-fact cross-entropy"),
+    Claim("000-fig9a-lm-w-vs-f", "000", "App. A.3.3, Fig. 9a", "the smallest GD fact MLP an LM uses for recall (≥ 99%) "
+          "scales reasonably in facts per parameter", "log-log slope of W vs F about 1"),
 )
 _LM_PAPER = "d = 256, GD (MSE) fact MLPs, up to 16,000 facts × 16 templates, 4.8M sequences"
 
@@ -286,10 +293,26 @@ def _lm_sizes(scale: str) -> dict:
             "seed": {"facts": 4096, "dim": 256, "steps": 20000, "batch_size": 128}}[scale]
 
 
+def _lm_scaling_grid(scale: str) -> list[dict]:
+    """Fig. 9a cells: one W-vs-F search (:func:`lm_usable_size`) per F."""
+    if scale == "tiny":
+        base, facts = {"dim": 16, "steps": 60, "batch_size": 32, "lr": 1e-2, "seeds": [0], "target": 0.9,
+                       "resolution": 2.0, "start": 2, "max_size": 16}, [8]
+    elif scale == "quick":
+        base, facts = {"dim": 32, "steps": 1500, "batch_size": 64, "lr": 1e-2, "seeds": [0], "target": TARGET,
+                       "resolution": 1.5, "start": 8, "max_size": 1024}, [32, 64, 128]
+    else:
+        base, facts = {"dim": 256, "steps": 20000, "batch_size": 128, "lr": LMTrainConfig.lr,
+                       "seeds": list(range(SEED_SEEDS)), "target": TARGET, "resolution": 1.25, "start": 8,
+                       "max_size": 8192}, [256, 512, 1024, 2048, 4096]
+    return [{"part": "scaling", **base, "facts": f} for f in facts]
+
+
 def _lm_grid(scale: str) -> list[dict]:
     experts = ("gd",) if scale == "tiny" else ("gd", "constructed")
-    return [{**_lm_sizes(scale), "expert": e, "pool": 0, "lr": LMTrainConfig.lr, "fact_prior": 0.5, "seed": 0}
-            for e in experts]
+    swaps = [{**_lm_sizes(scale), "expert": e, "pool": 0, "lr": LMTrainConfig.lr, "fact_prior": 0.5, "seed": 0}
+             for e in experts]
+    return swaps + _lm_scaling_grid(scale)
 
 
 def _mlp_summary(mlp) -> dict:
@@ -316,6 +339,11 @@ def _trained(config: dict):
 
 
 def run_lm_cell(config: dict) -> dict:
+    if config.get("part") == "scaling":
+        train = LMTrainConfig(steps=config["steps"], batch_size=config["batch_size"], lr=config["lr"])
+        return lm_usable_size(AuthorsBooks.build(config["facts"]), dim=config["dim"], seeds=config["seeds"],
+                              train=train, start=config["start"], max_size=config["max_size"],
+                              resolution=config["resolution"], target=config["target"], progress=False).to_dict()
     task, model, losses = _trained(config)
     before = evaluate(model, task, task.facts)
     new_facts = random_facts(config["facts"], seed=NEW_FACT_SEED)
@@ -339,7 +367,31 @@ def _lm_setting(cells: list[engine.Cell]) -> str:
             f"sentences, experts {[c.config['expert'] for c in cells]}; paper: {_LM_PAPER}")
 
 
+def _lm_scaling_finding(cells: list[engine.Cell]) -> tuple[list[dict], Finding]:
+    """Fig. 9a: the searched widths per F and the log-log slope of W vs F."""
+    points = sorted((c.result for c in cells), key=lambda p: p["num_facts"])
+    if not points:
+        return [], Finding("-", "", "not run")
+    c0 = cells[0].config
+    found = [p for p in points if p["parameters"]]
+    slope = _loglog_slope([p["num_facts"] for p in found], [p["parameters"] for p in found])
+    ours = ", ".join(f"F={p['num_facts']}: width {p['size']}, W={p['parameters']:,}" for p in found) or "no usable size"
+    setting = (f"F ∈ {[p['num_facts'] for p in points]}, d = {c0['dim']}, value accuracy > {c0['target']} (best of "
+               f"{len(c0['seeds'])} seed(s)), width search ratio {c0['resolution']}, {c0['steps']} AdamW steps of "
+               f"{c0['batch_size']} sentences at lr {c0['lr']}; paper: d = 256, 4 seeds, ≥ 99% usability")
+    if slope is None:
+        return points, Finding(ours, setting, "not run", "needs two F with a usable width")
+    verdict = "partly" if 0.7 <= slope <= 1.6 else "not reproduced"
+    return points, Finding(f"{ours}; slope {slope:.2f}", setting, verdict,
+                           f"{len(found)} F values and a short training run; the paper's figure has no number to "
+                           "compare beyond the trend")
+
+
 def _summarize_lm(cells: list[engine.Cell]) -> dict:
+    scaling, claim_9a = _lm_scaling_finding([c for c in cells if c.config.get("part") == "scaling"])
+    cells = [c for c in cells if c.config.get("part") != "scaling"]
+    if not cells:
+        return {"runs": [], "scaling": scaling, "claims": {"000-fig9a-lm-w-vs-f": claim_9a}}
     runs = [{"expert": c.config["expert"], "facts": c.config["facts"], "pool": c.config["pool"], **c.result}
             for c in cells]
     gd = next((r for r in runs if r["expert"] == "gd"), None)
@@ -383,13 +435,18 @@ def _summarize_lm(cells: list[engine.Cell]) -> dict:
                f"MSE {gd['fact_mlp']['mse']:.2f} per fact), so its outputs sit far from the author embeddings and "
                "the LM leans on the rest of the model to decode them"
                if rise >= 0.1 else ""))
-    return {"runs": runs, "claims": claims}
+    claims["000-fig9a-lm-w-vs-f"] = claim_9a
+    return {"runs": runs, "scaling": scaling, "claims": claims}
 
 
 def _plot_lm(summary: dict, cells: list[engine.Cell]) -> dict:
     from .plotting import panels
 
+    figures = {"lm_w_vs_f": _plot_w_vs_f(summary["scaling"], "LM: smallest usable GD expert")} \
+        if summary.get("scaling") else {}
     runs = summary["runs"]
+    if not runs:
+        return figures
     labels = [f"F={r['facts']} {r['expert']}" for r in runs]
     x = list(range(len(runs)))
     fig, axes = panels(3, width=4.4)
@@ -407,7 +464,7 @@ def _plot_lm(summary: dict, cells: list[engine.Cell]) -> dict:
         axes[2].plot([50 * i for i in range(len(r["loss_every_50"]))], r["loss_every_50"], label=label)
     axes[2].set(xlabel="step", ylabel="training loss", yscale="log", title="training")
     axes[2].legend()
-    return {"lm_facts": fig}
+    return {**figures, "lm_facts": fig}
 
 
 engine.register(engine.Experiment(

@@ -1,4 +1,4 @@
-"""MLP size W vs fact-set size F for usable fact MLPs (seed 000 §5.1, App. A.2.3, Fig. 3a).
+"""MLP size W vs fact-set size F for usable fact MLPs (seed 000 §5.1, App. A.2.3, Fig. 3a; LM: App. A.3.3, Fig. 9a).
 
 For each F, the smallest MLP whose fact-adaptive accuracy exceeds 99% (the best of several
 seeds, as in the seed: 4 seeds, keep the maximum): double the size from a start until it is
@@ -8,6 +8,7 @@ m·⌈1.5F/(d+1)⌉) and the hidden width for GD MLPs; W counts the MLP's parame
 
     point = usable_size(SSFRTask(256, 128, seed=0), "constructed", seeds=[0, 1, 2, 3])
     point.size, point.parameters, point.trace
+    point = lm_usable_size(AuthorsBooks.build(256), dim=256, seeds=[0, 1, 2, 3], train=LMTrainConfig())   # Fig. 9a
 
 A size whose swapped-in MLP stores fewer than 99% of its facts (capacity < target) cannot
 reach the target in practice and is recorded as unusable without training a transformer.
@@ -17,13 +18,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 
 from ..construct import construct
 from ..progress import progress_bar
 from .ssfr import SSFRTask
 from .training import SEED_LR, build_fact_mlp, run_fact_adaptive
+
+if TYPE_CHECKING:
+    from .lm import AuthorsBooks, LMTrainConfig
 
 SEED_DIM = 128  # App. A.2.3
 SEED_FACTS = [2 ** k for k in range(8, 15)]  # F in {2^8, ..., 2^14}
@@ -33,14 +37,15 @@ TARGET = 0.99  # fact-adaptive accuracy > 99%
 
 @dataclass
 class ScalingPoint:
-    """The smallest usable size for one fact set (None if none up to ``max_size``) and every size tried."""
+    """The smallest usable size for one fact set (None if none up to ``max_size``), its accuracy (SSFR:
+    fact-adaptive accuracy; LM: value accuracy) and every size tried."""
 
     num_facts: int
     dim: int
     kind: str
     size: Optional[int]
     parameters: Optional[int]
-    fact_adaptive_accuracy: Optional[float]
+    accuracy: Optional[float]
     trace: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -57,8 +62,6 @@ def usable_size(task: SSFRTask, kind: str = "constructed", *, seeds: Sequence[in
     value, below which facts are lost; for "gd" the seed's default width ⌈F/d⌉·m at m = 8).
     train_options go to :func:`~factkernels.transformer.training.train_ssfr` (steps, batch_size, ...).
     """
-    if not resolution > 1:
-        raise ValueError(f"resolution must be > 1 (ratio of the final bracket), got {resolution!r}")
     keys, values = task.mlp_keys, task.mlp_values
     if start is None:
         start = (construct(keys, values, task.facts, progress=False).report.m if kind == "constructed"
@@ -79,23 +82,83 @@ def usable_size(task: SSFRTask, kind: str = "constructed", *, seeds: Sequence[in
         bar.set_postfix(size=size, faa=result.fact_adaptive_accuracy)
         return ok
 
+    storing = smallest_size(usable, start, max_size=max_size, resolution=resolution,
+                            floor=1 if kind == "gd" else max(1, start // 2))
+    bar.close()
+    if storing is None:
+        return ScalingPoint(task.num_keys, task.dim, kind, None, None, None, trace)
+    best = next(t for t in trace if t["size"] == storing)
+    return ScalingPoint(task.num_keys, task.dim, kind, storing, best["parameters"], best["fact_adaptive_accuracy"],
+                        trace)
+
+
+def smallest_size(usable: Callable[[int], bool], start: int, *, max_size: int, resolution: float,
+                  floor: int = 1) -> Optional[int]:
+    """The smallest size with ``usable(size)``, to within a ratio ``resolution``: double from ``start``
+    until usable (None if ``max_size`` is not), then bisect between the largest unusable and the
+    smallest usable size; a usable ``start`` bisects down towards ``floor`` (a size assumed unusable)."""
+    if not resolution > 1:
+        raise ValueError(f"resolution must be > 1 (ratio of the final bracket), got {resolution!r}")
     failing, size = None, start
     while not usable(size):
         if size >= max_size:
-            bar.close()
-            return ScalingPoint(task.num_keys, task.dim, kind, None, None, None, trace)
+            return None
         failing, size = size, min(2 * size, max_size)
     storing = size
-    if failing is None:  # the start was already usable: bisect down towards the smallest sensible size
-        failing = 1 if kind == "gd" else max(1, start // 2)
+    if failing is None:
+        failing = min(floor, storing)
     while storing / failing > resolution and storing - failing > 1:
         middle = (failing + storing) // 2
         if usable(middle):
             storing = middle
         else:
             failing = middle
+    return storing
+
+
+def lm_usable_size(task: "AuthorsBooks", *, dim: int, seeds: Sequence[int], train: "LMTrainConfig",
+                   start: Optional[int] = None, max_size: int = 8192, resolution: float = 1.25,
+                   target: float = TARGET, progress: bool = True) -> ScalingPoint:
+    """Smallest GD (MSE) fact-expert width whose authors/books LM recalls > ``target`` of its facts
+    (seed 000 App. A.3.3, Fig. 9a): per width and seed, the LM of :func:`~factkernels.transformer.lm.trained_lm`
+    with ``expert="gd"`` of that width, trained by ``train`` (its seed replaced); usable when the best
+    seed's value accuracy (argmax over the vocabulary at the author position, every template) is
+    above ``target``. A width whose expert alone decodes fewer than ``target`` of the facts is
+    recorded as unusable without training the LM. start: default ⌈F/d⌉·8 (as for SSFR)."""
+    from dataclasses import replace
+
+    from .lm import AuthorsLM, evaluate, train_lm
+
+    trace: list[dict] = []
+    bar = progress_bar(desc=f"LM W vs F, F={task.num_facts}", unit="size", enabled=progress, leave=False)
+
+    def usable(width: int) -> bool:
+        runs = []
+        for seed in seeds:
+            model = AuthorsLM(task, expert="gd", expert_hidden=width, dim=dim, seed=seed)
+            expert = model.moe.fact
+            emb = model.fact_embeddings  # (2F, d): books then authors
+            decoded = (expert(emb[:task.num_facts]) @ emb.T).argmax(dim=1)
+            capacity = float((decoded == task.facts + task.num_facts).double().mean())
+            run = {"seed": seed, "capacity": capacity, "value_accuracy": None}
+            if capacity >= target:
+                train_lm(model, task, replace(train, seed=seed), quiet=True)
+                run["value_accuracy"] = evaluate(model, task, task.facts)["value_accuracy"]
+            runs.append(run)
+        accuracies = [r["value_accuracy"] for r in runs if r["value_accuracy"] is not None]
+        best = max(accuracies) if accuracies else None
+        ok = best is not None and best > target
+        trace.append({"size": width, "parameters": expert.num_parameters, "usable": ok, "value_accuracy": best,
+                      "runs": runs})
+        bar.update(1)
+        bar.set_postfix(width=width, accuracy=best)
+        return ok
+
+    start = 8 * math.ceil(task.num_facts / dim) if start is None else start
+    storing = smallest_size(usable, start, max_size=max_size, resolution=resolution)
     bar.close()
+    if storing is None:
+        return ScalingPoint(task.num_facts, dim, "gd", None, None, None, trace)
     best = next(t for t in trace if t["size"] == storing)
-    return ScalingPoint(task.num_keys, task.dim, kind, storing, best["parameters"], best["fact_adaptive_accuracy"],
-                        trace)
+    return ScalingPoint(task.num_facts, dim, "gd", storing, best["parameters"], best["value_accuracy"], trace)
 
