@@ -135,6 +135,25 @@ def test_hooks_capture_the_right_positions_with_padding(tiny_llama, site):
             torch.testing.assert_close(keys[i], expected, rtol=1e-5, atol=1e-5)
 
 
+def test_target_positions_and_margins_match_full_logits(tiny_llama):
+    """Margins from logits at the target positions only equal those read off the full (b, T, vocab) logits."""
+    from factkernels.hf.insert import batch_margins
+
+    model, tok = tiny_llama
+    batch = hf.encode_requests(tok, hf.parse_requests(REQUESTS), with_target=True)
+    rows, positions, tokens = batch.target_positions()
+    assert rows.tolist() == [0, 0, 1, 1, 2, 2] and positions.tolist() == [6, 7, 7, 8, 4, 5]
+    assert tokens.tolist() == [t for i in range(3) for t in batch.target_ids(i)]
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    expected = []
+    for i in range(3):
+        at = logits[i, positions[rows == i]]
+        own = at.gather(1, tokens[rows == i][:, None]).squeeze(1)
+        expected.append(float((own - at.scatter(1, tokens[rows == i][:, None], float("-inf")).amax(1)).min()))
+    torch.testing.assert_close(batch_margins(model, batch, batch_size=2), torch.tensor(expected), rtol=1e-5, atol=1e-5)
+
+
 def test_capture_all_tokens_of_texts(tiny_llama):
     model, tok = tiny_llama
     ids, mask = hf.encode_texts(tok, ["the old house", "music and rain in the city"])

@@ -59,6 +59,14 @@ class PromptBatch:
         start = int(self.prompt_last[i]) + 1
         return self.input_ids[i, start:start + int(self.target_len[i])].tolist()
 
+    def target_positions(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every target token, flattened: (rows, positions, tokens), each (target_len.sum(),) long; the
+        logits at (rows, positions) predict ``tokens`` (teacher-forced)."""
+        rows = torch.repeat_interleave(torch.arange(len(self)), self.target_len)
+        offsets = torch.cat([torch.arange(int(n)) for n in self.target_len]) if len(self) else rows
+        positions = self.prompt_last[rows] + offsets
+        return rows, positions, self.input_ids[rows, positions + 1]
+
 
 def _require_fast(tok: Any) -> None:
     if not getattr(tok, "is_fast", False):
@@ -141,10 +149,27 @@ def model_device(model: Any) -> torch.device:
     return next(model.parameters()).device
 
 
+def final_hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden states (b, T, d), after the final norm, without the unembedding:
+    callers apply ``model.lm_head`` only where they need logits (it costs ~20 % of a forward per position)."""
+    device = model_device(model)
+    return model.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                       use_cache=False).last_hidden_state
+
+
+def logits_at(model: Any, hidden: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Float logits (n, vocab) at (rows, positions) of ``hidden`` (b, T, d)."""
+    return model.lm_head(hidden[rows.to(hidden.device), positions.to(hidden.device)]).float()
+
+
+class _Captured(Exception):
+    """Raised by a capture hook once it holds its input: the rest of the forward is skipped."""
+
+
 @torch.no_grad()
 def capture(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int, *, site: str = "mlp_in",
             positions: Optional[torch.Tensor] = None, batch_size: int = 64) -> torch.Tensor:
-    """Inputs of ``site`` at ``layer`` for right-padded batches.
+    """Inputs of ``site`` at ``layer`` for right-padded batches (the forward stops there).
 
     input_ids, attention_mask: (n, T). positions: (n,) long -> returns (n, width) (one
     position per row); None -> every real token, (attention_mask.sum(), width) in row-major
@@ -152,19 +177,30 @@ def capture(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, l
     """
     module = site_module(model, layer, site)
     device = model_device(model)
-    out = []
-    with record_inputs(module) as seen:
+    out, seen = [], []
+
+    def stop(_module: Any, args: tuple) -> None:
+        seen.append(args[0].detach())
+        raise _Captured
+
+    handle = module.register_forward_pre_hook(stop)
+    try:
         for start in range(0, input_ids.shape[0], batch_size):
             ids = input_ids[start:start + batch_size].to(device)
             mask = attention_mask[start:start + batch_size].to(device)
             seen.clear()
-            model(input_ids=ids, attention_mask=mask, use_cache=False)
+            try:
+                model.model(input_ids=ids, attention_mask=mask, use_cache=False)
+            except _Captured:
+                pass
             hidden = seen[0]  # (b, T, width)
             if positions is None:
                 out.append(hidden[mask.bool()])
             else:
                 pos = positions[start:start + batch_size].to(device)
                 out.append(hidden[torch.arange(hidden.shape[0], device=device), pos])
+    finally:
+        handle.remove()
     return torch.cat(out)
 
 

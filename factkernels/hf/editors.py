@@ -40,7 +40,7 @@ import torch.nn.functional as F_nn
 from ..progress import progress_bar
 
 from ..transformer.editing import alphaedit_update, memit_update, null_space_projector, rome_update
-from .capture import PromptBatch, capture, encode_requests, model_device
+from .capture import PromptBatch, capture, encode_requests, final_hidden, logits_at, model_device
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
 from .statistics import key_second_moments
@@ -117,24 +117,16 @@ def _layer_output(out: Any) -> torch.Tensor:
 def _target_nll(model: Any, batch: PromptBatch) -> torch.Tensor:
     """Mean NLL (n,) of each row's target tokens given its prompt (logits only where needed)."""
     device = model_device(model)
-    hidden = model.model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                         use_cache=False).last_hidden_state
-    rows = torch.repeat_interleave(torch.arange(len(batch)), batch.target_len)
-    offsets = torch.cat([torch.arange(int(n)) for n in batch.target_len])
-    positions = batch.prompt_last[rows] + offsets  # logits here predict target token `offsets`
-    logits = model.lm_head(hidden[rows.to(device), positions.to(device)])
-    targets = batch.input_ids[rows, positions + 1].to(device)
-    token_nll = F_nn.cross_entropy(logits.float(), targets, reduction="none")
+    rows, positions, targets = batch.target_positions()
+    logits = logits_at(model, final_hidden(model, batch.input_ids, batch.attention_mask), rows, positions)
+    token_nll = F_nn.cross_entropy(logits, targets.to(device), reduction="none")
     return torch.zeros(len(batch), device=device).index_add(0, rows.to(device), token_nll) / batch.target_len.to(device)
 
 
 def _last_log_probs(model: Any, batch: PromptBatch) -> torch.Tensor:
     """Next-token log-probabilities (n, vocab) after each row's prompt."""
-    device = model_device(model)
-    hidden = model.model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                         use_cache=False).last_hidden_state
-    last = hidden[torch.arange(len(batch), device=device), batch.prompt_last.to(device)]
-    return F_nn.log_softmax(model.lm_head(last).float(), dim=-1)
+    hidden = final_hidden(model, batch.input_ids, batch.attention_mask)
+    return F_nn.log_softmax(logits_at(model, hidden, torch.arange(len(batch)), batch.prompt_last), dim=-1)
 
 
 def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: int, *, steps: int, lr: float,

@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from .capture import encode_requests, encode_texts, model_device, pad_id, pad_right
+from .capture import encode_requests, encode_texts, final_hidden, logits_at, model_device, pad_id, pad_right
 from .insert import batch_margins
 from .requests import Request, parse_requests
 
@@ -49,11 +49,10 @@ class Reference:
 def _prompt_last_logits(model: Any, tok: Any, prompts: Sequence[str], batch_size: int) -> torch.Tensor:
     """Next-token logits after each prompt: (n, vocab)."""
     rows = [tok(p)["input_ids"] for p in prompts]
-    device, out = model_device(model), []
+    out = []
     for start in range(0, len(rows), batch_size):
         ids, mask = pad_right(rows[start:start + batch_size], pad_id(tok))
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-        out.append(logits[torch.arange(len(ids)), mask.sum(1).to(device) - 1].float().cpu())
+        out.append(logits_at(model, final_hidden(model, ids, mask), torch.arange(len(ids)), mask.sum(1) - 1).cpu())
     return torch.cat(out)
 
 

@@ -37,7 +37,7 @@ from ..progress import progress_bar
 
 from ..encoder import assemble, build_shared_gate
 from ..mlp import FactMLP
-from .capture import PromptBatch, capture, encode_requests, encode_texts, model_device
+from .capture import PromptBatch, capture, encode_requests, encode_texts, final_hidden, logits_at, model_device
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
 from .units import AppendedUnits, append_units
@@ -76,23 +76,15 @@ def key_positions(batch: PromptBatch, position: str) -> KeySet:
     return KeySet(row, torch.tensor(positions), row.clone(), torch.tensor(tokens))
 
 
-def target_margins(logits: torch.Tensor, batch: PromptBatch) -> torch.Tensor:
-    """Per request: min over its target tokens of (target logit − best other logit); > 0 iff greedy decoding
-    produces the whole target. logits: (n, T, vocab) of the prompt+target batch -> (n,)."""
-    out = torch.empty(len(batch))
-    for i in range(len(batch)):
-        start, ids = int(batch.prompt_last[i]), torch.tensor(batch.target_ids(i))
-        rows = logits[i, start:start + len(ids)].float()
-        own = rows.gather(1, ids[:, None].to(rows.device)).squeeze(1)
-        other = rows.scatter(1, ids[:, None].to(rows.device), float("-inf")).amax(1)
-        out[i] = (own - other).min()
-    return out
-
-
 def _token_margin(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """logits (n, vocab), tokens (n,) -> (n,) target logit minus best other."""
     own = logits.gather(1, tokens[:, None]).squeeze(1)
     return own - logits.scatter(1, tokens[:, None], float("-inf")).amax(1)
+
+
+def _fact_min(values: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
+    """Per request (n,): the minimum of ``values`` over its target tokens (``rows`` says whose)."""
+    return torch.full((n,), float("inf"), device=values.device).scatter_reduce(0, rows, values, "amin")
 
 
 @torch.no_grad()
@@ -143,13 +135,13 @@ def optimise_deltas(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *,
         for _ in bar:
             opt.zero_grad()
             if head_only:
-                logits = lm_head(norm(residual + delta))
-                per_key = _token_margin(logits.detach(), tokens)
-                fact_margin = torch.full((len(batch),), float("inf"), device=device).scatter_reduce(
-                    0, keys.fact.to(device), per_key, "amin")
-                loss_each = F_nn.cross_entropy(logits, tokens, reduction="none")
-                active = (per_key < margin).float()
-                loss = (loss_each * active).sum()
+                with torch.no_grad():
+                    per_key = _token_margin(lm_head(norm(residual + delta)), tokens)
+                fact_margin = _fact_min(per_key, keys.fact.to(device), len(batch))
+                # the gradient only through the keys still below the margin (most are done after a few steps)
+                active = (per_key < margin).nonzero().flatten()
+                logits = lm_head(norm(residual[active] + delta[active]))
+                loss = F_nn.cross_entropy(logits, tokens[active], reduction="sum")
             else:
                 fact_margin, loss = _full_model_step(model, mlp, batch, keys, delta, margin, batch_size)
             history.append(float(fact_margin.min()))
@@ -167,7 +159,8 @@ def optimise_deltas(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *,
 
 def _full_model_step(model: Any, mlp: Any, batch: PromptBatch, keys: KeySet, delta: torch.Tensor, margin: float,
                      batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One loss evaluation with δ added by a forward hook; backward happens in the caller's graph."""
+    """One loss evaluation with δ added by a forward hook; backward happens in the caller's graph.
+    Returns each fact's margin (n,) and the summed target cross-entropy of the facts below ``margin``."""
     device = delta.device
     margins, total = [], torch.zeros((), device=device)
     for start in range(0, len(batch), batch_size):
@@ -182,15 +175,16 @@ def _full_model_step(model: Any, mlp: Any, batch: PromptBatch, keys: KeySet, del
 
         handle = mlp.register_forward_hook(add_delta)
         try:
-            logits = model(input_ids=sub.input_ids.to(device), attention_mask=sub.attention_mask.to(device)).logits
+            hidden = final_hidden(model, sub.input_ids, sub.attention_mask)
         finally:
             handle.remove()
-        m = target_margins(logits.detach(), sub).to(device)
+        t_rows, t_pos, t_tokens = sub.target_positions()
+        t_rows, t_tokens = t_rows.to(device), t_tokens.to(device)
+        logits = logits_at(model, hidden, t_rows, t_pos)
+        m = _fact_min(_token_margin(logits.detach(), t_tokens), t_rows, len(sub))
         margins.append(m)
-        for i in range(len(sub)):
-            if m[i] < margin:
-                p0, ids = int(sub.prompt_last[i]), torch.tensor(sub.target_ids(i), device=device)
-                total = total + F_nn.cross_entropy(logits[i, p0:p0 + len(ids)], ids, reduction="sum")
+        below = (m < margin)[t_rows]
+        total = total + (F_nn.cross_entropy(logits, t_tokens, reduction="none") * below).sum()
     return torch.cat(margins), total
 
 
@@ -405,11 +399,13 @@ def _capture_at(model: Any, batch: PromptBatch, layer: int, keys: KeySet, batch_
 
 @torch.no_grad()
 def batch_margins(model: Any, batch: PromptBatch, batch_size: int) -> torch.Tensor:
-    """Teacher-forced target margins (see :func:`target_margins`) of every row of ``batch``, in slices. (n,)"""
-    device, out = model_device(model), []
+    """Teacher-forced target margins of every row of ``batch``, in slices: per request, the min over its
+    target tokens of (target logit − best other logit); > 0 iff greedy decoding produces the whole
+    target. Logits only at the target positions. (n,)"""
+    out = []
     for start in range(0, len(batch), batch_size):
-        sl = slice(start, start + batch_size)
-        sub = batch.rows(sl)
-        logits = model(input_ids=sub.input_ids.to(device), attention_mask=sub.attention_mask.to(device)).logits
-        out.append(target_margins(logits, sub))
+        sub = batch.rows(slice(start, start + batch_size))
+        rows, positions, tokens = sub.target_positions()
+        logits = logits_at(model, final_hidden(model, sub.input_ids, sub.attention_mask), rows, positions)
+        out.append(_fact_min(_token_margin(logits, tokens.to(logits.device)), rows.to(logits.device), len(sub)).cpu())
     return torch.cat(out)
