@@ -1,6 +1,6 @@
 """Facts into the packaged SmolLM2-135M by construction: efficacy, paraphrase, neighborhood, text ppl/KL.
 
-    python benchmarks/hf_insert.py --facts 10 100 [--gate detector] [--sharpness 100 --threshold 0.92]
+    python benchmarks/hf_insert.py --facts 10 100 [--gate detector] [--sharpness 100 --threshold 0.92] [--adaptive-threshold]
 
 One JSON per setting under benchmarks/results/hf/ (skipped when it exists: resumable). The shipped
 text's "stats" split is the insertion's background; its held-out "eval" split is scored (never seen
@@ -25,6 +25,8 @@ def main() -> None:
     parser.add_argument("--gate", default="detector", choices=["detector", "generic"])
     parser.add_argument("--sharpness", type=float, default=100.0)
     parser.add_argument("--threshold", type=float, default=0.92)
+    parser.add_argument("--adaptive-threshold", action="store_true",
+                        help="per-unit thresholds above --threshold, halfway to the key (hf.insert.detector_mlp)")
     parser.add_argument("--contrast", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default="smollm2-135m")
@@ -36,7 +38,7 @@ def main() -> None:
     model, tok = hf.load(args.model)
     for n in args.facts:
         path = Path(args.out) / (f"insert_{args.gate}_n{n}_s{args.sharpness:g}_t{args.threshold:g}"
-                                 f"_c{args.contrast}_seed{args.seed}.json")
+                                 f"{'_adaptive' if args.adaptive_threshold else ''}_c{args.contrast}_seed{args.seed}.json")
         if path.exists():
             print(f"{path} exists, skipped")
             continue
@@ -46,8 +48,8 @@ def main() -> None:
                              neighborhood=facts.neighborhood, texts=scored, reference=ref)
         start = time.perf_counter()
         ins = hf.insert_facts(model, tok, facts.requests, gate=args.gate, background=background,
-                              sharpness=args.sharpness, threshold=args.threshold, contrast=args.contrast,
-                              seed=args.seed)
+                              sharpness=args.sharpness, threshold=args.threshold,
+                              adaptive_threshold=args.adaptive_threshold, contrast=args.contrast, seed=args.seed)
         insert_seconds = time.perf_counter() - start
         after = hf.evaluate(model, tok, facts.requests, paraphrases=facts.paraphrases,
                             neighborhood=facts.neighborhood, texts=scored, reference=ref)

@@ -145,3 +145,26 @@ def test_cli_insert_writes_a_stock_checkpoint_and_report(fresh_tiny, tmp_path, c
     edited, edited_tok = hf.load(tmp_path / "edited")
     assert hf.evaluate(edited, edited_tok, REQUESTS[:2])["efficacy"] == 1.0
     assert "wrote" in capsys.readouterr().out
+
+
+def test_adaptive_threshold_silences_background_near_a_key():
+    """A background state scoring 0.95 on a unit (its key scores 1) fires it under the fixed threshold 0.92;
+    the adaptive threshold (halfway to the key) keeps it near silent, and every key still gets its δ."""
+    from factkernels.hf.insert import MAX_THRESHOLD, detector_mlp
+
+    gen = torch.Generator().manual_seed(0)
+    keys = torch.randn(6, 16, generator=gen, dtype=torch.float64)
+    deltas = torch.randn(6, 16, generator=gen, dtype=torch.float64)
+    background = torch.randn(400, 16, generator=gen, dtype=torch.float64)
+    mu = background.mean(0)
+    near = mu + 0.95 * (keys[2] - mu)  # s_2 is affine with s_2(mu) = 0, s_2(key 2) = 1: scores ~0.95
+    background = torch.cat([background, near[None]])
+    fixed, stats_fixed = detector_mlp(keys.float(), deltas.float(), background.float())
+    adaptive, stats = detector_mlp(keys.float(), deltas.float(), background.float(), adaptive_threshold=True)
+    assert stats["units_threshold_raised"] >= 1 and stats_fixed["units_threshold_raised"] == 0
+    assert 0.92 < stats["threshold_mean"] <= MAX_THRESHOLD
+    for mlp in (fixed, adaptive):  # every key still gets its delta
+        torch.testing.assert_close(mlp(keys.float()), deltas.float(), rtol=1e-3, atol=1e-3)
+    unit2 = lambda mlp: float(torch.nn.functional.silu(near.float() @ mlp.gate_weight[2] + mlp.gate_bias[2]))  # noqa: E731
+    assert unit2(fixed) > 2.0 and abs(unit2(adaptive)) < 0.3
+    assert stats["background_tokens_firing"] < stats_fixed["background_tokens_firing"]

@@ -212,11 +212,19 @@ def contrast_states(model: Any, tok: Any, requests: Sequence[Request], layer: in
     return torch.cat(out)
 
 
+# Highest per-unit threshold of the adaptive gate: its key still scores 1 > τ, so it fires (silu(β(1 − τ))).
+MAX_THRESHOLD = 0.98
+
+
 def detector_mlp(keys: torch.Tensor, deltas: torch.Tensor, background: torch.Tensor, *, sharpness: float = 100.0,
-                 threshold: float = 0.92, ridge: float = 1e-2) -> tuple[FactMLP, dict]:
+                 threshold: float = 0.92, adaptive_threshold: bool = False,
+                 ridge: float = 1e-2) -> tuple[FactMLP, dict]:
     """One hidden unit per key with a whitened matched-filter gate (see the module docstring).
 
     keys (n, d), deltas (n, d), background (N, d) -> FactMLP with hidden n, in float32, and stats.
+    adaptive_threshold: raise unit i's τ_i above ``threshold`` to halfway between the highest score of a
+        background state b_i and its key's score 1 (capped at :data:`MAX_THRESHOLD`), the largest margin
+        along its filter, so background states that come close to a key stay silent.
     ridge: Σ + ridge·mean(diag Σ)·I keeps the whitening well posed with few background tokens.
     """
     work = torch.float64
@@ -229,17 +237,21 @@ def detector_mlp(keys: torch.Tensor, deltas: torch.Tensor, background: torch.Ten
     diff = k - mu  # (n, d)
     w = torch.cholesky_solve(diff.T, chol).T  # Σ⁻¹(k − μ): (n, d)
     w = w / (w * diff).sum(1, keepdim=True)  # s_i(k_i) = 1
+    scores = centred @ w.T  # background scores s_i(x): (N, n)
+    tau = torch.full((w.shape[0],), float(threshold), dtype=work, device=w.device)
+    if adaptive_threshold:
+        tau = torch.maximum(tau, (1.0 + scores.amax(0)) / 2).clamp(max=max(MAX_THRESHOLD, threshold))
     gate_w = sharpness * w
-    gate_b = -sharpness * (w @ mu + threshold)
+    gate_b = -sharpness * (w @ mu + tau)
     phi = F_nn.silu(k @ gate_w.T + gate_b)  # (n keys, n units): phi[j, i] = unit i at key j
     down = torch.linalg.solve(phi, deltas.to(work))  # (n units, d): phi @ down = deltas
-    scores = centred @ w.T  # background scores s_i(x): (N, n)
     n, d = keys.shape
     mlp = FactMLP(gate_w.float(), gate_b.float(), torch.zeros(n, d), torch.ones(n), down.T.float().contiguous(), None)
     stats = {"key_condition": float(torch.linalg.cond(phi)),
              "background_score_mean": float(scores.mean()), "background_score_std": float(scores.std()),
              "background_score_max": float(scores.max()),
-             "background_tokens_firing": float((scores > threshold).any(1).double().mean())}
+             "background_tokens_firing": float((scores > tau).any(1).double().mean()),
+             "threshold_mean": float(tau.mean()), "units_threshold_raised": int((tau > threshold).sum())}
     return mlp.to(keys.device), stats
 
 
@@ -312,8 +324,9 @@ class Insertion:
 def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Request, dict]]], *,
                  layer: Optional[int] = None, position: str = "target", gate: str = "detector",
                  background: Optional[Sequence[str]] = None, margin: float = 3.0, value_steps: int = 60,
-                 value_lr: float = 0.5, contrast: int = 2, sharpness: float = 100.0, threshold: float = 0.92, seed: int = 0,
-                 batch_size: int = 32, progress: bool = True) -> Insertion:
+                 value_lr: float = 0.5, contrast: int = 2, sharpness: float = 100.0, threshold: float = 0.92,
+                 adaptive_threshold: bool = False, seed: int = 0, batch_size: int = 32,
+                 progress: bool = True) -> Insertion:
     """Insert facts by appending constructed hidden units to one layer's MLP (in place).
 
     requests: dicts/Requests or a .json/.csv path (see :func:`factkernels.hf.parse_requests`).
@@ -324,6 +337,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     contrast: rounds of contrast states — each request's prompt (and target) with another request's
         subject, at the key positions — added to the background: same template, other subject, so the
         detectors learn what distinguishes the subject rather than the template (0 turns it off).
+    sharpness, threshold, adaptive_threshold: the detector gate's (see :func:`detector_mlp`).
     Returns an :class:`Insertion`; raises ValueError for bad requests, layer or options.
     """
     start_time = time.perf_counter()
@@ -360,7 +374,8 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
 
     t = time.perf_counter()
     if gate == "detector":
-        fact_mlp, construction = detector_mlp(keys, deltas, bg, sharpness=sharpness, threshold=threshold)
+        fact_mlp, construction = detector_mlp(keys, deltas, bg, sharpness=sharpness, threshold=threshold,
+                                              adaptive_threshold=adaptive_threshold)
     else:
         fact_mlp, construction = generic_mlp(keys, deltas, bg, seed=seed)
     with torch.no_grad():
