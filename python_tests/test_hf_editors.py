@@ -115,6 +115,22 @@ def test_reused_targets_give_the_same_edit_and_are_checked(llama, tmp_path, monk
     assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
 
 
+def test_residual_targets_train_each_fact_on_its_own(llama):
+    """Facts stop at their own early-stop step and only the others keep running: δ trained for all requests
+    in one chunk equals δ trained one request at a time (and a fact that stopped keeps the δ it stopped with)."""
+    model, tok = llama
+    requests = hf.parse_requests(REQUESTS + [{"prompt": "the novel {} is by", "subject": "dune",
+                                              "target_new": "mary shelley"}])
+    settings = dict(steps=40, lr=0.5, weight_decay=0.0, clamp_norm=1e3, clamp_to="layer", kl_factor=0.05,
+                    early_stop=3.5, progress=False)
+    together = residual_targets(model, tok, requests, 1, chunk=3, **settings)
+    alone = [residual_targets(model, tok, [r], 1, chunk=1, **settings) for r in requests]
+    torch.testing.assert_close(together.delta, torch.cat([a.delta for a in alone]), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(together.nll_after, torch.cat([a.nll_after for a in alone]), rtol=1e-4, atol=1e-4)
+    stopped = together.nll_after < 3.5
+    assert bool(stopped.any()) and not bool(stopped.all())  # some facts stopped early, others ran every step
+
+
 def test_alphaedit_with_an_empty_null_space_changes_nothing(llama, tmp_path):
     model, tok = llama
     stats = key_second_moments(model, tok, [0, 1], texts=TEXTS, cache_dir=tmp_path)

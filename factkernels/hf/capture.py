@@ -50,10 +50,12 @@ class PromptBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def rows(self, sl: slice) -> "PromptBatch":
-        """The requests in ``sl`` as their own batch."""
-        return PromptBatch(self.input_ids[sl], self.attention_mask[sl], self.subject_last[sl], self.prompt_last[sl],
-                           self.target_len[sl])
+    def rows(self, sl: "slice | torch.Tensor") -> "PromptBatch":
+        """The requests in ``sl`` (a slice or an index tensor) as their own batch, trimmed to their widest row."""
+        mask = self.attention_mask[sl]
+        width = int(mask.sum(1).max()) if mask.shape[0] else 0
+        return PromptBatch(self.input_ids[sl][:, :width], mask[:, :width], self.subject_last[sl],
+                           self.prompt_last[sl], self.target_len[sl])
 
     def target_ids(self, i: int) -> list[int]:
         start = int(self.prompt_last[i]) + 1

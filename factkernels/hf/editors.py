@@ -168,18 +168,22 @@ def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: i
             kept = torch.zeros_like(mlp_out)
             opt = torch.optim.Adam([delta], lr=lr)
             for _ in range(steps):
-                with _add_at(mlp, rows, where, delta):
-                    nll = _target_nll(model, facts)
-                loss = nll + weight_decay * delta.pow(2).sum(1) / ref_norm.squeeze(1).pow(2)
+                # facts are independent rows: only those not yet below early_stop run (same result, less work)
+                act = (~done).nonzero().flatten()
+                here = torch.arange(len(act), device=device)
+                d_act = delta[act]
+                with _add_at(mlp, here, where[act], d_act):
+                    nll = _target_nll(model, facts.rows(act.cpu()))
+                loss = nll + weight_decay * d_act.pow(2).sum(1) / ref_norm[act].squeeze(1).pow(2)
                 if base_log_probs is not None:
-                    with _add_at(mlp, rows, essence.subject_last.to(device), delta):
-                        log_probs = _last_log_probs(model, essence)
-                    kl = F_nn.kl_div(log_probs, base_log_probs, log_target=True, reduction="none").sum(1)
+                    with _add_at(mlp, here, essence.subject_last[act.cpu()].to(device), d_act):
+                        log_probs = _last_log_probs(model, essence.rows(act.cpu()))
+                    kl = F_nn.kl_div(log_probs, base_log_probs[act], log_target=True, reduction="none").sum(1)
                     loss = loss + kl_factor * kl
                 with torch.no_grad():  # facts already below early_stop keep the δ that got them there
-                    newly = ~done & (nll < early_stop) if early_stop is not None else torch.zeros_like(done)
+                    newly = act[nll < early_stop] if early_stop is not None else act[:0]
                     kept[newly] = delta[newly]
-                    done |= newly
+                    done[newly] = True
                 if bool(done.all()):
                     break
                 opt.zero_grad(set_to_none=True)
