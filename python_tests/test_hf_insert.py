@@ -101,6 +101,32 @@ def test_subject_keys_sit_at_the_subject(fresh_tiny):
     ins.remove()
 
 
+def test_full_model_values_keep_each_fact_once_it_reaches_the_margin(fresh_tiny, monkeypatch):
+    """Through the model (target keys below the last layer), facts that reach the margin stop running and keep
+    their δ; the rest train on: every fact ends at the margin and later steps run fewer prompts."""
+    import factkernels.hf.insert as insert
+
+    transformers = pytest.importorskip("transformers")
+    base, tok = fresh_tiny  # larger random weights (as in the editors' tests) let δ at the subject get through
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(base.config.__class__(**{**base.config.to_dict(),
+                                                                    "initializer_range": 0.2})).eval()
+    batch = hf.encode_requests(tok, hf.parse_requests(REQUESTS), with_target=True)
+    keys = insert.key_positions(batch, "target")  # not the last layer: the full-model path
+    ran = []
+    real = insert._full_model_step
+    monkeypatch.setattr(insert, "_full_model_step", lambda *a: ran.append(len(a[-1])) or real(*a))
+    delta, info = insert.optimise_deltas(model, batch, 1, keys, margin=1.0, steps=80, progress=False)
+    assert info["value_path"] == "model" and info["value_min_margin"] >= 1.0
+    assert ran[0] == 4 and ran[-1] < 4 and ran == sorted(ran, reverse=True)
+    add = lambda _m, _a, out: out + torch.zeros_like(out).index_put((keys.row, keys.position), delta)  # noqa: E731
+    handle = model.model.layers[1].mlp.register_forward_hook(add)
+    try:  # the returned δ gives every fact its margin
+        assert float(insert.batch_margins(model, batch, 8).min()) >= 1.0 - 1e-4
+    finally:
+        handle.remove()
+
+
 def test_insert_rejects_bad_arguments(fresh_tiny):
     model, tok = fresh_tiny
     with pytest.raises(ValueError, match=r"layer must be an int in \[0, 3\)"):

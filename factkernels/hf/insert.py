@@ -114,7 +114,8 @@ def optimise_deltas(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *,
     Adam on the cross-entropy of the facts still below the margin, stopping when none is.
 
     Fast path (last layer, target keys): logits = lm_head(norm(r + δ)) with r the residual after the
-    last layer, no model forward per step. Otherwise the model runs with a hook adding δ (ROME's v*).
+    last layer, no model forward per step. Otherwise the model runs with a hook adding δ (ROME's v*), on
+    the prompts of the facts not yet at the margin only: a fact that reaches it keeps that δ.
     """
     model_layers = len(mlp_layers(model))
     device = model_device(model)
@@ -127,6 +128,11 @@ def optimise_deltas(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *,
         tokens = keys.token.to(device)
     mlp = mlp_module(model, layer)
     history = []
+    # full-model path: a fact is done once every target token wins by the margin; its δ is kept from then on
+    # and its prompt no longer runs (facts are independent rows)
+    done = torch.zeros(len(batch), dtype=torch.bool)
+    done_margin = torch.full((len(batch),), float("inf"), device=device)
+    kept = torch.zeros_like(delta)
     bar = progress_bar(range(steps), desc=f"values at layer {layer}", enabled=progress, leave=False)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
@@ -143,13 +149,25 @@ def optimise_deltas(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *,
                 logits = lm_head(norm(residual[active] + delta[active]))
                 loss = F_nn.cross_entropy(logits, tokens[active], reduction="sum")
             else:
-                fact_margin, loss = _full_model_step(model, mlp, batch, keys, delta, margin, batch_size)
+                active = (~done).nonzero().flatten()
+                active_margin, loss = _full_model_step(model, mlp, batch, keys, delta, margin, batch_size, active)
+                fact_margin = done_margin.clone()
+                fact_margin[active.to(device)] = active_margin
+                newly = active[(active_margin >= margin).cpu()]
+                done[newly] = True
+                done_margin[newly.to(device)] = active_margin[(active_margin >= margin)]
+                with torch.no_grad():
+                    finished = done[keys.fact].to(device)
+                    kept[finished] = delta[finished]
             history.append(float(fact_margin.min()))
             bar.set_postfix(min_margin=f"{history[-1]:.2f}")
             if bool((fact_margin >= margin).all()):
                 break
             loss.backward()
             opt.step()
+            if not head_only:
+                with torch.no_grad():
+                    delta[finished] = kept[finished]
     finally:
         for p in params:
             p.requires_grad_(True)
@@ -158,16 +176,19 @@ def optimise_deltas(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *,
 
 
 def _full_model_step(model: Any, mlp: Any, batch: PromptBatch, keys: KeySet, delta: torch.Tensor, margin: float,
-                     batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One loss evaluation with δ added by a forward hook; backward happens in the caller's graph.
-    Returns each fact's margin (n,) and the summed target cross-entropy of the facts below ``margin``."""
+                     batch_size: int, facts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One loss evaluation of the requests ``facts`` (indices into ``batch``) with δ added by a forward hook;
+    backward happens in the caller's graph. Returns their margins (len(facts),) and the summed target
+    cross-entropy of those below ``margin``."""
     device = delta.device
     margins, total = [], torch.zeros((), device=device)
-    for start in range(0, len(batch), batch_size):
-        sl = slice(start, start + batch_size)
-        sub = batch.rows(sl)
-        chosen = ((keys.row >= start) & (keys.row < start + len(sub))).nonzero().flatten()
-        rows, pos = (keys.row[chosen] - start).to(device), keys.position[chosen].to(device)
+    for start in range(0, len(facts), batch_size):
+        chunk = facts[start:start + batch_size]
+        sub = batch.rows(chunk)
+        local = torch.full((len(batch),), -1, dtype=torch.long)
+        local[chunk] = torch.arange(len(chunk))
+        chosen = (local[keys.row] >= 0).nonzero().flatten()
+        rows, pos = local[keys.row[chosen]].to(device), keys.position[chosen].to(device)
 
         def add_delta(_m, _a, out, rows=rows, pos=pos, chosen=chosen):
             add = torch.zeros_like(out)
