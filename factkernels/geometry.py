@@ -666,21 +666,26 @@ def _solve_active_set(
     passes = 1
     # each value's corral (positions in its active list, -1 for none) and weights: the next round starts
     # from the last optimum, which stays feasible because constraints are only appended
-    corral_idx = torch.full((n, 0), -1, dtype=torch.long, device=dev)
+    corral_idx = torch.full((n, 0), -1, dtype=torch.int32, device=dev)  # positions < K: int32 halves the lists
     corral_lam = torch.zeros(n, 0, dtype=torch.float64, device=dev)
     while rows.numel() > 0:
         K = active.shape[1]
-        step = max(1, min(rows.numel(), budget // (8 * (K + 1) * (2 * d + K + 2))))
+        # rows per chunk: the candidate star (K + 1 vectors per row) within the budget, and the corral
+        # solver's buffers (X, the Gram Q and ~4 factorisation copies of it, k <= kc slots per row) within
+        # _CORRAL_BYTES: at d = 256 the latter dominate (kc = 282: ~3.7 MB per row)
+        kc = min(K, d + 1 + n_add)
+        step = max(1, min(rows.numel(), budget // (8 * (K + 1) * (2 * d + K + 2)),
+                          _CORRAL_BYTES // (8 * kc * (d + 5 * kc + 2))))
         dup = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
         parts = []
         for s in range(0, rows.numel(), step):
             rs = rows[s : s + step]
             st = _cand_star(W, rs, active[s : s + step])
-            warm = (corral_idx[s : s + step], corral_lam[s : s + step]) if corral_idx.shape[1] else None
+            warm = (corral_idx[s : s + step].long(), corral_lam[s : s + step]) if corral_idx.shape[1] else None
             u, _, h, part = _solve_chunk(st, W, U[rs], tol=tol, max_iter=max_iter, n_init=n_init, n_add=n_add,
                                          n_fast=n_fast, corral=warm)
             U[rs], hi[rs], dup[s : s + step] = u, torch.minimum(hi[rs], h), st.dup_row
-            parts.append(part)
+            parts.append((part[0].to(torch.int32), part[1]))
         width = max(p[0].shape[1] for p in parts)
         corral_idx = torch.cat([_pad_columns(p[0], width, -1) for p in parts])
         corral_lam = torch.cat([_pad_columns(p[1], width, 0.0) for p in parts])
