@@ -164,6 +164,13 @@ def logits_at(model: Any, hidden: torch.Tensor, rows: torch.Tensor, positions: t
     return model.lm_head(hidden[rows.to(hidden.device), positions.to(hidden.device)]).float()
 
 
+def length_sorted_chunks(lengths: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+    """Row indices in chunks of ``batch_size`` rows of similar length (lengths (n,)): batches of
+    right-padded prompts then carry little padding (results go back by index)."""
+    order = torch.argsort(lengths, stable=True)
+    return list(order.split(batch_size))
+
+
 class _Captured(Exception):
     """Raised by a capture hook once it holds its input: the rest of the forward is skipped."""
 

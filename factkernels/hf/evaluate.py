@@ -25,7 +25,8 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from .capture import encode_requests, encode_texts, final_hidden, logits_at, model_device, pad_id, pad_right
+from .capture import (encode_requests, encode_texts, final_hidden, length_sorted_chunks, logits_at, model_device,
+                      pad_id, pad_right)
 from .insert import batch_margins
 from .requests import Request, parse_requests
 
@@ -49,11 +50,12 @@ class Reference:
 def _prompt_last_logits(model: Any, tok: Any, prompts: Sequence[str], batch_size: int) -> torch.Tensor:
     """Next-token logits after each prompt: (n, vocab)."""
     rows = [tok(p)["input_ids"] for p in prompts]
+    chunks = length_sorted_chunks(torch.tensor([len(r) for r in rows]), batch_size)
     out = []
-    for start in range(0, len(rows), batch_size):
-        ids, mask = pad_right(rows[start:start + batch_size], pad_id(tok))
+    for chunk in chunks:
+        ids, mask = pad_right([rows[i] for i in chunk.tolist()], pad_id(tok))
         out.append(logits_at(model, final_hidden(model, ids, mask), torch.arange(len(ids)), mask.sum(1) - 1).cpu())
-    return torch.cat(out)
+    return torch.cat(out)[torch.argsort(torch.cat(chunks))]  # back to the prompts' order
 
 
 def _text_logprobs(model: Any, tok: Any, texts: Sequence[str], batch_size: int, max_length: int):

@@ -37,7 +37,8 @@ from ..progress import progress_bar
 
 from ..encoder import assemble, build_shared_gate
 from ..mlp import FactMLP
-from .capture import PromptBatch, capture, encode_requests, encode_texts, final_hidden, logits_at, model_device
+from .capture import (PromptBatch, capture, encode_requests, encode_texts, final_hidden, length_sorted_chunks,
+                      logits_at, model_device)
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
 from .units import AppendedUnits, append_units
@@ -438,10 +439,10 @@ def batch_margins(model: Any, batch: PromptBatch, batch_size: int) -> torch.Tens
     """Teacher-forced target margins of every row of ``batch``, in slices: per request, the min over its
     target tokens of (target logit − best other logit); > 0 iff greedy decoding produces the whole
     target. Logits only at the target positions. (n,)"""
-    out = []
-    for start in range(0, len(batch), batch_size):
-        sub = batch.rows(slice(start, start + batch_size))
+    out = torch.empty(len(batch))
+    for chunk in length_sorted_chunks(batch.attention_mask.sum(1), batch_size):
+        sub = batch.rows(chunk)
         rows, positions, tokens = sub.target_positions()
         logits = logits_at(model, final_hidden(model, sub.input_ids, sub.attention_mask), rows, positions)
-        out.append(_fact_min(_token_margin(logits, tokens.to(logits.device)), rows.to(logits.device), len(sub)).cpu())
-    return torch.cat(out)
+        out[chunk] = _fact_min(_token_margin(logits, tokens.to(logits.device)), rows.to(logits.device), len(sub)).cpu()
+    return out
