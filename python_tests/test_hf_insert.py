@@ -42,7 +42,13 @@ def test_insertion_is_old_plus_new_and_removal_is_exact(fresh_tiny, gate):
     ins = hf.insert_facts(model, tok, REQUESTS, layer=layer, gate=gate, background=TEXTS, progress=False)
     mlp = model.model.layers[layer].mlp
     assert mlp.up_proj.out_features == 64 + ins.report.hidden_added == model.config.intermediate_size
-    assert all(m.mlp.down_proj.in_features == model.config.intermediate_size for m in model.model.layers)
+    # only this layer grows in memory; the state dict (what save_pretrained writes) has every layer at the new width
+    assert all(m.mlp.down_proj.in_features == 64 for i, m in enumerate(model.model.layers) if i != layer)
+    state = model.state_dict()
+    assert all(state[f"model.layers.{i}.mlp.down_proj.weight"].shape[1] == model.config.intermediate_size
+               and state[f"model.layers.{i}.mlp.gate_proj.weight"].shape[0] == model.config.intermediate_size
+               for i in range(3))
+    assert not state["model.layers.0.mlp.gate_proj.weight"][64:].any()  # zero units
     with torch.no_grad():
         torch.testing.assert_close(mlp(x), old_out + ins.mlp(x), rtol=1e-5, atol=1e-5)
         # the other layers got zero units only: their outputs are unchanged
@@ -76,6 +82,32 @@ def test_saved_model_loads_in_plain_transformers(fresh_tiny, tmp_path):
     scores = hf.evaluate(loaded, tok, REQUESTS)
     assert scores["efficacy"] == 1.0
     ins.remove()
+
+
+def test_stacked_insertions_save_and_remove_last_in_first_out(fresh_tiny, tmp_path):
+    """Two insertions in different layers: the checkpoint holds both at consistent positions, and removing
+    them in reverse order gives back the original model, state dict and config."""
+    transformers = pytest.importorskip("transformers")
+    model, tok = fresh_tiny
+    before = copy.deepcopy(model.state_dict())
+    first = hf.insert_facts(model, tok, REQUESTS[:2], layer=1, background=TEXTS, progress=False)
+    second = hf.insert_facts(model, tok, REQUESTS[2:], layer=2, background=TEXTS, progress=False)  # after the first
+    width = 64 + first.report.hidden_added + second.report.hidden_added
+    assert model.config.intermediate_size == width
+    assert model.model.layers[2].mlp.up_proj.out_features == width  # padded for real, then its units appended
+    assert model.model.layers[1].mlp.up_proj.out_features == 64 + first.report.hidden_added
+    assert model.model.layers[0].mlp.up_proj.out_features == 64
+    model.save_pretrained(tmp_path)
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(_logits(loaded, tok, PROBE), _logits(model, tok, PROBE), rtol=1e-5, atol=1e-5)
+    assert hf.evaluate(loaded, tok, REQUESTS[2:])["efficacy"] == second.report.efficacy == 1.0
+    with pytest.raises(RuntimeError, match="last in, first out"):
+        first.remove()
+    second.remove()
+    first.remove()
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert model.config.intermediate_size == 64 and not hasattr(model, "_factkernels_padding_hooks")
 
 
 def test_middle_layer_values_through_the_model_and_evaluate(fresh_tiny):
