@@ -4,14 +4,12 @@
 # published and at the 100-step residual step, AlphaEdit lr 0.5 / 100 steps / tol 10, ROME published).
 # Resumable: finished cells are kept.
 set -euo pipefail
-cd "$(dirname "$0")/../../.."
-run() { factkernels experiment real-lm-editing --scale seed --out benchmarks/results/experiments --resume --threads 1 \
-          --quiet --only n_facts=100 "$@"; }
-run --only method=ours --only layer=29 --only position=null
-run --only method=memit --only 'hparams={"mom2_weight": 150.0}'
-run --only method=ours --only layer=5 --only position=subject
-run --only method=alphaedit --only 'hparams={"lr": 0.5, "nullspace_tol": 10.0, "steps": 100}'
-run --only method=rome --only hparams=null
-run --only method=ours --only layer=20 --only position=null
-run --only method=ours --only layer=10 --only position=subject
-run --only method=memit --only 'hparams={"steps": 100, "mom2_weight": 150.0}'
+source "$(dirname "$0")/common.sh"
+run 100 --only method=ours --only layer=29 --only position=null
+run 100 --only method=memit --only 'hparams={"mom2_weight": 150.0}'
+run 100 --only method=ours --only layer=5 --only position=subject
+run 100 --only method=alphaedit --only 'hparams={"lr": 0.5, "nullspace_tol": 10.0, "steps": 100}'
+run 100 --only method=rome --only hparams=null
+run 100 --only method=ours --only layer=20 --only position=null
+run 100 --only method=ours --only layer=10 --only position=subject
+run 100 --only method=memit --only 'hparams={"steps": 100, "mom2_weight": 150.0}'

@@ -3,8 +3,6 @@
 # then MEMIT at its best 10/100-fact setting (λ = 150, published residual step). One thread; about 2.5 h here.
 # Resumable: finished cells are kept.
 set -euo pipefail
-cd "$(dirname "$0")/../../.."
-run() { factkernels experiment real-lm-editing --scale seed --out benchmarks/results/experiments --resume --threads 1 \
-          --quiet --only n_facts=1000 "$@"; }
-run --only method=ours --only layer=29 --only position=null
-run --only method=memit --only 'hparams={"mom2_weight": 150.0}'
+source "$(dirname "$0")/common.sh"
+run 1000 --only method=ours --only layer=29 --only position=null
+run 1000 --only method=memit --only 'hparams={"mom2_weight": 150.0}'
