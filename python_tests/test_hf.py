@@ -163,3 +163,13 @@ def test_capture_all_tokens_of_texts(tiny_llama):
     torch.testing.assert_close(states[:3], alone, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="site must be one of"):
         hf.capture(model, ids, mask, 0, site="attn")
+
+
+def test_capture_several_sites_in_one_forward(tiny_llama):
+    model, tok = tiny_llama
+    ids, mask = hf.encode_texts(tok, ["the old house", "music and rain in the city"])
+    keys, after = hf.capture(model, ids, mask, 0, site=("mlp_in", "block_out"))
+    torch.testing.assert_close(keys, hf.capture(model, ids, mask, 0))
+    with torch.no_grad():
+        hidden = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(after, hidden[1][mask.bool()], rtol=1e-5, atol=1e-5)  # hidden[1]: after layer 0

@@ -5,7 +5,7 @@ import torch
 
 from factkernels import construct
 from factkernels.embeddings import random_fact_set
-from factkernels.incremental import FactBuilder
+from factkernels.incremental import BorderedFactor, FactBuilder
 from factkernels.memory import MemoryBudgetError
 
 
@@ -67,3 +67,24 @@ def test_bad_changes_are_rejected(fact_set):
         builder.add(K[60:61].float(), f[:1])
     with pytest.raises(MemoryBudgetError, match="FactBuilder"):
         FactBuilder(K[:50], V, f[:50], m=32, max_memory=1000)
+
+
+def test_bordered_factor_equals_the_full_cholesky():
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(30, 40, dtype=torch.float64, generator=g)
+    G = A @ A.T + 0.1 * torch.eye(30, dtype=torch.float64)
+    factor = BorderedFactor(torch.linalg.cholesky(G[:20, :20]))
+    factor.border(G[20:26, :20], G[20:26, 20:26])
+    factor.border(G[26:, :26], G[26:, 26:])
+    full = torch.linalg.cholesky(G)
+    assert factor.size == 30 and [p.shape for p in factor.panels] == [(20, 20), (6, 26), (4, 30)]
+    for start, panel in zip(factor.starts, factor.panels):
+        torch.testing.assert_close(panel, full[start:start + panel.shape[0], :panel.shape[1]])
+    rhs = torch.randn(30, 3, dtype=torch.float64, generator=g)
+    y = factor.forward(rhs)
+    torch.testing.assert_close(y, torch.linalg.solve_triangular(full, rhs, upper=False))
+    torch.testing.assert_close(factor.forward(rhs, known=y[:26]), y)
+    torch.testing.assert_close(factor.backward(y), torch.linalg.solve_triangular(full.T, y, upper=True))
+    torch.testing.assert_close(factor.solve(rhs), torch.linalg.solve(G, rhs))
+    with pytest.raises(ValueError, match="panel boundary"):
+        factor.forward(rhs, known=y[:23])

@@ -2,12 +2,15 @@
 
 Batches are right-padded, so every real token keeps its position (and its RoPE phase)
 and causal attention never sees a pad before a real token; ``attention_mask`` marks the
-real tokens. Two capture sites per decoder layer L:
+real tokens. Three capture sites per decoder layer L:
 
 * ``"mlp_in"``: the MLP's input ``post_attention_layernorm(h)`` (d,), what gate/up see —
   the keys of :func:`factkernels.hf.insert_facts`;
 * ``"down_in"``: the down projection's input ``act(gate(x)) * up(x)`` (intermediate,) —
-  the keys of ROME/MEMIT/AlphaEdit.
+  the keys of ROME/MEMIT/AlphaEdit;
+* ``"block_out"``: the residual stream after the whole layer (d,).
+
+Several sites of one layer come from one forward (``site=("mlp_in", "block_out")``).
 
     batch = encode_requests(tok, requests)                                  # PromptBatch
     keys = capture(model, batch.input_ids, batch.attention_mask, layer=8,
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -27,7 +30,7 @@ from torch import nn
 from .layout import mlp_module
 from .requests import Request
 
-SITES = ("mlp_in", "down_in")
+SITES = ("mlp_in", "down_in", "block_out")
 POSITIONS = ("subject_last", "prompt_last")
 
 
@@ -129,10 +132,12 @@ def encode_texts(tok: Any, texts: Sequence[str], *, max_length: int = 128) -> tu
 
 
 def site_module(model: Any, layer: int, site: str) -> nn.Module:
-    """The module whose input is captured at ``site`` of ``layer``."""
+    """The module whose input (output for "block_out") is captured at ``site`` of ``layer``."""
     if site not in SITES:
         raise ValueError(f"site must be one of {SITES}, got {site!r}")
     mlp = mlp_module(model, layer)
+    if site == "block_out":
+        return model.model.layers[layer]
     return mlp if site == "mlp_in" else mlp.down_proj
 
 
@@ -176,23 +181,35 @@ class _Captured(Exception):
 
 
 @torch.no_grad()
-def capture(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int, *, site: str = "mlp_in",
-            positions: Optional[torch.Tensor] = None, batch_size: int = 64) -> torch.Tensor:
-    """Inputs of ``site`` at ``layer`` for right-padded batches (the forward stops there).
+def capture(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int, *,
+            site: Union[str, tuple[str, ...]] = "mlp_in", positions: Optional[torch.Tensor] = None,
+            batch_size: int = 64) -> Union[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """States at ``site`` of ``layer`` for right-padded batches (the forward stops there).
 
     input_ids, attention_mask: (n, T). positions: (n,) long -> returns (n, width) (one
     position per row); None -> every real token, (attention_mask.sum(), width) in row-major
-    order. width = d for "mlp_in", intermediate size for "down_in".
+    order. width = d for "mlp_in" and "block_out", intermediate size for "down_in".
+    A tuple of sites returns one tensor per site, all from the same forwards.
     """
-    module = site_module(model, layer, site)
+    sites = (site,) if isinstance(site, str) else tuple(site)
+    if not sites:
+        raise ValueError("site must name at least one capture site")
+    modules = [site_module(model, layer, s) for s in sites]
+    last = max(SITES.index(s) for s in sites)  # SITES are in forward order: the last one ends the forward
     device = model_device(model)
-    out, seen = [], []
+    out: list[list[torch.Tensor]] = [[] for _ in sites]
+    seen: dict = {}
 
-    def stop(_module: Any, args: tuple) -> None:
-        seen.append(args[0].detach())
-        raise _Captured
+    def hook(name: str):
+        def record(_module: Any, args: tuple, *output: Any) -> None:
+            state = output[0] if output else args[0]
+            seen[name] = (state[0] if isinstance(state, tuple) else state).detach()
+            if SITES.index(name) == last:
+                raise _Captured
+        return record
 
-    handle = module.register_forward_pre_hook(stop)
+    handles = [m.register_forward_hook(hook(s)) if s == "block_out" else m.register_forward_pre_hook(hook(s))
+               for s, m in zip(sites, modules)]
     try:
         for start in range(0, input_ids.shape[0], batch_size):
             ids = input_ids[start:start + batch_size].to(device)
@@ -202,15 +219,18 @@ def capture(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, l
                 model.model(input_ids=ids, attention_mask=mask, use_cache=False)
             except _Captured:
                 pass
-            hidden = seen[0]  # (b, T, width)
-            if positions is None:
-                out.append(hidden[mask.bool()])
-            else:
-                pos = positions[start:start + batch_size].to(device)
-                out.append(hidden[torch.arange(hidden.shape[0], device=device), pos])
+            for i, s in enumerate(sites):
+                hidden = seen[s]  # (b, T, width)
+                if positions is None:
+                    out[i].append(hidden[mask.bool()])
+                else:
+                    pos = positions[start:start + batch_size].to(device)
+                    out[i].append(hidden[torch.arange(hidden.shape[0], device=device), pos])
     finally:
-        handle.remove()
-    return torch.cat(out)
+        for handle in handles:
+            handle.remove()
+    result = tuple(torch.cat(o) for o in out)
+    return result[0] if isinstance(site, str) else result
 
 
 def capture_keys(model: Any, tok: Any, requests: Sequence[Request], layer: int, *, site: str = "mlp_in",

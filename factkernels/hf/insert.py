@@ -88,28 +88,14 @@ def _fact_min(values: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
     return torch.full((n,), float("inf"), device=values.device).scatter_reduce(0, rows, values, "amin")
 
 
-@torch.no_grad()
-def _residual_after(model: Any, batch: PromptBatch, layer: int, keys: KeySet, batch_size: int) -> torch.Tensor:
-    """Residual stream after decoder layer ``layer`` at the key positions: (n_keys, d)."""
-    block = model.model.layers[layer]
-    seen: list = []
-    handle = block.register_forward_hook(lambda _m, _a, out: seen.append(out[0] if isinstance(out, tuple) else out))
-    device, out = model_device(model), []
-    try:
-        for start in range(0, len(batch), batch_size):
-            seen.clear()
-            sl = slice(start, start + batch_size)
-            model.model(input_ids=batch.input_ids[sl].to(device), attention_mask=batch.attention_mask[sl].to(device))
-            out.append(seen[0])
-    finally:
-        handle.remove()
-    width = max(o.shape[1] for o in out)
-    full = torch.cat([F_nn.pad(o, (0, 0, 0, width - o.shape[1])) for o in out])
-    return full[keys.row.to(device), keys.position.to(device)]
+def head_path(model: Any, layer: int, keys: KeySet) -> bool:
+    """True when δ needs no model forward: target keys at the last layer (only norm and unembedding follow)."""
+    return layer == len(mlp_layers(model)) - 1 and bool((keys.token >= 0).all())
 
 
 def optimise_deltas(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *, margin: float = 3.0,
-                    steps: int = 60, lr: float = 0.5, batch_size: int = 32, progress: bool = True) -> tuple[torch.Tensor, dict]:
+                    steps: int = 60, lr: float = 0.5, batch_size: int = 32, residual: Optional[torch.Tensor] = None,
+                    progress: bool = True) -> tuple[torch.Tensor, dict]:
     """Residual deltas δ (n_keys, d) added after layer ``layer``'s MLP at the key positions so that greedy
     decoding produces every target (each target token wins by ``margin`` logits), smallest-effort:
     Adam on the cross-entropy of the facts still below the margin, stopping when none is.
@@ -117,15 +103,18 @@ def optimise_deltas(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *,
     Fast path (last layer, target keys): logits = lm_head(norm(r + δ)) with r the residual after the
     last layer, no model forward per step. Otherwise the model runs with a hook adding δ (ROME's v*), on
     the prompts of the facts not yet at the margin only: a fact that reaches it keeps that δ.
+    residual: (n_keys, d) the residual after ``layer`` at the key positions, when the caller captured it
+    already (fast path only; otherwise it is captured here).
     """
-    model_layers = len(mlp_layers(model))
     device = model_device(model)
-    head_only = layer == model_layers - 1 and bool((keys.token >= 0).all())
+    head_only = head_path(model, layer, keys)
     delta = torch.zeros(len(keys.row), model.config.hidden_size, device=device, requires_grad=True)
     opt = torch.optim.Adam([delta], lr=lr)
     norm, lm_head = model.model.norm, model.get_output_embeddings()
     if head_only:
-        residual = _residual_after(model, batch, layer, keys, batch_size)
+        if residual is None:
+            residual = _capture_at(model, batch, layer, keys, batch_size, site="block_out")
+        residual = residual.to(device)
         tokens = keys.token.to(device)
     mlp = mlp_module(model, layer)
     history = []
@@ -382,7 +371,10 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     t = time.perf_counter()
     batch = encode_requests(tok, parsed, with_target=True)
     keys_at = key_positions(batch, position)
-    keys = _capture_at(model, batch, layer, keys_at, batch_size)
+    if head_path(model, layer, keys_at):  # the residual after the layer comes from the same forwards
+        keys, residual = _capture_at(model, batch, layer, keys_at, batch_size, site=("mlp_in", "block_out"))
+    else:
+        keys, residual = _capture_at(model, batch, layer, keys_at, batch_size), None
     text_states = bg = background_states(model, tok, background, layer)
     if contrast and len(parsed) > 1:
         bg = torch.cat([text_states, contrast_states(model, tok, parsed, layer, position, rounds=contrast, seed=seed,
@@ -391,7 +383,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
 
     t = time.perf_counter()
     deltas, value_info = optimise_deltas(model, batch, layer, keys_at, margin=margin, steps=value_steps, lr=value_lr,
-                                         batch_size=batch_size, progress=progress)
+                                         batch_size=batch_size, residual=residual, progress=progress)
     timings["values"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -426,12 +418,14 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
 
 
 @torch.no_grad()
-def _capture_at(model: Any, batch: PromptBatch, layer: int, keys: KeySet, batch_size: int) -> torch.Tensor:
-    """MLP inputs of ``layer`` at the key positions: (n_keys, d)."""
-    out = capture(model, batch.input_ids, batch.attention_mask, layer, site="mlp_in", batch_size=batch_size)
+def _capture_at(model: Any, batch: PromptBatch, layer: int, keys: KeySet, batch_size: int,
+                site: Union[str, tuple[str, ...]] = "mlp_in") -> Union[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """States at ``site`` of ``layer`` (see :func:`capture`) at the key positions: (n_keys, d) per site."""
+    out = capture(model, batch.input_ids, batch.attention_mask, layer, site=site, batch_size=batch_size)
     lengths = batch.attention_mask.sum(1)
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
-    return out[offsets[keys.row] + keys.position]
+    index = offsets[keys.row] + keys.position
+    return out[index] if isinstance(site, str) else tuple(o[index] for o in out)
 
 
 @torch.no_grad()
