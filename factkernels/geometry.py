@@ -110,7 +110,7 @@ _RIDGE = 1e-11
 # Rows * values handled per chunk (float64 work arrays of this many entries).
 _CHUNK_ELEMS = 1 << 22
 # Bytes allowed for the corral buffers (X and its Gram) of one chunk.
-_CORRAL_BYTES = 1 << 28
+_CORRAL_BYTES = 1 << 27
 # Bytes for the candidate stars and corrals of one chunk of the active-set
 # method: at least this, else about the size of the float64 values themselves
 # (extra memory O(n d), never O(n^2)).
@@ -646,6 +646,18 @@ def _pad_columns(t: Tensor, width: int, fill: float) -> Tensor:
     return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill)
 
 
+def _members(cand: Tensor, active: Tensor) -> Tensor:
+    """(r, c) bool: is ``cand[i, a]`` among ``active[i]`` (r, K)? Compared in row chunks of about
+    ``_CHUNK_ELEMS`` pairs: the whole r x c x K comparison was the peak memory at large n
+    (1.2 GB at n = 65,536, d = 256)."""
+    r, c = cand.shape
+    out = torch.empty(r, c, dtype=torch.bool, device=cand.device)
+    step = max(1, _CHUNK_ELEMS // max(1, c * active.shape[1]))
+    for s in range(0, r, step):
+        out[s : s + step] = (cand[s : s + step, :, None] == active[s : s + step, None, :]).any(dim=2)
+    return out
+
+
 def _solve_active_set(
     W: Tensor, Wk: Tensor, tol: float, max_iter: int, n_init: int, n_add: int, n_fast: int, backend: str
 ):
@@ -661,6 +673,7 @@ def _solve_active_set(
     hi = torch.full((n,), math.inf, dtype=torch.float64, device=dev)
     # pass 1 ranks the constraints of u_i = v_i / |v_i| (one GEMM tile per value tile)
     _, active = _ops.star_topk(Wk, min(n - 1, 2 * n_init), backend=backend)
+    active = active.to(torch.int32)  # value indices < n: int32 halves the lists (n x K, K ~ 400 at d = 256)
     rows = torch.arange(n, device=dev)
     budget = max(_ACTIVE_BYTES, 8 * n * d)
     passes = 1
@@ -680,7 +693,7 @@ def _solve_active_set(
         parts = []
         for s in range(0, rows.numel(), step):
             rs = rows[s : s + step]
-            st = _cand_star(W, rs, active[s : s + step])
+            st = _cand_star(W, rs, active[s : s + step].long())
             warm = (corral_idx[s : s + step].long(), corral_lam[s : s + step]) if corral_idx.shape[1] else None
             u, _, h, part = _solve_chunk(st, W, U[rs], tol=tol, max_iter=max_iter, n_init=n_init, n_add=n_add,
                                          n_fast=n_fast, corral=warm)
@@ -694,7 +707,7 @@ def _solve_active_set(
         passes += 1
         g = _exact_star_scores(W, U[rows], rows, cand)
         lo[rows] = g.min(dim=1).values
-        known = (cand[:, :, None] == active[:, None, :]).any(dim=2)
+        known = _members(cand.to(torch.int32), active)
         new = (g < hi[rows, None] * (1.0 - tol)) & (cand >= 0) & ~known
         done = ~new.any(dim=1) | dup | (hi[rows] <= math.sqrt(_ZERO_PP)) | (passes > max_iter)
         keep = ~done
@@ -703,7 +716,7 @@ def _solve_active_set(
         if rows.numel() == 0:
             break
         # append the new constraints, valid ones first, trimmed to the widest row
-        add = torch.where(new, cand, torch.full_like(cand, -1))
+        add = torch.where(new, cand, torch.full_like(cand, -1)).to(torch.int32)
         add = add.gather(1, torch.argsort((~new).to(torch.int8), dim=1, stable=True))
         active = torch.cat([active, add[:, : int(new.sum(dim=1).max())]], dim=1)
     lo.clamp_(-1.0, 1.0)
