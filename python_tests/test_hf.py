@@ -173,3 +173,15 @@ def test_capture_several_sites_in_one_forward(tiny_llama):
     with torch.no_grad():
         hidden = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
     torch.testing.assert_close(after, hidden[1][mask.bool()], rtol=1e-5, atol=1e-5)  # hidden[1]: after layer 0
+
+
+def test_capture_returns_rows_in_the_callers_order(tiny_llama):
+    model, tok = tiny_llama
+    texts = ["music and rain in the city", "the old house", "a long walk by the sea at night", "rain"]
+    ids, mask = hf.encode_texts(tok, texts)
+    states = hf.capture(model, ids, mask, 1, batch_size=2)  # batches by length: rows 3+1, then 0+2
+    alone = torch.cat([hf.capture(model, *hf.encode_texts(tok, [t]), 1) for t in texts])
+    torch.testing.assert_close(states, alone, rtol=1e-5, atol=1e-5)
+    last = hf.capture(model, ids, mask, 1, positions=mask.sum(1) - 1, batch_size=2)
+    ends = mask.sum(1).cumsum(0) - 1
+    torch.testing.assert_close(last, alone[ends], rtol=1e-5, atol=1e-5)

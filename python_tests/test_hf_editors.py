@@ -146,7 +146,8 @@ def test_second_moments_match_captured_keys_and_cache_round_trips(llama, tmp_pat
     first = key_second_moments(model, tok, [0, 2], texts=TEXTS, cache_dir=tmp_path)
     ids, mask = hf.encode_texts(tok, TEXTS)
     keys = hf.capture(model, ids, mask, 2, site="down_in").double()
-    torch.testing.assert_close(first[2].double(), keys.T @ keys / keys.shape[0], rtol=1e-5, atol=1e-9)
+    # capture batches rows by length (other padded widths than the statistics pass): float32 rounding apart
+    torch.testing.assert_close(first[2].double(), keys.T @ keys / keys.shape[0], rtol=1e-4, atol=1e-7)
     assert len(list((tmp_path / "mom2").glob("*.safetensors"))) == 2
 
     import factkernels.hf.statistics as statistics

@@ -197,7 +197,6 @@ def capture(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, l
     modules = [site_module(model, layer, s) for s in sites]
     last = max(SITES.index(s) for s in sites)  # SITES are in forward order: the last one ends the forward
     device = model_device(model)
-    out: list[list[torch.Tensor]] = [[] for _ in sites]
     seen: dict = {}
 
     def hook(name: str):
@@ -210,27 +209,37 @@ def capture(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, l
 
     handles = [m.register_forward_hook(hook(s)) if s == "block_out" else m.register_forward_pre_hook(hook(s))
                for s, m in zip(sites, modules)]
+    lengths = attention_mask.sum(1)
+    # rows of similar length run together, each batch trimmed to its widest row (right padding:
+    # trimming changes no real token), and the states go back to the callers' order
+    starts = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)[:-1]])
+    out: list[Optional[torch.Tensor]] = [None] * len(sites)
     try:
-        for start in range(0, input_ids.shape[0], batch_size):
-            ids = input_ids[start:start + batch_size].to(device)
-            mask = attention_mask[start:start + batch_size].to(device)
+        for chunk in length_sorted_chunks(lengths, batch_size):
+            width = int(lengths[chunk].max())
+            mask = attention_mask[chunk, :width].to(device)
             seen.clear()
             try:
-                model.model(input_ids=ids, attention_mask=mask, use_cache=False)
+                model.model(input_ids=input_ids[chunk, :width].to(device), attention_mask=mask, use_cache=False)
             except _Captured:
                 pass
+            real = mask.bool()
+            if positions is None:
+                dest = (starts[chunk, None] + torch.arange(width)).to(device)[real]
+            else:
+                dest = chunk.to(device)
             for i, s in enumerate(sites):
-                hidden = seen[s]  # (b, T, width)
-                if positions is None:
-                    out[i].append(hidden[mask.bool()])
-                else:
-                    pos = positions[start:start + batch_size].to(device)
-                    out[i].append(hidden[torch.arange(hidden.shape[0], device=device), pos])
+                hidden = seen[s]  # (b, width, state width)
+                rows = hidden[real] if positions is None else \
+                    hidden[torch.arange(hidden.shape[0], device=device), positions[chunk].to(device)]
+                if out[i] is None:
+                    total = int(lengths.sum()) if positions is None else input_ids.shape[0]
+                    out[i] = rows.new_empty(total, rows.shape[1])
+                out[i][dest] = rows
     finally:
         for handle in handles:
             handle.remove()
-    result = tuple(torch.cat(o) for o in out)
-    return result[0] if isinstance(site, str) else result
+    return out[0] if isinstance(site, str) else tuple(out)
 
 
 def capture_keys(model: Any, tok: Any, requests: Sequence[Request], layer: int, *, site: str = "mlp_in",
