@@ -2,9 +2,10 @@
 
     python benchmarks/incremental.py                      # F = 16,384, d = 128, m = 64, |V| = 1,024
     python benchmarks/incremental.py --facts 8192 --out benchmarks/results/incremental_8192.json
+    python benchmarks/incremental.py --solver cg            # warm-started CG instead of the bordered factor
 
 The rebuild is timed twice: a fresh FactBuilder on all facts (the same algorithm: float64
-factor, verification of every fact) and ``construct(..., solver="cholesky")`` with the same m.
+factor or CG, verification of every fact) and ``construct(..., solver=...)`` with the same m.
 Every timed step verifies every stored fact. The addition is timed ``--repeats`` times on copies of
 the same builder (the minimum is reported; it is the step most disturbed by other load), each
 rebuild once (tens of seconds).
@@ -43,45 +44,53 @@ def main() -> None:
     parser.add_argument("--m", type=int, default=64)
     parser.add_argument("--fraction", type=float, default=0.01, help="new facts as a fraction of F")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--solver", default="cholesky", choices=["cholesky", "cg"])
     parser.add_argument("--repeats", type=int, default=3, help="timed additions (on copies of the builder)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     new = max(1, round(args.fraction * args.facts))
     K, V, f = random_fact_set(args.facts + new, args.values, args.dim, seed=0)
-    builder, t_first = timed(lambda: factkernels.FactBuilder(K[: args.facts], V, f[: args.facts], m=args.m))
+    builder, t_first = timed(lambda: factkernels.FactBuilder(K[: args.facts], V, f[: args.facts], m=args.m,
+                                                             solver=args.solver))
+    first_iterations = builder.last_solve.iterations
     add_times = []
     for _ in range(args.repeats):
         trial = copy.deepcopy(builder)
         add_times.append(timed(lambda: trial.add(K[args.facts :], f[args.facts :]))[1])
     builder, t_add = trial, min(add_times)
     stored_add = int((builder.mlp.predict(builder.keys, builder.values) == builder.facts).sum())
+    iterations = {"first_build": first_iterations, "add": builder.last_solve.iterations}
     del builder
-    fresh, t_rebuild = timed(lambda: factkernels.FactBuilder(K, V, f, m=args.m))
+    fresh, t_rebuild = timed(lambda: factkernels.FactBuilder(K, V, f, m=args.m, solver=args.solver))
+    iterations["rebuild"] = fresh.last_solve.iterations
     del fresh
-    mlp, t_construct = timed(lambda: factkernels.construct(K, V, f, m=args.m, solver="cholesky", progress=False))
+    mlp, t_construct = timed(lambda: factkernels.construct(K, V, f, m=args.m, solver=args.solver, progress=False))
     result = {
         "benchmark": "incremental add vs rebuild",
         "setting": {"facts_before": args.facts, "facts_added": new, "values": args.values, "dim": args.dim, "m": args.m,
                     "dtype": "float32", "outputs": "margin_optimal", "embeddings": "random spherical, seed 0",
-                    "threads": args.threads, "add_repeats": args.repeats},
+                    "threads": args.threads, "add_repeats": args.repeats, "solver": args.solver},
         "seconds": {"first_build": t_first, "add": t_add, "add_each": add_times, "rebuild_factbuilder": t_rebuild,
-                    "rebuild_construct_cholesky": t_construct},
+                    f"rebuild_construct_{args.solver}": t_construct},
+        "cg_iterations": iterations if args.solver == "cg" else None,
         "speedup_vs_rebuild_factbuilder": t_rebuild / t_add,
-        "speedup_vs_construct_cholesky": t_construct / t_add,
+        f"speedup_vs_construct_{args.solver}": t_construct / t_add,
         "stored_after_add": stored_add, "facts_after_add": args.facts + new, "construct_failed": mlp.report.failed,
         "target": ">= 20x faster than a rebuild (issue 13)",
         "environment": {"load_average_1min": os.getloadavg()[0], "python": platform.python_version(), "torch": torch.__version__,
                         "factkernels": factkernels.__version__, "build": _ops.build_info(),
                         "processor": platform.processor(), "platform": platform.platform()},
         "command": f"python benchmarks/incremental.py --facts {args.facts} --values {args.values} --dim {args.dim} "
-                   f"--m {args.m} --fraction {args.fraction} --threads {args.threads} --repeats {args.repeats}",
+                   f"--m {args.m} --fraction {args.fraction} --threads {args.threads} --repeats {args.repeats} "
+                   f"--solver {args.solver}",
     }
-    out = Path(args.out) if args.out else RESULTS / f"incremental_{args.facts}.json"
+    suffix = "" if args.solver == "cholesky" else f"_{args.solver}"
+    out = Path(args.out) if args.out else RESULTS / f"incremental_{args.facts}{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result["seconds"], indent=2), result["speedup_vs_rebuild_factbuilder"],
-          result["speedup_vs_construct_cholesky"])
+          result[f"speedup_vs_construct_{args.solver}"])
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ later rows border the Gram cleanly), S, P and the Cholesky factor L of G (float6
   x vanishes on the removed rows), O(F²r). When a quarter of the rows are tombstones the
   factor is recomputed on the kept rows.
 * ``update``: new targets only, one solve with the same factor.
+* ``solver="cg"`` (large F, no F×F matrix): no factor; every change re-solves the matrix-free
+  system by CG warm-started from the last solution (new rows start at 0, removed rows are dropped).
 * New values extend U* (recomputed for the enlarged value set) and may grow m: the Gram
   does not depend on m, only the right-hand sides do.
 
@@ -33,7 +35,7 @@ from .encoder import GatedEncoder, assemble, augment, gadget_width, sample_gate
 from .memory import check_fits, estimate_build
 from .mlp import FactMLP
 from .report import FactStorageError
-from .solvers import GadgetOperator, SolveInfo
+from .solvers import GadgetOperator, SolveInfo, cg_iterations_hint, pick_solver, solve_cg
 from .validation import check_choice, check_distinct, check_facts, check_matrix, check_positive_int, validate_inputs
 
 # Fraction of tombstoned rows at which the factor is recomputed on the kept rows.
@@ -116,6 +118,8 @@ class FactBuilder:
     ``FactBuilder(K, V, f, m=64)`` builds like ``construct(K, V, f, m=64, solver="cholesky")``
     and keeps the factorization; ``.add(K_new, f_new)``, ``.remove(indices)`` and
     ``.update(indices, f_changed)`` change the stored facts, ``.mlp`` is the verified MLP.
+    With ``solver="cg"`` it keeps the matrix-free operator and the last solution instead (the
+    warm start of the next solve): no F×F matrix, for F beyond the dense range.
 
     Args:
         K: (F, d_in) keys; V: (|V|, d_out) values; f: (F,) value index per key.
@@ -126,12 +130,15 @@ class FactBuilder:
         verify: True raises :class:`factkernels.FactStorageError` when a change leaves a fact
             unstored, "report" only records ``failed``/``min_margin``.
         max_memory: bytes the factor and the build may use (default: free memory).
+        solver: "cholesky" (float64 factor, bordered on add), "cg" (warm-started matrix-free CG) or
+            "auto" (as :func:`factkernels.construct` picks from F and the memory budget).
+        cg_tol: relative residual at which a CG solve stops.
     """
 
     def __init__(self, K: torch.Tensor, V: torch.Tensor, f: torch.Tensor, m: int = 64, *,
                  outputs: str = "margin_optimal", activation: str = "silu", width_multiplier: float = 1.5,
                  seed: int = 0, backend: str = "auto", gate_scale: float = 1.0, verify: Union[bool, str] = True,
-                 max_memory: Optional[int] = None) -> None:
+                 max_memory: Optional[int] = None, solver: str = "cholesky", cg_tol: float = 1e-4) -> None:
         facts = validate_inputs(K, V, f)
         check_positive_int("m", m)
         check_choice("outputs", outputs, OUTPUTS)
@@ -141,11 +148,17 @@ class FactBuilder:
             raise ValueError(f"width_multiplier must be >= 1 (each gadget needs h~(d+1) >= F), got {width_multiplier!r}")
         if verify not in (True, "report"):
             raise ValueError(f"verify must be True or 'report', got {verify!r}")
+        check_choice("solver", solver, ("auto", "cholesky", "cg"))
         num_facts, d_in = K.shape
         width = gadget_width(num_facts, d_in, width_multiplier)
-        check_fits(estimate_build(num_facts, V.shape[0], d_in, V.shape[1], m=m, gadget_width=width, solver="cholesky",
-                                  dtype=K.dtype, outputs=outputs), K.device, max_memory, what="FactBuilder")
-        self.activation, self.outputs, self.backend, self.verify = activation, outputs, backend, verify
+        if solver == "auto":
+            rest = estimate_build(num_facts, V.shape[0], d_in, V.shape[1], m=m, gadget_width=width, solver="cg",
+                                  dtype=K.dtype, outputs=outputs).total
+            solver = pick_solver(num_facts, K.device, other_bytes=rest, budget=max_memory)
+        self.solver, self.cg_tol, self.outputs = solver, cg_tol, outputs
+        check_fits(self._estimate(num_facts, V.shape[0], d_in, V.shape[1], m, width, K.dtype), K.device, max_memory,
+                   what="FactBuilder")
+        self.activation, self.backend, self.verify = activation, backend, verify
         self.max_memory, self.width_multiplier, self.gate_scale = max_memory, width_multiplier, gate_scale
         self._generator = torch.Generator().manual_seed(seed)
         self._keys, self._values, self._facts = K, V, facts
@@ -198,15 +211,17 @@ class FactBuilder:
         if self.gadget_width * (keys.shape[1] + 1) < MIN_WIDTH_RATIO * keys.shape[0]:
             return self._regrow(keys, torch.cat([self._facts[self._alive], f_new]), values, V_new is not None)
         total = self._keys.shape[0] + K_new.shape[0]
-        check_fits(estimate_build(total, values.shape[0], keys.shape[1], values.shape[1], m=self.m,
-                                  gadget_width=self.gadget_width, solver="cholesky", dtype=keys.dtype,
-                                  outputs=self.outputs), keys.device, self.max_memory, what="FactBuilder.add")
+        check_fits(self._estimate(total, values.shape[0], keys.shape[1], values.shape[1], self.m, self.gadget_width,
+                                  keys.dtype), keys.device, self.max_memory, what="FactBuilder.add")
         s_new = self._gate_features(K_new) @ self._op.feature_transform
         p_new = augment(K_new) @ self._op.key_transform
-        cross = ((s_new.double() @ self._op.gate_features.double().T)
-                 * (p_new.double() @ self._op.keys_aug.double().T) + 1.0)  # (k, F)
-        corner = (s_new.double() @ s_new.double().T) * (p_new.double() @ p_new.double().T) + 1.0  # (k, k)
-        self._factor.border(cross, corner)
+        if self._factor is not None:
+            cross = ((s_new.double() @ self._op.gate_features.double().T)
+                     * (p_new.double() @ self._op.keys_aug.double().T) + 1.0)  # (k, F)
+            corner = (s_new.double() @ s_new.double().T) * (p_new.double() @ p_new.double().T) + 1.0  # (k, k)
+            self._factor.border(cross, corner)
+        if self._alpha is not None:  # the warm start: new rows from 0
+            self._alpha = torch.cat([self._alpha, self._alpha.new_zeros(K_new.shape[0], self._alpha.shape[1])])
         self._op = GadgetOperator(torch.cat([self._op.gate_features, s_new]), torch.cat([self._op.keys_aug, p_new]),
                                   self._op.feature_transform, self._op.key_transform, self.backend)
         self._keys = torch.cat([self._keys, K_new])
@@ -224,7 +239,7 @@ class FactBuilder:
         if rows.numel() >= self.num_facts:
             raise ValueError("remove would leave no facts; build a new FactBuilder instead")
         self._alive[rows] = False
-        if int((~self._alive).sum()) > COMPACT_FRACTION * self._alive.numel():
+        if self._factor is None or int((~self._alive).sum()) > COMPACT_FRACTION * self._alive.numel():
             self._compact()
         self._refresh()
         return self.mlp
@@ -267,8 +282,13 @@ class FactBuilder:
             raise ValueError("indices must not repeat")
         return torch.nonzero(self._alive).flatten()[index]
 
+    def _estimate(self, facts: int, values: int, d_in: int, d_out: int, m: int, width: int, dtype: torch.dtype):
+        return estimate_build(facts, values, d_in, d_out, m=m, gadget_width=width, solver=self.solver, dtype=dtype,
+                              outputs=self.outputs)
+
     def _set_outputs(self, m: int) -> None:
         """Output embeddings of the current values and the smallest m >= the given one that decodes them."""
+        self._alpha = None  # a new decoder gives new codes: nothing to warm-start from
         self._out_embed, self.rho = output_embeddings(self._values, self.outputs)
         used = torch.arange(self._values.shape[0], device=self._values.device)
         while True:
@@ -282,8 +302,8 @@ class FactBuilder:
         """Sample a gate of ``width`` rows for the current keys, whiten, form and factor the Gram."""
         self._gate = sample_gate(self._keys, width, self._generator, self.gate_scale)
         self._op = GadgetOperator.whitened(self._gate_features(self._keys), augment(self._keys), backend=self.backend)
-        self._factor = BorderedFactor(cholesky(self._op.dense().double()))
-        self._forward = None
+        self._factor = BorderedFactor(cholesky(self._op.dense().double())) if self.solver == "cholesky" else None
+        self._forward = self._alpha = None
 
     def _regrow(self, keys: torch.Tensor, facts: torch.Tensor, values: torch.Tensor, new_values: bool) -> FactMLP:
         """Too many facts for the gate: a full rebuild with a gate sized for them."""
@@ -297,18 +317,27 @@ class FactBuilder:
         return self.mlp
 
     def _compact(self) -> None:
-        """Drop the tombstoned rows: the factor of the kept rows, recomputed."""
+        """Drop the removed rows (with a factor: recomputed on the kept rows)."""
         keep = self._alive
         self._op = GadgetOperator(self._op.gate_features[keep], self._op.keys_aug[keep], self._op.feature_transform,
                                   self._op.key_transform, self.backend)
         self._keys, self._facts = self._keys[keep], self._facts[keep]
         self._alive = self._alive[keep]
-        self._factor = BorderedFactor(cholesky(self._op.dense().double()))
+        if self._alpha is not None:
+            self._alpha = self._alpha[keep]
         self._forward = None
-        self.rebuilds += 1
+        if self._factor is not None:
+            self._factor = BorderedFactor(cholesky(self._op.dense().double()))
+            self.rebuilds += 1
 
     def _solve(self, targets: torch.Tensor) -> torch.Tensor:
         """Dual variables α (F_all, m) of the kept rows' system, zero on tombstones."""
+        if self._factor is None:
+            alpha, self.last_solve = solve_cg(self._op, targets.to(self._keys.dtype), tol=self.cg_tol,
+                                              max_iter=cg_iterations_hint(self.width_multiplier), progress=False,
+                                              x0=self._alpha)
+            self._alpha = alpha
+            return alpha
         # L y = O by forward substitution, reusing the rows of y that an addition left unchanged
         # (a bordered factor keeps its leading rows), then Lᵀ α = y: one F²m solve per change.
         cached = self._forward
@@ -319,6 +348,7 @@ class FactBuilder:
         forward = self._factor.forward(targets, known)
         self._forward = (targets, forward)
         alpha = self._factor.backward(forward)
+        self.last_solve = SolveInfo("cholesky (incremental)", "float64", float("nan"))
         dead = torch.nonzero(~self._alive).flatten()
         if dead.numel():
             # x = G⁻¹[O; z], z on the removed rows chosen so that x vanishes there: A_KK x_K = O_K.
@@ -339,7 +369,7 @@ class FactBuilder:
         encoder = GatedEncoder(gate_weight=self._gate[0], gate_bias=self._gate[1],
                                up_weight=coef[:, :, :d].reshape(m * width, d).contiguous(),
                                up_bias=coef[:, :, d].reshape(m * width).contiguous(), output_bias=out_bias,
-                               gadget_width=width, solve=SolveInfo("cholesky (incremental)", "float64", float("nan")))
+                               gadget_width=width, solve=self.last_solve)
         self.mlp = assemble(encoder, self._decoder.projection, activation=self.activation, backend=self.backend)
         margins = verify_margins(self.mlp, self.keys, self._values, self.facts)
         self.failed, self.min_margin = int((margins <= 0).sum()), float(margins.min())

@@ -181,17 +181,24 @@ def solve_cg(
     tol: float = RESIDUAL_TOL,
     max_iter: int = 1000,
     progress: bool = True,
+    x0: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, SolveInfo]:
     """Batched Jacobi-preconditioned CG on the matrix-free Gram, all m columns at once.
 
     targets: (F, m) -> α (F, m). Memory O(F (h̃ + d) + m h̃ d); no F×F matrix.
+    x0: (F, m) start instead of 0 (a warm start, e.g. the solution before a few facts changed).
     Stops when every column's relative residual is below ``tol``. With a sharded ``op``
     (``op.reduce``), each rank holds its rows of targets and α; an iteration all-reduces the
     product ``M̃ᵀ p`` (which also gives pᵀ M̃ M̃ᵀ p = ||M̃ᵀ p||²) and 2m scalars.
     """
     precond = op.diagonal().reciprocal().unsqueeze(1)
-    alpha = torch.zeros_like(targets)
-    r = targets.clone()
+    if x0 is None:
+        alpha, r = torch.zeros_like(targets), targets.clone()
+    else:
+        if x0.shape != targets.shape:
+            raise ValueError(f"x0 must have the shape of targets {tuple(targets.shape)}, got {tuple(x0.shape)}")
+        alpha = x0.to(targets.dtype).clone()
+        r = targets - op.matmul(alpha)
     z = precond * r
     p = z.clone()
     rz, rr, bb = op.total(torch.stack([(r * z).sum(0), r.square().sum(0), targets.square().sum(0)]))

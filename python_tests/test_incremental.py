@@ -7,6 +7,7 @@ from factkernels import construct
 from factkernels.embeddings import random_fact_set
 from factkernels.incremental import BorderedFactor, FactBuilder
 from factkernels.memory import MemoryBudgetError
+from factkernels.solvers import solve_cg
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +23,12 @@ def _stores_all(builder):
     assert torch.equal(fresh.predict(builder.keys, builder.values), predicted)
 
 
-def test_add_remove_update_match_a_fresh_build(fact_set):
+@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+def test_add_remove_update_match_a_fresh_build(fact_set, solver):
     K, V, f = fact_set
     first = f[:240] < 120
-    builder = FactBuilder(K[:240][first], V[:120], f[:240][first], m=32, outputs="values")
+    builder = FactBuilder(K[:240][first], V[:120], f[:240][first], m=32, outputs="values", solver=solver)
+    assert builder.solver == solver and (builder.last_solve.solver == "cg") == (solver == "cg")
     _stores_all(builder)
     before = builder.num_facts
     builder.add(K[240:], f[240:], V_new=V[120:])  # new keys, some mapped to new values
@@ -88,3 +91,20 @@ def test_bordered_factor_equals_the_full_cholesky():
     torch.testing.assert_close(factor.solve(rhs), torch.linalg.solve(G, rhs))
     with pytest.raises(ValueError, match="panel boundary"):
         factor.forward(rhs, known=y[:23])
+
+
+def test_cg_builder_warm_starts_each_change(fact_set):
+    K, V, f = fact_set
+    builder = FactBuilder(K[:200], V, f[:200], m=32, outputs="values", solver="cg", cg_tol=1e-8)
+    cold = builder.last_solve.iterations
+    builder.update([0, 1], torch.tensor([5, 6]))  # two targets change: the last solution is nearly right
+    assert 0 < builder.last_solve.iterations < cold and builder.last_solve.residual < 1e-7
+    _stores_all(builder)
+    builder.remove([3, 4])
+    assert builder.rebuilds == 0 and builder.num_facts == 198  # no factor: removed rows are simply dropped
+    _stores_all(builder)
+    builder.add(K[200:210], f[200:210])  # new rows start at 0: the warm start saves little here
+    targets = builder._decoder.codes[builder.facts]
+    _, fresh = solve_cg(builder._op, targets, tol=1e-8, max_iter=2000, progress=False)
+    assert builder.last_solve.iterations <= fresh.iterations
+    _stores_all(builder)

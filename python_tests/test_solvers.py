@@ -25,6 +25,22 @@ def test_cg_matches_cholesky():
     assert 0 < info_cg.iterations < 2000
 
 
+def test_cg_warm_start():
+    op, gen = _operator()
+    targets = torch.randn(op.size, 5, generator=gen, dtype=torch.float64)
+    exact, _ = solve_cholesky(op, targets)
+    _, at_solution = solve_cg(op, targets, tol=1e-6, max_iter=2000, progress=False, x0=exact)
+    assert at_solution.iterations == 0
+    changed = targets.clone()
+    changed[:3] = torch.randn(3, 5, generator=gen, dtype=torch.float64)  # a few facts change
+    cold, cold_info = solve_cg(op, changed, tol=1e-8, max_iter=2000, progress=False)
+    warm, warm_info = solve_cg(op, changed, tol=1e-8, max_iter=2000, progress=False, x0=exact)
+    assert warm_info.residual < 1e-7 and warm_info.iterations < cold_info.iterations
+    torch.testing.assert_close(warm, cold, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="x0 must have the shape"):
+        solve_cg(op, targets, progress=False, x0=exact[:-1])
+
+
 def test_cg_warns_when_not_converged():
     op, gen = _operator()
     targets = torch.randn(op.size, 2, generator=gen, dtype=torch.float64)
