@@ -68,7 +68,8 @@ class Method:
     every build (work that depends on neither the size nor the seed, e.g. the outputs U*).
     build_batch: ``(fact_sets, sizes, seeds, **options) -> modules``, the same models as one
     build per (fact set, size, seed) but trained as one batch (the GD methods); the search
-    uses it to build every seed of a size at once.
+    uses it to build every seed of a size, and (when ``batch_mixes_sizes``) the sizes it may ask
+    for next, at once.
     """
 
     name: str
@@ -78,6 +79,7 @@ class Method:
     fixed: bool = False
     prepare: Optional[Callable[[torch.Tensor, torch.Tensor, torch.Tensor, dict], dict]] = None
     build_batch: Optional[Callable[..., list[nn.Module]]] = None
+    batch_mixes_sizes: bool = True
 
     def __call__(self, K: torch.Tensor, V: torch.Tensor, f: torch.Tensor, size: int, seed: int, **options) -> nn.Module:
         return self.build(K, V, f, size, seed, **options)
@@ -121,8 +123,10 @@ def _hybrid_batch(fact_sets, sizes, seeds, *, encoder: str, decoder: str, **opti
 
 
 def _hybrid_method(encoder: str, decoder: str) -> Method:
+    # one batch of GD encoders/decoders shares m (its code dimension): a batch holds one size
     return Method(f"{encoder}+{decoder}", functools.partial(_hybrid, encoder=encoder, decoder=decoder), "m", start=8,
-                  build_batch=functools.partial(_hybrid_batch, encoder=encoder, decoder=decoder))
+                  build_batch=functools.partial(_hybrid_batch, encoder=encoder, decoder=decoder),
+                  batch_mixes_sizes=False)
 
 
 def _nongated(K, V, f, size, seed, **options) -> nn.Module:
@@ -244,41 +248,72 @@ def _check_search(start: int, max_size: int, eps_acc: float) -> None:
         raise ValueError(f"eps_acc must be in [0, 1), got {eps_acc!r}")
 
 
+# A batched search trains the sizes a few search steps ahead in the same batch: every size left
+# between the bracketing sizes when at most this many remain, else the next two bisection levels.
+LOOKAHEAD_SIZES = 8
+
+
+def _lookahead(size: int, bracket: Optional[tuple[int, int]], max_size: int) -> list[int]:
+    """Sizes to train with ``size``: while doubling, the next two doublings; while bisecting the
+    open bracket (failing, storing), all of it when small, else the next two bisection levels."""
+    if bracket is None:
+        return sorted({min(size * 2 ** k, max_size) for k in range(3)})
+    failing, storing = bracket
+    if storing - failing - 1 <= LOOKAHEAD_SIZES:
+        return list(range(failing + 1, storing))
+    return sorted({size, (failing + size) // 2, (size + storing) // 2} - {failing, storing})
+
+
 def _search(spec: Method, cases: Callable[[], Iterator[tuple[FactSet, int, dict]]], seed_list: list[int],
             num_facts: int, start: Optional[int], max_size: int, eps_acc: float, progress: bool,
             batch: bool) -> StorageCost:
     """Doubling then bisection over the size; ``cases()`` yields (fact set, seed, build options) per seed.
 
-    batch: build every seed of a size as one batch when the method can (then every seed is
-    evaluated; one at a time, the seeds after the first that fails are skipped)."""
+    batch: when the method can build batches, every seed of a size, and the sizes the search may
+    ask for next (:func:`_lookahead`), train as one batch; the search then reads their results as
+    it asks, so it visits the same sizes as one at a time (models in a batch are independent), in
+    fewer rounds. One at a time, the seeds after the first that fails are skipped."""
     start = spec.start if start is None else start
     _check_search(start, max_size, eps_acc)
     allowed_failures = math.floor(eps_acc * num_facts)
     trace: list[Trial] = []
+    ahead: dict[int, Trial] = {}  # batched trials the search has not asked for yet
     bar = progress_bar(desc=f"cost {spec.name}", unit="size", enabled=progress, leave=False)
 
-    def stores(size: int) -> bool:
-        failures, parameters = [], 0
-        if batch and spec.build_batch is not None:
-            listed = list(cases())
-            modules = spec.build_batch([fact_set for fact_set, _, _ in listed], [size] * len(listed),
-                                       [seed for _, seed, _ in listed], **listed[0][2])
-            for ((K, V, f), _, _), module in zip(listed, modules):
+    def trial(size: int, failures: list[int], parameters: int) -> Trial:
+        stored = len(failures) == len(seed_list) and max(failures) <= allowed_failures
+        return Trial(size, [1.0 - x / num_facts for x in failures], parameters, stored)
+
+    def train_batch(sizes: list[int]) -> None:
+        listed = list(cases())
+        modules = spec.build_batch([fact_set for fact_set, _, _ in listed for _ in sizes],
+                                   [size for _ in listed for size in sizes],
+                                   [seed for _, seed, _ in listed for _ in sizes], **listed[0][2])
+        for i, size in enumerate(sizes):
+            failures, parameters = [], 0
+            for j, ((K, V, f), _, _) in enumerate(listed):
+                module = modules[j * len(sizes) + i]
                 parameters = module.num_parameters
                 failures.append(int((module.predict(K, V) != f).sum()))
+            ahead[size] = trial(size, failures, parameters)
+
+    def stores(size: int, bracket: Optional[tuple[int, int]] = None) -> bool:
+        if batch and spec.build_batch is not None:
+            if size not in ahead:
+                train_batch(_lookahead(size, bracket, max_size) if spec.batch_mixes_sizes else [size])
+            trace.append(ahead.pop(size))
         else:
+            failures, parameters = [], 0
             for (K, V, f), seed, options in cases():
                 module = spec(K, V, f, size, seed, **options)
                 parameters = module.num_parameters
                 failures.append(int((module.predict(K, V) != f).sum()))
                 if failures[-1] > allowed_failures:
                     break
-        stored = len(failures) == len(seed_list) and max(failures) <= allowed_failures
-        accuracies = [1.0 - x / num_facts for x in failures]
-        trace.append(Trial(size, accuracies, parameters, stored))
+            trace.append(trial(size, failures, parameters))
         bar.update(1)
-        bar.set_postfix({spec.size_name: size, "stored": stored})
-        return stored
+        bar.set_postfix({spec.size_name: size, "stored": trace[-1].stored})
+        return trace[-1].stored
 
     def result(trial: Optional[Trial]) -> StorageCost:
         bar.close()
@@ -296,7 +331,7 @@ def _search(spec: Method, cases: Callable[[], Iterator[tuple[FactSet, int, dict]
     storing = size
     while storing - failing > 1:
         middle = (failing + storing) // 2
-        if stores(middle):
+        if stores(middle, (failing, storing)):
             storing = middle
         else:
             failing = middle

@@ -229,3 +229,27 @@ def test_batched_gd_search_finds_the_size_of_the_one_at_a_time_search(tiny):
     assert [t.size for t in batched.trace] == [t.size for t in looped.trace]
     for ours, theirs in zip(batched.trace, looped.trace):  # the loop skips the seeds after the first failure
         assert ours.stored == theirs.stored and ours.accuracies[:len(theirs.accuracies)] == theirs.accuracies
+
+
+def test_batched_search_trains_the_sizes_ahead_in_few_rounds(tiny):
+    K, V, f = tiny
+    batches = []
+
+    class Threshold(torch.nn.Module):  # stores every fact from size 13 on
+        def __init__(self, size):
+            super().__init__()
+            self.size, self.num_parameters = size, 10 * size
+
+        def predict(self, K, V):
+            return f.clone() if self.size >= 13 else (f + 1) % V.shape[0]
+
+    def build_batch(fact_sets, sizes, seeds):
+        batches.append(sorted(set(sizes)))
+        return [Threshold(size) for size in sizes]
+
+    spec = Method("threshold", lambda K, V, f, size, seed: Threshold(size), "size", start=2, build_batch=build_batch)
+    batched = fact_storage_cost(spec, K, V, f, seeds=2, progress=False)
+    looped = fact_storage_cost(spec, K, V, f, seeds=2, progress=False, batch=False)
+    assert batched.size == looped.size == 13 and batched.parameters == 130
+    assert [t.size for t in batched.trace] == [t.size for t in looped.trace] == [2, 4, 8, 16, 12, 14, 13]
+    assert batches == [[2, 4, 8], [16, 32, 64], [9, 10, 11, 12, 13, 14, 15]]  # 3 rounds for 7 sizes
