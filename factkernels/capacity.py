@@ -68,8 +68,7 @@ class Method:
     every build (work that depends on neither the size nor the seed, e.g. the outputs U*).
     build_batch: ``(fact_sets, sizes, seeds, **options) -> modules``, the same models as one
     build per (fact set, size, seed) but trained as one batch (the GD methods); the search
-    uses it to build every seed of a size, and (when ``batch_mixes_sizes``) the sizes it may ask
-    for next, at once.
+    uses it to build every seed of a size, and the sizes it may ask for next, at once.
     """
 
     name: str
@@ -79,7 +78,6 @@ class Method:
     fixed: bool = False
     prepare: Optional[Callable[[torch.Tensor, torch.Tensor, torch.Tensor, dict], dict]] = None
     build_batch: Optional[Callable[..., list[nn.Module]]] = None
-    batch_mixes_sizes: bool = True
 
     def __call__(self, K: torch.Tensor, V: torch.Tensor, f: torch.Tensor, size: int, seed: int, **options) -> nn.Module:
         return self.build(K, V, f, size, seed, **options)
@@ -123,10 +121,8 @@ def _hybrid_batch(fact_sets, sizes, seeds, *, encoder: str, decoder: str, **opti
 
 
 def _hybrid_method(encoder: str, decoder: str) -> Method:
-    # one batch of GD encoders/decoders shares m (its code dimension): a batch holds one size
     return Method(f"{encoder}+{decoder}", functools.partial(_hybrid, encoder=encoder, decoder=decoder), "m", start=8,
-                  build_batch=functools.partial(_hybrid_batch, encoder=encoder, decoder=decoder),
-                  batch_mixes_sizes=False)
+                  build_batch=functools.partial(_hybrid_batch, encoder=encoder, decoder=decoder))
 
 
 def _nongated(K, V, f, size, seed, **options) -> nn.Module:
@@ -300,7 +296,7 @@ def _search(spec: Method, cases: Callable[[], Iterator[tuple[FactSet, int, dict]
     def stores(size: int, bracket: Optional[tuple[int, int]] = None) -> bool:
         if batch and spec.build_batch is not None:
             if size not in ahead:
-                train_batch(_lookahead(size, bracket, max_size) if spec.batch_mixes_sizes else [size])
+                train_batch(_lookahead(size, bracket, max_size))
             trace.append(ahead.pop(size))
         else:
             failures, parameters = [], 0

@@ -292,9 +292,10 @@ def test_gd_mlp_batch_trains_the_models_one_call_each_trains():
 def test_hybrid_batch_builds_the_models_one_call_each_builds(encoder, decoder):
     sets, seeds = _fact_sets(2), [4, 5]
     options = dict(encoder=encoder, decoder=decoder, encoder_steps=300, decoder_steps=60, progress=False)
-    batch = baselines.encoder_decoder_batch(sets, 6, seeds, **options)
-    for (K, V, f), seed, mlp in zip(sets, seeds, batch):
-        alone = baselines.encoder_decoder(K, V, f, 6, seed=seed, **options)
+    ms = [6, 4]  # code dimensions differ: GD encoders and decoders pad them to 6
+    batch = baselines.encoder_decoder_batch(sets, ms, seeds, **options)
+    for (K, V, f), m, seed, mlp in zip(sets, ms, seeds, batch):
+        alone = baselines.encoder_decoder(K, V, f, m, seed=seed, **options)
         assert {k: r.steps for k, r in mlp.fit_results.items()} == {k: r.steps for k, r in alone.fit_results.items()}
         for ours, theirs in zip(mlp.parameters(), alone.parameters()):
             assert torch.allclose(ours, theirs, rtol=1e-7, atol=1e-9)
@@ -320,5 +321,5 @@ def test_batches_reject_mismatched_arguments():
         baselines.gd_mlp_batch(sets, 4, [0])
     with pytest.raises(ValueError, match="fact_sets must share one shape"):
         baselines.gd_mlp_batch([sets[0], random_fact_set(24, 24, 8, seed=0)], 4, [0, 1])
-    with pytest.raises(ValueError, match="GD encoders of one batch need one m"):
-        baselines.encoder_decoder_batch(sets, [4, 5], [0, 1])
+    with pytest.raises(ValueError, match=r"m must be an int or one int per model \(2\)"):
+        baselines.encoder_decoder_batch(sets, [4, 5, 6], [0, 1])

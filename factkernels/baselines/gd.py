@@ -143,15 +143,16 @@ def fit(
 _GATED_NAMES = ("gate", "gate_bias", "up", "up_bias", "down", "down_bias")
 
 
-def _gated_init(d_in: int, hiddens: Sequence[int], d_out: int, seeds: Sequence[int],
+def _gated_init(d_in: int, hiddens: Sequence[int], d_outs: Sequence[int], seeds: Sequence[int],
                 like: torch.Tensor) -> list[torch.Tensor]:
     """B stacked SwiGLU nets, nn.Linear's default init U(±1/√fan_in) drawn on the CPU per model from
     Generator(seeds[b]), zero-padded to the widest: gate/up (B, H, d_in), gate/up bias (B, H),
-    down (B, d_out, H), down bias (B, d_out) with H = max(hiddens)."""
-    width = max(hiddens)
+    down (B, D, H), down bias (B, D) with H = max(hiddens), D = max(d_outs). Padding stays zero in
+    training (its outputs and gradients are zero), so each model trains as it would alone."""
+    width, d_out = max(hiddens), max(d_outs)
     stacked = [torch.zeros(len(hiddens), *shape, dtype=torch.float64)
                for shape in ((width, d_in), (width,), (width, d_in), (width,), (d_out, width), (d_out,))]
-    for b, (hidden, seed) in enumerate(zip(hiddens, seeds)):
+    for b, (hidden, outs, seed) in enumerate(zip(hiddens, d_outs, seeds)):
         generator = torch.Generator().manual_seed(seed)
 
         def uniform(*shape: int, fan_in: int) -> torch.Tensor:
@@ -161,8 +162,8 @@ def _gated_init(d_in: int, hiddens: Sequence[int], d_out: int, seeds: Sequence[i
         stacked[1][b, :hidden] = uniform(hidden, fan_in=d_in)
         stacked[2][b, :hidden] = uniform(hidden, d_in, fan_in=d_in)
         stacked[3][b, :hidden] = uniform(hidden, fan_in=d_in)
-        stacked[4][b, :, :hidden] = uniform(d_out, hidden, fan_in=hidden)
-        stacked[5][b] = uniform(d_out, fan_in=hidden)
+        stacked[4][b, :outs, :hidden] = uniform(outs, hidden, fan_in=hidden)
+        stacked[5][b, :outs] = uniform(outs, fan_in=hidden)
     return [t.to(like) for t in stacked]
 
 
@@ -174,11 +175,13 @@ def _gated_apply(params: Sequence[torch.Tensor], x: torch.Tensor, activation: st
     return torch.baddbmm(down_bias.unsqueeze(1), hidden, down.transpose(1, 2))
 
 
-def _gated_mlp(params: Sequence[torch.Tensor], b: int, hidden: int, activation: str) -> FactMLP:
-    """Model b of stacked gated weights, cut back to its own width, as a FactMLP."""
+def _gated_mlp(params: Sequence[torch.Tensor], b: int, hidden: int, activation: str,
+               outs: Optional[int] = None) -> FactMLP:
+    """Model b of stacked gated weights, cut back to its own width (and ``outs`` outputs), as a FactMLP."""
     gate, gate_bias, up, up_bias, down, down_bias = (p[b] for p in params)
-    return FactMLP(gate[:hidden], gate_bias[:hidden], up[:hidden], up_bias[:hidden], down[:, :hidden], down_bias,
-                   activation=activation)
+    outs = down.shape[0] if outs is None else outs
+    return FactMLP(gate[:hidden], gate_bias[:hidden], up[:hidden], up_bias[:hidden], down[:outs, :hidden],
+                   down_bias[:outs], activation=activation)
 
 
 def _check_rates(lr: float, final_lr: float) -> None:
@@ -267,8 +270,8 @@ def gd_mlp_batch(
             value = (outputs - targets[active]).square().sum(2).mean(1)
         return value, (logits.argmax(2) == facts[active]).all(1)
 
-    params, results = fit(_gated_init(K.shape[2], hiddens, V.shape[2], seeds, K), objective, steps=steps, lr=lr,
-                          final_lr=final_lr, progress=progress, desc=f"gd mlp x{count} h<={max(hiddens)}")
+    params, results = fit(_gated_init(K.shape[2], hiddens, [V.shape[2]] * count, seeds, K), objective, steps=steps,
+                          lr=lr, final_lr=final_lr, progress=progress, desc=f"gd mlp x{count} h<={max(hiddens)}")
     mlps = []
     for b, (hidden, result) in enumerate(zip(hiddens, results)):
         mlp = _gated_mlp(params, b, hidden, activation)
@@ -320,11 +323,12 @@ def gd_encoder_batch(
     activation: str = "silu",
     progress: bool = True,
 ) -> list[tuple[FactMLP, FitResult]]:
-    """B gated encoders trained as one batch: model b maps keys[b] (F, d) to targets[b] (F, m).
+    """B gated encoders trained as one batch: model b maps keys[b] (F, d) to targets[b] (F, m_b).
 
     ``stored(outputs (b, F, m), active (b,)) -> (b,) bool`` stops model active[i] early.
-    Model b's key jitter comes from Generator(seeds[b]) on the keys' device. Otherwise as
-    :func:`gd_encoder`, which is the batch of one.
+    Model b's key jitter comes from Generator(seeds[b]) on the keys' device. Targets of several
+    widths m_b are zero-padded to the widest (outputs (b, F, max m) then hold zeros past m_b).
+    Otherwise as :func:`gd_encoder`, which is the batch of one.
     """
     if len(keys) == 0 or len(keys) != len(targets):
         raise ValueError(f"keys and targets must be non-empty and of one length, got {len(keys)} and {len(targets)}")
@@ -332,8 +336,8 @@ def gd_encoder_batch(
         if not isinstance(target, torch.Tensor) or target.dim() != 2 or target.shape[0] != K.shape[0]:
             raise ValueError(f"targets must be a ({K.shape[0]}, m) tensor (one code per key), got "
                              f"{tuple(target.shape) if isinstance(target, torch.Tensor) else type(target).__name__}")
-    if len({K.shape for K in keys}) != 1 or len({t.shape for t in targets}) != 1:
-        raise ValueError("keys (and targets) must share one shape to train as a batch")
+    if len({K.shape for K in keys}) != 1:
+        raise ValueError("keys must share one shape to train as a batch")
     count = len(keys)
     hiddens = _per_model("hidden", hiddens, count)
     seeds = _seeds(seeds, count)
@@ -342,7 +346,9 @@ def gd_encoder_batch(
     if not (isinstance(key_noise, (int, float)) and key_noise >= 0):
         raise ValueError(f"key_noise must be a non-negative number, got {key_noise!r}")
     _ops.check_activation(activation)
-    K, codes = torch.stack(list(keys)), torch.stack(list(targets))  # (B, F, d), (B, F, m)
+    outs = [t.shape[1] for t in targets]
+    K = torch.stack(list(keys))  # (B, F, d)
+    codes = torch.stack([F_nn.pad(t, (0, max(outs) - t.shape[1])) for t in targets])  # (B, F, max m)
     noise = [torch.Generator(device=K.device).manual_seed(seed) for seed in seeds]
 
     def objective(params: list[torch.Tensor], active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -354,10 +360,10 @@ def gd_encoder_batch(
                   else torch.zeros(active.shape, dtype=torch.bool, device=K.device))
         return loss, solved
 
-    params, results = fit(_gated_init(K.shape[2], hiddens, codes.shape[2], seeds, K), objective, steps=steps, lr=lr,
+    params, results = fit(_gated_init(K.shape[2], hiddens, outs, seeds, K), objective, steps=steps, lr=lr,
                           final_lr=lr, progress=progress, desc=f"gd encoder x{count} h<={max(hiddens)}")
-    return [(_gated_mlp(params, b, hidden, activation), result)
-            for b, (hidden, result) in enumerate(zip(hiddens, results))]
+    return [(_gated_mlp(params, b, hidden, activation, out), result)
+            for b, (hidden, out, result) in enumerate(zip(hiddens, outs, results))]
 
 
 def gd_encoder(
@@ -487,7 +493,7 @@ def encoder_decoder_batch(
 ) -> list[FactMLP]:
     """B hybrid fact MLPs (see :func:`encoder_decoder`, the batch of one): model b stores fact set b
     with code dimension ms[b] from seed seeds[b]. The GD decoders train as one batch, then the GD
-    encoders (which need one m for the batch); closed-form parts are built per model.
+    encoders (codes of several m zero-padded to the largest); closed-form parts are built per model.
     ``encoder_hidden``: one width or one per model (GD encoder only).
     """
     K, V, facts = _stack_fact_sets(fact_sets)
@@ -511,8 +517,12 @@ def encoder_decoder_batch(
 
     fit_results: list[dict] = [{} for _ in range(count)]
     if decoder == "jl":
-        decoders = [jl_decoder(geometry.margin_optimal_outputs(V[b])[0], ms[b], torch.Generator().manual_seed(seeds[b]))
-                    for b in range(count)]
+        outputs: dict = {}  # U* once per fact set: a search's batch repeats each one for several m
+        for b, (_, values, _) in enumerate(fact_sets):
+            if id(values) not in outputs:
+                outputs[id(values)] = geometry.margin_optimal_outputs(V[b])[0]
+        decoders = [jl_decoder(outputs[id(values)], ms[b], torch.Generator().manual_seed(seeds[b]))
+                    for b, (_, values, _) in enumerate(fact_sets)]
     else:
         trained = gd_decoder_batch(list(V), [torch.unique(facts[b]) for b in range(count)], ms, seeds,
                                    steps=decoder_steps, progress=progress)
@@ -528,11 +538,11 @@ def encoder_decoder_batch(
                                     generator=torch.Generator().manual_seed(seeds[b]), progress=progress)
             mlps.append(assemble(enc, dec.projection, activation="silu"))
     else:
-        if len(set(ms)) != 1:
-            raise ValueError(f"the GD encoders of one batch need one m, got ms={ms}")
         hiddens = encoder_hidden or [math.ceil(m * num_facts / d_in * (width_multiplier or GD_WIDTH_MULTIPLIER))
                                      for m in ms]
-        projections = torch.stack([dec.projection for dec in decoders])  # (B, d_out, m)
+        widest = max(ms)
+        projections = torch.stack([F_nn.pad(dec.projection, (0, widest - dec.projection.shape[1]))
+                                   for dec in decoders])  # (B, d_out, max m): zero columns past m_b
 
         def stored(outputs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
             return _all_decoded(torch.bmm(outputs, projections[active].transpose(1, 2)), V[active], facts[active])
