@@ -677,10 +677,13 @@ def _solve_active_set(
     rows = torch.arange(n, device=dev)
     budget = max(_ACTIVE_BYTES, 8 * n * d)
     passes = 1
-    # each value's corral (positions in its active list, -1 for none) and weights: the next round starts
-    # from the last optimum, which stays feasible because constraints are only appended
-    corral_idx = torch.full((n, 0), -1, dtype=torch.int32, device=dev)  # positions < K: int32 halves the lists
-    corral_lam = torch.zeros(n, 0, dtype=torch.float64, device=dev)
+    # each value's corral (positions in its active list, -1 for none) and weights, by value index: the next
+    # round starts from the last optimum, which stays feasible because constraints are only appended. Written
+    # in place, chunk by chunk, and never compacted: copies of these (n x ~d) arrays set the peak memory.
+    widest = min(n - 1, d + 1 + n_add)  # the widest corral _solve_chunk returns
+    corral_idx = torch.full((n, widest), -1, dtype=torch.int32, device=dev)  # positions < K: int32
+    corral_lam = torch.zeros(n, widest, dtype=torch.float64, device=dev)
+    width = 0  # columns in use
     while rows.numel() > 0:
         K = active.shape[1]
         # rows per chunk: the candidate star (K + 1 vectors per row) within the budget, and the corral
@@ -690,18 +693,18 @@ def _solve_active_set(
         step = max(1, min(rows.numel(), budget // (8 * (K + 1) * (2 * d + K + 2)),
                           _CORRAL_BYTES // (8 * kc * (d + 5 * kc + 2))))
         dup = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
-        parts = []
+        new_width = width
         for s in range(0, rows.numel(), step):
             rs = rows[s : s + step]
             st = _cand_star(W, rs, active[s : s + step].long())
-            warm = (corral_idx[s : s + step].long(), corral_lam[s : s + step]) if corral_idx.shape[1] else None
-            u, _, h, part = _solve_chunk(st, W, U[rs], tol=tol, max_iter=max_iter, n_init=n_init, n_add=n_add,
-                                         n_fast=n_fast, corral=warm)
+            warm = (corral_idx[rs, :width].long(), corral_lam[rs, :width]) if width else None
+            u, _, h, (cols, weights) = _solve_chunk(st, W, U[rs], tol=tol, max_iter=max_iter, n_init=n_init,
+                                                    n_add=n_add, n_fast=n_fast, corral=warm)
             U[rs], hi[rs], dup[s : s + step] = u, torch.minimum(hi[rs], h), st.dup_row
-            parts.append((part[0].to(torch.int32), part[1]))
-        width = max(p[0].shape[1] for p in parts)
-        corral_idx = torch.cat([_pad_columns(p[0], width, -1) for p in parts])
-        corral_lam = torch.cat([_pad_columns(p[1], width, 0.0) for p in parts])
+            corral_idx[rs] = _pad_columns(cols.to(torch.int32), widest, -1)
+            corral_lam[rs] = _pad_columns(weights, widest, 0.0)
+            new_width = max(new_width, cols.shape[1])
+        width = new_width
         # one streaming pass: the most violated constraints of every unfinished value
         _, cand = _ops.star_topk(Wk, min(n - 1, 2 * n_add), U[rows].to(Wk.dtype), rows, backend=backend)
         passes += 1
@@ -712,7 +715,6 @@ def _solve_active_set(
         done = ~new.any(dim=1) | dup | (hi[rows] <= math.sqrt(_ZERO_PP)) | (passes > max_iter)
         keep = ~done
         rows, active, new, cand = rows[keep], active[keep], new[keep], cand[keep]
-        corral_idx, corral_lam = corral_idx[keep], corral_lam[keep]
         if rows.numel() == 0:
             break
         # append the new constraints, valid ones first, trimmed to the widest row
