@@ -274,7 +274,7 @@ def gadget_matvec(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor, *, backe
     if not _use_kernel(backend, s, p, coef):
         m, h, q = coef.shape
         # (n, q) @ (q, m*h) then reduce over r against s: two GEMM-shaped steps.
-        t = (p @ coef.permute(2, 0, 1).reshape(q, m * h)).view(-1, m, h)
+        t = (p @ coef.permute(2, 0, 1).reshape(q, m * h)).view(s.shape[0], m, h)
         return torch.einsum("ijr,ir->ij", t, s)
     return _registered(_gadget_matvec_op, _gadget_matvec_kernel)(s, p, coef)
 
@@ -290,7 +290,7 @@ def gadget_rmatvec(s: torch.Tensor, p: torch.Tensor, y: torch.Tensor, *, backend
     _same("s", s, p=p, y=y)
     if not _use_kernel(backend, s, p, y):
         n, h = s.shape
-        w = (y.unsqueeze(2) * s.unsqueeze(1)).reshape(n, -1)  # (n, m*h)
+        w = (y.unsqueeze(2) * s.unsqueeze(1)).reshape(n, y.shape[1] * h)  # (n, m*h)
         return (w.T @ p).view(y.shape[1], h, p.shape[1])
     return _registered(_gadget_rmatvec_op, _gadget_rmatvec_kernel)(s, p, y)
 

@@ -198,6 +198,43 @@ def test_decode_edge_sizes_match_twin(device):
     assert k[0].shape == t[0].shape == (0,) and k[1].shape == t[1].shape == (0,)
 
 
+_EMPTY_PRODUCTS = {
+    # (name, call): every empty dimension of the gadget products and the gated MLP. No hidden units
+    # used to return uninitialised memory (gated_forward) or divide by zero (gadget_matvec) on CPU.
+    "matvec h=0": lambda r, b: _ops.gadget_matvec(r(3, 0), r(3, 4), r(2, 0, 4), backend=b),
+    "matvec q=0": lambda r, b: _ops.gadget_matvec(r(3, 3), r(3, 0), r(2, 3, 0), backend=b),
+    "matvec n=0": lambda r, b: _ops.gadget_matvec(r(0, 3), r(0, 4), r(2, 3, 4), backend=b),
+    "matvec m=0": lambda r, b: _ops.gadget_matvec(r(3, 3), r(3, 4), r(0, 3, 4), backend=b),
+    "rmatvec h=0": lambda r, b: _ops.gadget_rmatvec(r(3, 0), r(3, 4), r(3, 2), backend=b),
+    "rmatvec q=0": lambda r, b: _ops.gadget_rmatvec(r(3, 3), r(3, 0), r(3, 2), backend=b),
+    "rmatvec n=0": lambda r, b: _ops.gadget_rmatvec(r(0, 3), r(0, 4), r(0, 2), backend=b),
+    "rmatvec m=0": lambda r, b: _ops.gadget_rmatvec(r(3, 3), r(3, 4), r(3, 0), backend=b),
+    "gated h=0": lambda r, b: _ops.gated_forward(r(40, 4), r(2, 4), None, r(0, 4), None, r(5, 0), r(5), "silu",
+                                                 backend=b),
+    "gated n=0": lambda r, b: _ops.gated_forward(r(0, 4), r(2, 4), None, r(4, 4), None, r(5, 4), None, "silu",
+                                                 backend=b),
+    "gated d_in=0": lambda r, b: _ops.gated_forward(r(3, 0), r(2, 0), r(2), r(4, 0), r(4), r(5, 4), r(5), "silu",
+                                                    backend=b),
+    "gated d_out=0": lambda r, b: _ops.gated_forward(r(3, 4), r(2, 4), None, r(4, 4), None, r(0, 4), None, "silu",
+                                                     backend=b),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", sorted(_EMPTY_PRODUCTS))
+def test_empty_dimensions_match_twin(device, case):
+    # Each call twice with the same numbers: the kernel and the twin give the same shape and values (an empty
+    # sum is 0, so what is left is the bias or nothing).
+    def numbers(seed):
+        gen = torch.Generator().manual_seed(seed)
+        return lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64).to(device)
+
+    kernel = _EMPTY_PRODUCTS[case](numbers(0), "kernels")
+    twin = _EMPTY_PRODUCTS[case](numbers(0), "torch")
+    assert kernel.shape == twin.shape
+    assert torch.allclose(kernel, twin, atol=1e-12), (kernel, twin)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_decode_nan_scores_match_twin(device, dtype):

@@ -13,7 +13,7 @@ template <typename T> void gadget_matvec(const GadgetProductArgs<T>& a) {
   if (n <= 0 || m <= 0) return;
   constexpr int NR = kNR<T>;
   // coef packed in blocks of whole j's, ~256 rows of q each, so a block stays in L2.
-  const int64_t jb = std::max<int64_t>(1, 256 / h);
+  const int64_t jb = std::max<int64_t>(1, 256 / std::max<int64_t>(h, 1));  // h = 0: every dot is empty (0)
   const int64_t nblk = ceil_div(m, jb);
   const int64_t blk_panels = ceil_div(jb * h, NR);
   const Buffer<T> coef = alloc_buffer<T>(nblk * blk_panels * NR * q);

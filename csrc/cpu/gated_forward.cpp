@@ -45,6 +45,8 @@ template <typename T> void gated_forward(const GatedForwardArgs<T>& a) {
       }
     }
 
+    // No hidden units (h = 0): the down product is empty and the output is the bias alone.
+    if (h == 0) std::fill(acc, acc + kRowBlock * ldo, T(0));
     for (int64_t h0 = 0; h0 < h; h0 += kHC) {
       const int64_t hc = std::min(kHC, h - h0);
       for (int64_t i0 = i_begin; i0 < i_end; i0 += kMR) {
