@@ -40,8 +40,10 @@ over m; see :func:`encoder_width_method`.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, Union
 
 import torch
@@ -207,6 +209,40 @@ class StorageCost:
         return asdict(self)
 
 
+class TrialLog:
+    """Finished trials of cost searches in a JSON file, so that a stopped search resumes where it was.
+
+    A search run with ``checkpoint=path`` writes every trial the moment it is known (atomically) and,
+    started again with the same path, takes the sizes the file has instead of training them: a
+    seed-scale GD search that takes hours can span sessions. Trials are grouped by a search key
+    (method, size name, seeds, facts, eps_acc and the builder options), so one file can serve every
+    search of one experiment cell; it must not be shared between different fact sets.
+    File: {search key: {size: Trial as a dict}}.
+    """
+
+    def __init__(self, path: Union[str, Path]) -> None:
+        self.path = Path(path)
+        self._data: dict = json.loads(self.path.read_text()) if self.path.exists() else {}
+
+    def get(self, search: str, size: int) -> Optional[Trial]:
+        found = self._data.get(search, {}).get(str(size))
+        return None if found is None else Trial(**found)
+
+    def put(self, search: str, trial: Trial) -> None:
+        self._data.setdefault(search, {})[str(trial.size)] = asdict(trial)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")  # never half a file
+        tmp.write_text(json.dumps(self._data, indent=1))
+        tmp.replace(self.path)
+
+
+def _search_key(spec: "Method", seed_list: list[int], num_facts: int, eps_acc: float, options: dict) -> str:
+    """What identifies a search's trials within one checkpoint: the start size and max_size do not change
+    a trial's outcome, the method, seeds and builder options do (options as JSON, others by repr)."""
+    return json.dumps({"method": spec.name, "size": spec.size_name, "seeds": seed_list, "facts": num_facts,
+                       "eps_acc": float(eps_acc), "options": options}, sort_keys=True, default=repr)
+
+
 def _resolve(method: Union[str, Method, Builder], options: dict) -> Method:
     if isinstance(method, str):
         if method not in methods:
@@ -262,18 +298,27 @@ def _lookahead(size: int, bracket: Optional[tuple[int, int]], max_size: int) -> 
 
 def _search(spec: Method, cases: Callable[[], Iterator[tuple[FactSet, int, dict]]], seed_list: list[int],
             num_facts: int, start: Optional[int], max_size: int, eps_acc: float, progress: bool,
-            batch: bool) -> StorageCost:
+            batch: bool, log: Optional[TrialLog] = None, search_key: str = "") -> StorageCost:
     """Doubling then bisection over the size; ``cases()`` yields (fact set, seed, build options) per seed.
 
     batch: when the method can build batches, every seed of a size, and the sizes the search may
     ask for next (:func:`_lookahead`), train as one batch; the search then reads their results as
     it asks, so it visits the same sizes as one at a time (models in a batch are independent), in
-    fewer rounds. One at a time, the seeds after the first that fails are skipped."""
+    fewer rounds. One at a time, the seeds after the first that fails are skipped.
+    log: trials already known (under ``search_key``) are read from it, new ones written to it."""
     start = spec.start if start is None else start
     _check_search(start, max_size, eps_acc)
     allowed_failures = math.floor(eps_acc * num_facts)
     trace: list[Trial] = []
     ahead: dict[int, Trial] = {}  # batched trials the search has not asked for yet
+
+    def known(size: int) -> Optional[Trial]:
+        return None if log is None else log.get(search_key, size)
+
+    def record(found: Trial) -> Trial:
+        if log is not None:
+            log.put(search_key, found)
+        return found
     bar = progress_bar(desc=f"cost {spec.name}", unit="size", enabled=progress, leave=False)
 
     def trial(size: int, failures: list[int], parameters: int) -> Trial:
@@ -281,6 +326,10 @@ def _search(spec: Method, cases: Callable[[], Iterator[tuple[FactSet, int, dict]
         return Trial(size, [1.0 - x / num_facts for x in failures], parameters, stored)
 
     def train_batch(sizes: list[int]) -> None:
+        for size in sizes:
+            if (found := known(size)) is not None:
+                ahead[size] = found
+        sizes = [size for size in sizes if size not in ahead]
         listed = list(cases())
         modules = spec.build_batch([fact_set for fact_set, _, _ in listed for _ in sizes],
                                    [size for _ in listed for size in sizes],
@@ -291,10 +340,12 @@ def _search(spec: Method, cases: Callable[[], Iterator[tuple[FactSet, int, dict]
                 module = modules[j * len(sizes) + i]
                 parameters = module.num_parameters
                 failures.append(int((module.predict(K, V) != f).sum()))
-            ahead[size] = trial(size, failures, parameters)
+            ahead[size] = record(trial(size, failures, parameters))
 
     def stores(size: int, bracket: Optional[tuple[int, int]] = None) -> bool:
-        if batch and spec.build_batch is not None:
+        if (found := known(size)) is not None:
+            trace.append(found)
+        elif batch and spec.build_batch is not None:
             if size not in ahead:
                 train_batch(_lookahead(size, bracket, max_size))
             trace.append(ahead.pop(size))
@@ -306,7 +357,7 @@ def _search(spec: Method, cases: Callable[[], Iterator[tuple[FactSet, int, dict]
                 failures.append(int((module.predict(K, V) != f).sum()))
                 if failures[-1] > allowed_failures:
                     break
-            trace.append(trial(size, failures, parameters))
+            trace.append(record(trial(size, failures, parameters)))
         bar.update(1)
         bar.set_postfix({spec.size_name: size, "stored": trace[-1].stored})
         return trace[-1].stored
@@ -346,6 +397,7 @@ def fact_storage_cost(
     eps_acc: float = 0.0,
     progress: bool = True,
     batch: bool = True,
+    checkpoint: Union[str, Path, None] = None,
     **options,
 ) -> StorageCost:
     """Smallest size (and its parameter count) at which ``method`` stores f for every seed.
@@ -361,6 +413,8 @@ def fact_storage_cost(
         eps_acc: a size stores the facts when at most ⌊eps_acc·F⌋ facts fail for every seed.
         batch: train every seed of a size as one batched model when the method has
             ``build_batch`` (the GD methods); False builds them one at a time.
+        checkpoint: a JSON file (:class:`TrialLog`) where every finished trial is written at once; a
+            search started again with it reuses those trials (for one fact set: K, V and f are not keyed).
         options: passed to the method's builder (e.g. ``degree=4`` for "ntk", ``steps=5000`` for "gd").
 
     Returns:
@@ -375,7 +429,9 @@ def fact_storage_cost(
     def cases() -> Iterator[tuple[FactSet, int, dict]]:
         return ((FactSet(K, V, facts), seed, prepared) for seed in seed_list)
 
-    return _search(spec, cases, seed_list, facts.shape[0], start, max_size, eps_acc, progress, batch)
+    log = None if checkpoint is None else TrialLog(checkpoint)
+    return _search(spec, cases, seed_list, facts.shape[0], start, max_size, eps_acc, progress, batch, log,
+                   _search_key(spec, seed_list, facts.shape[0], eps_acc, options))
 
 
 def sampled_storage_cost(
@@ -388,6 +444,7 @@ def sampled_storage_cost(
     eps_acc: float = 0.0,
     progress: bool = True,
     batch: bool = True,
+    checkpoint: Union[str, Path, None] = None,
     **options,
 ) -> StorageCost:
     """Fact-storage cost over sampled fact sets (seed 000, A.1.2): seed s draws ``sample(s)``
@@ -409,5 +466,7 @@ def sampled_storage_cost(
     sizes = {fs.K.shape[0] for fs, _, _ in fact_sets}
     if len(sizes) != 1:
         raise ValueError(f"sample must return fact sets of one size F, got sizes {sorted(sizes)}")
-    return _search(spec, lambda: iter(fact_sets), seed_list, sizes.pop(), start, max_size, eps_acc, progress,
-                   batch)
+    num_facts = sizes.pop()
+    log = None if checkpoint is None else TrialLog(checkpoint)
+    return _search(spec, lambda: iter(fact_sets), seed_list, num_facts, start, max_size, eps_acc, progress, batch,
+                   log, _search_key(spec, seed_list, num_facts, eps_acc, options))

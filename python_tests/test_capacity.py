@@ -253,3 +253,60 @@ def test_batched_search_trains_the_sizes_ahead_in_few_rounds(tiny):
     assert batched.size == looped.size == 13 and batched.parameters == 130
     assert [t.size for t in batched.trace] == [t.size for t in looped.trace] == [2, 4, 8, 16, 12, 14, 13]
     assert batches == [[2, 4, 8], [16, 32, 64], [9, 10, 11, 12, 13, 14, 15]]  # 3 rounds for 7 sizes
+
+
+def test_checkpointed_search_resumes_without_training_again(tiny, tmp_path):
+    # A search stopped part-way (here: its builder raises at the fifth size) keeps the trials it finished;
+    # run again with the same checkpoint it trains only the sizes it had not tried and finds the same size.
+    K, V, f = tiny
+    built = []
+
+    def build(K, V, f, size, seed):
+        if stop_after is not None and len(built) >= stop_after:
+            raise KeyboardInterrupt  # the session ends
+        built.append(size)
+        return toy_method({0: 37, 1: 37})(K, V, f, size, seed)
+
+    path = tmp_path / "partial" / "cell.json"
+    stop_after = 4  # four failing sizes (one at a time, a size stops at its first failing seed)
+    with pytest.raises(KeyboardInterrupt):
+        fact_storage_cost(build, K, V, f, seeds=2, progress=False, checkpoint=path)
+    first = list(built)
+    assert sorted(set(first)) == [1, 2, 4, 8] and path.exists()
+    built.clear()
+    stop_after = None
+    resumed = fact_storage_cost(build, K, V, f, seeds=2, progress=False, checkpoint=path)
+    fresh = fact_storage_cost(toy_method({0: 37, 1: 37}), K, V, f, seeds=2, progress=False)
+    assert resumed.size == fresh.size == 37
+    assert resumed.trace == fresh.trace
+    assert not set(built) & {1, 2, 4, 8}  # nothing the first run finished was trained again
+    # another search (other options) in the same file keeps its own trials
+    other = fact_storage_cost("ours", K, V, f, seeds=1, progress=False, checkpoint=path, width_multiplier=2.0)
+    again = fact_storage_cost("ours", K, V, f, seeds=1, progress=False, checkpoint=path, width_multiplier=2.0)
+    assert other.size == again.size and other.trace == again.trace
+    assert other.size == fact_storage_cost("ours", K, V, f, seeds=1, progress=False, width_multiplier=2.0).size
+
+
+def test_batched_checkpointed_search_skips_the_sizes_it_has(tiny, tmp_path):
+    K, V, f = tiny
+    batches = []
+
+    class Threshold(torch.nn.Module):  # stores every fact from size 13 on
+        def __init__(self, size):
+            super().__init__()
+            self.size, self.num_parameters = size, 10 * size
+
+        def predict(self, K, V):
+            return f.clone() if self.size >= 13 else (f + 1) % V.shape[0]
+
+    def build_batch(fact_sets, sizes, seeds):
+        batches.append(sorted(set(sizes)))
+        return [Threshold(size) for size in sizes]
+
+    spec = Method("threshold", lambda K, V, f, size, seed: Threshold(size), "size", start=2, build_batch=build_batch)
+    path = tmp_path / "trials.json"
+    first = fact_storage_cost(spec, K, V, f, seeds=2, progress=False, checkpoint=path)
+    assert batches == [[2, 4, 8], [16, 32, 64], [9, 10, 11, 12, 13, 14, 15]]
+    batches.clear()
+    again = fact_storage_cost(spec, K, V, f, seeds=2, progress=False, checkpoint=path)
+    assert batches == [] and again.size == first.size == 13 and again.trace == first.trace

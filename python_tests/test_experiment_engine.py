@@ -155,3 +155,38 @@ def test_report_shows_one_row_per_folder_that_ran_a_claim(toy, tmp_path):
                                                           (str(tmp_path / "seed"), "8 cells even: True")]
     table = report.write_claims_table([tmp_path / "quick", tmp_path / "seed"], tmp_path / "CLAIMS.md").read_text()
     assert "**toy-sum** (quick)" in table and "**toy-sum** (seed)" in table
+
+
+def test_a_cell_keeps_partial_progress_until_it_is_written(toy, tmp_path):
+    # The running cell sees OUT/NAME/partial/KEY.json; a resumed run sees what the stopped one left there,
+    # a fresh run starts clean, and the file is gone once the cell is written.
+    seen = []
+
+    def run_cell(config):
+        path = engine.partial_path()
+        seen.append((path, path.read_text() if path.exists() else None))
+        if config["x"] == 0 and config["y"] == 0 and not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("half")
+            raise KeyboardInterrupt
+        return {"sum": config["x"] + config["y"]}
+
+    exp = engine.Experiment("toy-partial", "toy", (CLAIM,), _grid, run_cell, _summarize)
+    engine.register(exp)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            engine.run("toy-partial", tmp_path, scale="tiny", quiet=True)
+        key = engine.cell_key({"x": 0, "y": 0})
+        assert seen[0] == (tmp_path / "toy-partial" / "partial" / f"{key}.json", None)
+        assert engine.partial_path() is None  # reset outside the cell
+        seen.clear()
+        res = engine.run("toy-partial", tmp_path, scale="tiny", resume=True, quiet=True)
+        assert res.ran == 4 and seen[0][1] == "half"
+        assert not list((tmp_path / "toy-partial" / "partial").glob("*"))
+        (tmp_path / "toy-partial" / "partial" / f"{key}.json").write_text("stale")
+        seen.clear()
+        with pytest.raises(KeyboardInterrupt):  # without resume the stale progress is dropped first
+            engine.run("toy-partial", tmp_path, scale="tiny", quiet=True)
+        assert seen[0][1] is None
+    finally:
+        del engine.REGISTRY["toy-partial"]

@@ -68,7 +68,7 @@ def _search(config: dict, **extra) -> dict:
     if config["method"] in GD_METHODS:
         options["steps"] = config["gd_steps"]
     cost = sampled_storage_cost(config["method"], sample, seeds=config["seeds"], max_size=config["max_size"],
-                                progress=False, **options, **extra)
+                                progress=False, checkpoint=engine.partial_path(), **options, **extra)
     return {"size_name": cost.size_name, "size": cost.size, "parameters": cost.parameters,
             "accuracies": cost.accuracies,
             # best worst-seed accuracy over the sizes tried: how close a method that stores nothing came
@@ -117,7 +117,7 @@ def _encoder_width_search(config: dict, m: int) -> dict:
     default = math.ceil(m * config["facts"] / config["d"])
     sample = functools.partial(family_fact_set, config["family"], config["facts"], config["d"])
     cost = sampled_storage_cost(encoder_width_method(config["method"], m), sample, seeds=config["seeds"],
-                                start=default, max_size=2 * default, progress=False)
+                                start=default, max_size=2 * default, progress=False, checkpoint=engine.partial_path())
     return {"m": m, "default_width": default, "width": cost.size, "parameters": cost.parameters,
             "trace": [[t.size, t.stored, min(t.accuracies)] for t in cost.trace]}
 

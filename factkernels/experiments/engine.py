@@ -14,6 +14,10 @@ folder, or :func:`merge`). When every cell of the grid is present, :func:`summar
 ``OUT/NAME/summary.json`` and the PNGs.
 
 Cell file: {"experiment", "key", "config", "result", "seconds", "environment"}.
+
+A cell that takes hours may keep partial progress in ``OUT/NAME/partial/KEY.json`` (:func:`partial_path`,
+e.g. the trials of a cost search): a resumed run continues from it, and it is deleted once the cell is
+written. Commit it with the cells to continue a long cell in another session.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import json
 import math
 import shutil
 import time
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
@@ -161,6 +166,15 @@ def cells_dir(out: PathLike, name: str) -> Path:
     return Path(out) / name / "cells"
 
 
+_PARTIAL: ContextVar[Optional[Path]] = ContextVar("factkernels_partial_cell", default=None)
+
+
+def partial_path() -> Optional[Path]:
+    """The file where the cell :func:`run` is running may keep partial progress (``OUT/NAME/partial/KEY.json``;
+    it may not exist yet), or None outside a run. Kept on resume, removed when the cell is written."""
+    return _PARTIAL.get()
+
+
 def load_cells(out: PathLike, name: str) -> dict[str, Cell]:
     """Every finished cell of experiment ``name`` under ``out``, by key."""
     found = {}
@@ -245,9 +259,17 @@ def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple
     bar = progress_bar(todo, desc=name, enabled=not quiet, unit="cell")
     for key, config in bar:
         bar.set_postfix_str(key[:40])
+        partial = Path(out) / name / "partial" / f"{key}.json"
+        if not resume:
+            partial.unlink(missing_ok=True)  # a fresh run recomputes everything
+        token = _PARTIAL.set(partial)
         start = time.perf_counter()
-        result = experiment.run_cell(dict(config))
+        try:
+            result = experiment.run_cell(dict(config))
+        finally:
+            _PARTIAL.reset(token)
         _write_cell(out, name, key, config, result, time.perf_counter() - start)
+        partial.unlink(missing_ok=True)
     present = load_cells(out, name)
     missing = [k for k in keys if k not in present]
     summary, files = None, []
@@ -295,5 +317,5 @@ def merge(sources: Iterable[PathLike], out: PathLike) -> int:
 
 
 __all__ = ["Cell", "Claim", "Experiment", "Finding", "REGISTRY", "RunResult", "SCALES", "VERDICTS", "cell_key", "clean_json", "get",
-           "load_cells", "matches", "merge", "parse_only", "parse_shard", "register", "run", "set_threads",
+           "load_cells", "matches", "merge", "parse_only", "parse_shard", "partial_path", "register", "run", "set_threads",
            "summarize_dir"]
