@@ -231,11 +231,10 @@ def test_batched_gd_search_finds_the_size_of_the_one_at_a_time_search(tiny):
         assert ours.stored == theirs.stored and ours.accuracies[:len(theirs.accuracies)] == theirs.accuracies
 
 
-def test_batched_search_trains_the_sizes_ahead_in_few_rounds(tiny):
-    K, V, f = tiny
-    batches = []
+def threshold_method(f, batches):
+    """A batch-building method that stores every fact from size 13 on; ``batches`` records each batch's sizes."""
 
-    class Threshold(torch.nn.Module):  # stores every fact from size 13 on
+    class Threshold(torch.nn.Module):
         def __init__(self, size):
             super().__init__()
             self.size, self.num_parameters = size, 10 * size
@@ -247,7 +246,13 @@ def test_batched_search_trains_the_sizes_ahead_in_few_rounds(tiny):
         batches.append(sorted(set(sizes)))
         return [Threshold(size) for size in sizes]
 
-    spec = Method("threshold", lambda K, V, f, size, seed: Threshold(size), "size", start=2, build_batch=build_batch)
+    return Method("threshold", lambda K, V, f, size, seed: Threshold(size), "size", start=2, build_batch=build_batch)
+
+
+def test_batched_search_trains_the_sizes_ahead_in_few_rounds(tiny):
+    K, V, f = tiny
+    batches = []
+    spec = threshold_method(f, batches)
     batched = fact_storage_cost(spec, K, V, f, seeds=2, progress=False)
     looped = fact_storage_cost(spec, K, V, f, seeds=2, progress=False, batch=False)
     assert batched.size == looped.size == 13 and batched.parameters == 130
@@ -290,20 +295,7 @@ def test_checkpointed_search_resumes_without_training_again(tiny, tmp_path):
 def test_batched_checkpointed_search_skips_the_sizes_it_has(tiny, tmp_path):
     K, V, f = tiny
     batches = []
-
-    class Threshold(torch.nn.Module):  # stores every fact from size 13 on
-        def __init__(self, size):
-            super().__init__()
-            self.size, self.num_parameters = size, 10 * size
-
-        def predict(self, K, V):
-            return f.clone() if self.size >= 13 else (f + 1) % V.shape[0]
-
-    def build_batch(fact_sets, sizes, seeds):
-        batches.append(sorted(set(sizes)))
-        return [Threshold(size) for size in sizes]
-
-    spec = Method("threshold", lambda K, V, f, size, seed: Threshold(size), "size", start=2, build_batch=build_batch)
+    spec = threshold_method(f, batches)
     path = tmp_path / "trials.json"
     first = fact_storage_cost(spec, K, V, f, seeds=2, progress=False, checkpoint=path)
     assert batches == [[2, 4, 8], [16, 32, 64], [9, 10, 11, 12, 13, 14, 15]]
