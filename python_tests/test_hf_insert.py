@@ -156,6 +156,34 @@ def test_full_model_values_keep_each_fact_once_it_reaches_the_margin(fresh_tiny,
     assert float(margins.min()) >= 1.0 - 1e-4
 
 
+def test_values_in_checkpointed_chunks_equal_one_run_and_resume(fresh_tiny, tmp_path, monkeypatch):
+    """Through the model the values can run in chunks of requests, each written to a checkpoint when done:
+    the δ equal one run over every request, a second run reads them without optimising, and a checkpoint
+    made for other settings is refused."""
+    import factkernels.hf.insert as insert
+
+    transformers = pytest.importorskip("transformers")
+    base, tok = fresh_tiny
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(base.config.__class__(**{**base.config.to_dict(),
+                                                                    "initializer_range": 0.2})).eval()
+    batch = hf.encode_requests(tok, hf.parse_requests(REQUESTS), with_target=True)
+    keys = insert.key_positions(batch, "target")
+    whole, info = insert.optimise_deltas(model, batch, 1, keys, margin=1.0, steps=40, progress=False)
+    path = tmp_path / "values.safetensors"
+    chunked, chunk_info = insert.optimise_deltas(model, batch, 1, keys, margin=1.0, steps=40, progress=False,
+                                                 checkpoint=path, facts_per_chunk=3)
+    torch.testing.assert_close(chunked, whole, rtol=1e-4, atol=1e-5)
+    assert chunk_info["value_chunks"] == 2 and chunk_info["value_steps"] == info["value_steps"]
+    assert chunk_info["value_min_margin"] == pytest.approx(info["value_min_margin"], abs=1e-3)
+    monkeypatch.setattr(insert, "_optimise", lambda *a, **k: pytest.fail("a saved chunk was optimised again"))
+    again, _ = insert.optimise_deltas(model, batch, 1, keys, margin=1.0, steps=40, progress=False,
+                                      checkpoint=path, facts_per_chunk=3)
+    assert torch.equal(again, chunked)
+    with pytest.raises(ValueError, match="other requests"):
+        insert.optimise_deltas(model, batch, 1, keys, margin=2.0, steps=40, progress=False, checkpoint=path)
+
+
 def test_insert_rejects_bad_arguments(fresh_tiny):
     model, tok = fresh_tiny
     with pytest.raises(ValueError, match=r"layer must be an int in \[0, 3\)"):

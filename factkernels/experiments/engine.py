@@ -171,8 +171,14 @@ _PARTIAL: ContextVar[Optional[Path]] = ContextVar("factkernels_partial_cell", de
 
 def partial_path() -> Optional[Path]:
     """The file where the cell :func:`run` is running may keep partial progress (``OUT/NAME/partial/KEY.json``;
-    it may not exist yet), or None outside a run. Kept on resume, removed when the cell is written."""
+    it may not exist yet; other suffixes of the same name are the cell's too), or None outside a run. Kept on
+    resume, removed when the cell is written."""
     return _PARTIAL.get()
+
+
+def _drop_partial(partial: Path) -> None:
+    for path in partial.parent.glob(partial.stem + ".*"):  # keys hold only [A-Za-z0-9._-]
+        path.unlink()
 
 
 def load_cells(out: PathLike, name: str) -> dict[str, Cell]:
@@ -261,7 +267,7 @@ def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple
         bar.set_postfix_str(key[:40])
         partial = Path(out) / name / "partial" / f"{key}.json"
         if not resume:
-            partial.unlink(missing_ok=True)  # a fresh run recomputes everything
+            _drop_partial(partial)  # a fresh run recomputes everything
         token = _PARTIAL.set(partial)
         start = time.perf_counter()
         try:
@@ -269,7 +275,7 @@ def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple
         finally:
             _PARTIAL.reset(token)
         _write_cell(out, name, key, config, result, time.perf_counter() - start)
-        partial.unlink(missing_ok=True)
+        _drop_partial(partial)
     present = load_cells(out, name)
     missing = [k for k in keys if k not in present]
     summary, files = None, []

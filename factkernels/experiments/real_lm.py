@@ -150,6 +150,9 @@ def run_cell(config: dict) -> dict:
         raise ValueError(f"method must be one of {METHODS}, got {config['method']!r}")
     if config["method"] == "ours":
         kwargs: dict = {"background": _texts("stats", tiny), "position": config.get("position", "target")}
+        partial = engine.partial_path()  # values through the model take hours at 1,000 facts: keep finished chunks
+        if partial is not None:
+            kwargs["checkpoint"] = partial.with_suffix(".safetensors")
         if tiny:
             kwargs.update(value_steps=10)
         applied = hf.insert_facts(model, tok, facts.requests, layer=config["layer"], progress=False, **kwargs)

@@ -26,9 +26,12 @@ Design (argued from measurements in benchmarks/results/hf/, see the README):
 
 from __future__ import annotations
 
+import hashlib
+import json
 import resource
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -37,6 +40,7 @@ from ..progress import progress_bar
 
 from ..encoder import assemble, build_shared_gate
 from ..mlp import FactMLP
+from ..validation import check_positive_int
 from .capture import (PromptBatch, capture, encode_requests, encode_texts, final_hidden, length_sorted_chunks,
                       logits_at, model_device)
 from .layout import mlp_layers, mlp_module
@@ -95,7 +99,8 @@ def head_path(model: Any, layer: int, keys: KeySet) -> bool:
 
 def optimise_deltas(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *, margin: float = 3.0,
                     steps: int = 60, lr: float = 0.5, batch_size: int = 32, residual: Optional[torch.Tensor] = None,
-                    progress: bool = True) -> tuple[torch.Tensor, dict]:
+                    progress: bool = True, checkpoint: Union[str, Path, None] = None,
+                    facts_per_chunk: int = 50) -> tuple[torch.Tensor, dict]:
     """Residual deltas δ (n_keys, d) added after layer ``layer``'s MLP at the key positions so that greedy
     decoding produces every target (each target token wins by ``margin`` logits), smallest-effort:
     Adam on the cross-entropy of the facts still below the margin, stopping when none is.
@@ -105,7 +110,81 @@ def optimise_deltas(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *,
     the prompts of the facts not yet at the margin only: a fact that reaches it keeps that δ.
     residual: (n_keys, d) the residual after ``layer`` at the key positions, when the caller captured it
     already (fast path only; otherwise it is captured here).
+    checkpoint: a .safetensors file for the model path (hours at 1,000 facts on a CPU): the requests run in
+        chunks of ``facts_per_chunk`` and each chunk's δ is written the moment it is done; run again with
+        the same file, the chunks it holds are read instead of optimised. Facts are independent rows and Adam
+        is elementwise, so chunks give the δ of one run over every fact (up to float rounding). The file
+        records what it was made for and is refused for other requests, layer or settings.
     """
+    if checkpoint is None or head_path(model, layer, keys):
+        return _optimise(model, batch, layer, keys, margin=margin, steps=steps, lr=lr, batch_size=batch_size,
+                         residual=residual, progress=progress)
+    check_positive_int("facts_per_chunk", facts_per_chunk)
+    saved = _DeltaCheckpoint(checkpoint, _value_fingerprint(model, batch, layer, keys, margin, steps, lr))
+    delta = torch.zeros(len(keys.row), model.config.hidden_size, device=model_device(model))
+    infos = []
+    starts = range(0, len(batch), facts_per_chunk)
+    for start in progress_bar(starts, desc=f"values at layer {layer} (chunks)", enabled=progress, leave=False):
+        end = min(len(batch), start + facts_per_chunk)
+        chosen = ((keys.fact >= start) & (keys.fact < end)).nonzero().flatten()
+        if start not in saved.chunks:
+            sub = KeySet(keys.row[chosen] - start, keys.position[chosen], keys.fact[chosen] - start, keys.token[chosen])
+            part, info = _optimise(model, batch.rows(slice(start, end)), layer, sub, margin=margin, steps=steps,
+                                   lr=lr, batch_size=batch_size, residual=None, progress=progress)
+            saved.put(start, part, info)
+        part, info = saved.chunks[start]
+        delta[chosen.to(delta.device)] = part.to(delta)
+        infos.append(info)
+    return delta, {"value_steps": max(i["value_steps"] for i in infos),
+                   "value_min_margin": min(i["value_min_margin"] for i in infos), "value_path": "model",
+                   "value_chunks": len(infos)}
+
+
+def _value_fingerprint(model: Any, batch: PromptBatch, layer: int, keys: KeySet, margin: float, steps: int,
+                       lr: float) -> str:
+    """What a δ checkpoint was made for: the model (config and its layer's weights), the prompts, keys, settings."""
+    digest = hashlib.sha1()
+    digest.update(json.dumps({"config": model.config.to_dict(), "layer": layer, "margin": margin, "steps": steps,
+                              "lr": lr}, sort_keys=True, default=str).encode())
+    for t in (batch.input_ids, batch.attention_mask, keys.row, keys.position, keys.token,
+              mlp_module(model, layer).down_proj.weight.detach()):
+        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class _DeltaCheckpoint:
+    """The δ of finished chunks in a safetensors file: tensor "chunk{start}" (keys of the chunk, d), metadata
+    {"fingerprint", "infos": {start: info}}; rewritten whole (atomically) after each chunk."""
+
+    def __init__(self, path: Union[str, Path], fingerprint: str) -> None:
+        from safetensors import safe_open
+
+        self.path, self.fingerprint = Path(path), fingerprint
+        self.chunks: dict[int, tuple[torch.Tensor, dict]] = {}
+        if self.path.exists():
+            with safe_open(str(self.path), framework="pt") as fh:
+                meta = fh.metadata() or {}
+                if meta.get("fingerprint") != fingerprint:
+                    raise ValueError(f"{self.path} holds values for other requests, layer, model or settings; "
+                                     "remove it or pass another checkpoint")
+                infos = json.loads(meta["infos"])
+                self.chunks = {int(k): (fh.get_tensor(f"chunk{k}"), info) for k, info in infos.items()}
+
+    def put(self, start: int, delta: torch.Tensor, info: dict) -> None:
+        from safetensors.torch import save_file
+
+        self.chunks[start] = (delta.detach().cpu().contiguous(), info)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        save_file({f"chunk{k}": t for k, (t, _) in self.chunks.items()}, str(tmp),
+                  metadata={"fingerprint": self.fingerprint,
+                            "infos": json.dumps({str(k): i for k, (_, i) in self.chunks.items()})})
+        tmp.replace(self.path)
+
+
+def _optimise(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *, margin: float, steps: int, lr: float,
+              batch_size: int, residual: Optional[torch.Tensor], progress: bool) -> tuple[torch.Tensor, dict]:
+    """:func:`optimise_deltas` over every request of ``batch`` at once."""
     device = model_device(model)
     head_only = head_path(model, layer, keys)
     delta = torch.zeros(len(keys.row), model.config.hidden_size, device=device, requires_grad=True)
@@ -337,7 +416,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
                  background: Optional[Sequence[str]] = None, margin: float = 3.0, value_steps: int = 60,
                  value_lr: float = 0.5, contrast: int = 2, sharpness: float = 100.0, threshold: float = 0.92,
                  adaptive_threshold: bool = False, seed: int = 0, batch_size: int = 32,
-                 progress: bool = True) -> Insertion:
+                 progress: bool = True, checkpoint: Union[str, Path, None] = None) -> Insertion:
     """Insert facts by appending constructed hidden units to one layer's MLP (in place).
 
     requests: dicts/Requests or a .json/.csv path (see :func:`factkernels.hf.parse_requests`).
@@ -349,6 +428,9 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         subject, at the key positions — added to the background: same template, other subject, so the
         detectors learn what distinguishes the subject rather than the template (0 turns it off).
     sharpness, threshold, adaptive_threshold: the detector gate's (see :func:`detector_mlp`).
+    checkpoint: a .safetensors file keeping the values (δ) of finished chunks of requests when they need the
+        model (any layer but the last, or subject keys), so a long insertion can be stopped and run again
+        (see :func:`optimise_deltas`).
     Returns an :class:`Insertion`; raises ValueError for bad requests, layer or options.
     """
     start_time = time.perf_counter()
@@ -383,7 +465,8 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
 
     t = time.perf_counter()
     deltas, value_info = optimise_deltas(model, batch, layer, keys_at, margin=margin, steps=value_steps, lr=value_lr,
-                                         batch_size=batch_size, residual=residual, progress=progress)
+                                         batch_size=batch_size, residual=residual, progress=progress,
+                                         checkpoint=checkpoint)
     timings["values"] = time.perf_counter() - t
 
     t = time.perf_counter()
