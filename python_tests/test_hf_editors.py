@@ -131,6 +131,38 @@ def test_residual_targets_train_each_fact_on_its_own(llama):
     assert bool(stopped.any()) and not bool(stopped.all())  # some facts stopped early, others ran every step
 
 
+def test_residual_targets_resume_from_a_chunk_checkpoint(llama, tmp_path, monkeypatch):
+    """Each finished chunk is written at once: a run stopped after its first chunk resumes there, gives the same
+    δ as one run, counts the stored chunk's seconds, and the file is refused for other settings."""
+    import factkernels.hf.editors as editors
+
+    model, tok = llama
+    requests = hf.parse_requests(REQUESTS + [{"prompt": "the novel {} is by", "subject": "dune",
+                                              "target_new": "mary shelley"}])
+    settings = dict(steps=20, lr=0.5, weight_decay=0.0, clamp_norm=1e3, clamp_to="layer", kl_factor=0.05,
+                    progress=False)
+    whole = residual_targets(model, tok, requests, 1, chunk=2, **settings)
+    path = tmp_path / "targets.safetensors"
+    real, calls = editors._add_at, []
+
+    def stop_in_second_chunk(module, rows, positions, delta):
+        calls.append(len(rows))
+        if len(calls) > 1 and len(rows) == 1:  # the second chunk (one request) starts: the session ends
+            raise KeyboardInterrupt
+        return real(module, rows, positions, delta)
+
+    monkeypatch.setattr(editors, "_add_at", stop_in_second_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        residual_targets(model, tok, requests, 1, chunk=2, checkpoint=path, **settings)
+    monkeypatch.setattr(editors, "_add_at", real)
+    resumed = residual_targets(model, tok, requests, 1, chunk=2, checkpoint=path, **settings)
+    for name in ("delta", "mlp_out", "layer_out", "nll_before", "nll_after"):
+        torch.testing.assert_close(getattr(resumed, name), getattr(whole, name), rtol=1e-5, atol=1e-6)
+    assert resumed.restored_seconds > 0 and whole.restored_seconds == 0.0
+    with pytest.raises(ValueError, match="other requests"):
+        residual_targets(model, tok, requests, 1, chunk=1, checkpoint=path, **settings)
+
+
 def test_alphaedit_with_an_empty_null_space_changes_nothing(llama, tmp_path):
     model, tok = llama
     stats = key_second_moments(model, tok, [0, 1], texts=TEXTS, cache_dir=tmp_path)

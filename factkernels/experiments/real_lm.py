@@ -148,16 +148,17 @@ def run_cell(config: dict) -> dict:
     start = time.perf_counter()
     if config["method"] not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {config['method']!r}")
+    partial = engine.partial_path()  # δ through the model takes hours at 1,000 facts: finished chunks are kept
+    checkpoint = None if partial is None else partial.with_suffix(".safetensors")
     if config["method"] == "ours":
-        kwargs: dict = {"background": _texts("stats", tiny), "position": config.get("position", "target")}
-        partial = engine.partial_path()  # values through the model take hours at 1,000 facts: keep finished chunks
-        if partial is not None:
-            kwargs["checkpoint"] = partial.with_suffix(".safetensors")
+        kwargs: dict = {"background": _texts("stats", tiny), "position": config.get("position", "target"),
+                        "checkpoint": checkpoint}
         if tiny:
             kwargs.update(value_steps=10)
         applied = hf.insert_facts(model, tok, facts.requests, layer=config["layer"], progress=False, **kwargs)
         undo, report = applied.remove, {"hidden_added": applied.report.hidden_added,
                                         "insert_efficacy": applied.report.efficacy}
+        start -= applied.report.values.get("value_restored_seconds", 0.0)  # chunks done by an earlier run
     else:
         hparams = {"layers": [1], "steps": 10} if tiny else {}
         hparams.update(config.get("hparams", {}))
@@ -169,7 +170,7 @@ def run_cell(config: dict) -> dict:
         step_key = _residual_step_key(config, hparams)
         shared = _SHARED_TARGETS.get(step_key)
         applied = hf.edit(model, tok, facts.requests, method=config["method"], stats=stats, progress=False,
-                          targets=shared[0] if shared else None, **hparams)
+                          targets=shared[0] if shared else None, checkpoint=checkpoint, **hparams)
         if shared is None:
             _SHARED_TARGETS.clear()  # one residual step is kept: the grid's cells of one step run in a row
             _SHARED_TARGETS[step_key] = (applied.targets, applied.report["targets_seconds"])
@@ -177,7 +178,8 @@ def run_cell(config: dict) -> dict:
                                          "nll_target": applied.report["nll_target"],
                                          "targets_reused": applied.report["targets_reused"],
                                          "targets_seconds": (shared or _SHARED_TARGETS[step_key])[1]}
-        start -= shared[1] if shared else 0.0  # a standalone edit trains its δ
+        # a standalone edit trains its δ; chunks of it read from a checkpoint count the time they took then
+        start -= shared[1] if shared else applied.targets.restored_seconds
     edit_seconds = time.perf_counter() - start
     try:
         scores = evaluate(model, tok, facts.requests, paraphrases=facts.paraphrases, neighborhood=facts.neighborhood,

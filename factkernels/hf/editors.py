@@ -33,7 +33,8 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F_nn
@@ -41,6 +42,7 @@ from ..progress import progress_bar
 
 from ..transformer.editing import alphaedit_update, memit_update, null_space_projector, rome_update
 from .capture import PromptBatch, capture, encode_requests, final_hidden, logits_at, model_device
+from .checkpoint import ChunkCheckpoint, fingerprint
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
 from .statistics import key_second_moments
@@ -72,7 +74,8 @@ class ResidualTargets:
     layer_out (n, d) the unedited residual stream after the layer, at the subject's last token;
     nll_before / nll_after (n,) the target's mean NLL without / with δ. layer and settings (the
     δ hyperparameters, :data:`TARGET_HPARAMS`, and clamp_to) say how they were made, so a later
-    :func:`edit` can reuse them only where they apply."""
+    :func:`edit` can reuse them only where they apply. restored_seconds: the time earlier runs spent
+    on the chunks read back from a checkpoint."""
 
     delta: torch.Tensor
     mlp_out: torch.Tensor
@@ -81,6 +84,7 @@ class ResidualTargets:
     nll_after: torch.Tensor
     layer: int = -1
     settings: dict = field(default_factory=dict)
+    restored_seconds: float = 0.0
 
 
 @contextmanager
@@ -131,10 +135,12 @@ def _last_log_probs(model: Any, batch: PromptBatch) -> torch.Tensor:
 
 def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: int, *, steps: int, lr: float,
                      weight_decay: float, clamp_norm: float, clamp_to: str, kl_factor: float,
-                     early_stop: Optional[float] = 5e-2, chunk: int = 32,
-                     progress: Optional[bool] = None) -> ResidualTargets:
+                     early_stop: Optional[float] = 5e-2, chunk: int = 32, progress: Optional[bool] = None,
+                     checkpoint: Union[str, Path, None] = None) -> ResidualTargets:
     """Train δ at ``layer``'s MLP output for every request (see the module docstring); facts are
-    independent, so they are trained ``chunk`` at a time. clamp_to: "mlp" (ROME) or "layer" (MEMIT)."""
+    independent, so they are trained ``chunk`` at a time. clamp_to: "mlp" (ROME) or "layer" (MEMIT).
+    checkpoint: a .safetensors file (:class:`~factkernels.hf.checkpoint.ChunkCheckpoint`) where each finished
+    chunk is written at once and from which a rerun reads the chunks it holds (hours at 1,000 facts on a CPU)."""
     if clamp_to not in ("mlp", "layer"):
         raise ValueError(f"clamp_to must be 'mlp' or 'layer', got {clamp_to!r}")
     if steps < 0 or not lr > 0:
@@ -142,10 +148,25 @@ def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: i
     mlp = mlp_module(model, layer)
     block = model.model.layers[layer]
     device = model_device(model)
+    settings = {"steps": steps, "lr": lr, "weight_decay": weight_decay, "clamp_norm": clamp_norm,
+                "kl_factor": kl_factor, "early_stop": early_stop, "clamp_to": clamp_to}
+    saved = None
+    if checkpoint is not None:
+        every = encode_requests(tok, list(requests), with_target=True)
+        saved = ChunkCheckpoint(checkpoint, fingerprint(model, layer, (every.input_ids, every.attention_mask),
+                                                        {**settings, "chunk": chunk}))
+    names = ("delta", "mlp_out", "layer_out", "nll_before", "nll_after")
     parts: list[tuple[torch.Tensor, ...]] = []
+    restored = 0.0
     with _frozen(model):
         for start in progress_bar(range(0, len(requests), chunk), desc=f"targets at layer {layer}",
                                   enabled=progress is not False, leave=False):
+            if saved is not None and start in saved.chunks:
+                tensors, info = saved.chunks[start]
+                parts.append(tuple(tensors[name].to(device) for name in names))
+                restored += info["seconds"]
+                continue
+            chunk_start = time.perf_counter()
             part = list(requests[start:start + chunk])
             facts = encode_requests(tok, part, with_target=True)
             essence = encode_requests(tok, [Request(KL_PROMPT, r.subject, r.target_new) for r in part])
@@ -197,9 +218,10 @@ def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: i
             with torch.no_grad(), _add_at(mlp, rows, where, delta):
                 nll_after = _target_nll(model, facts)
             parts.append((delta, mlp_out, layer_out, nll_before, nll_after))
-    settings = {"steps": steps, "lr": lr, "weight_decay": weight_decay, "clamp_norm": clamp_norm,
-                "kl_factor": kl_factor, "early_stop": early_stop, "clamp_to": clamp_to}
-    return ResidualTargets(*(torch.cat(cols) for cols in zip(*parts)), layer=layer, settings=settings)
+            if saved is not None:
+                saved.put(start, dict(zip(names, parts[-1])), {"seconds": time.perf_counter() - chunk_start})
+    return ResidualTargets(*(torch.cat(cols) for cols in zip(*parts)), layer=layer, settings=settings,
+                           restored_seconds=restored)
 
 
 # ----------------------------------------------------------------------------- the editors
@@ -263,7 +285,8 @@ def _check_targets(targets: ResidualTargets, n: int, layer: int, settings: dict)
 
 def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Optional[Sequence[int]] = None, *,
          stats: Optional[dict[int, torch.Tensor]] = None, cache_dir: Any = None, progress: Optional[bool] = None,
-         targets: Optional[ResidualTargets] = None, **hparams: Any) -> EditResult:
+         targets: Optional[ResidualTargets] = None, checkpoint: Union[str, Path, None] = None,
+         **hparams: Any) -> EditResult:
     """Apply ROME, MEMIT or AlphaEdit for ``requests`` to ``model`` in place (see the module docstring).
 
     requests: anything :func:`~factkernels.hf.requests.parse_requests` takes. layers: the edited
@@ -274,6 +297,8 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
     of re-trained — an update-rule grid (MEMIT's ``mom2_weight``, AlphaEdit's ``l2`` /
     ``nullspace_tol``) then costs one residual step; they must match the last layer and the δ
     settings (:data:`TARGET_HPARAMS`), else ValueError. The model must be unedited either way.
+    checkpoint: a .safetensors file keeping the residual step's finished chunks (see
+    :func:`residual_targets`), so a long edit can be stopped and run again.
     """
     started = time.perf_counter()
     reqs = list(parse_requests(requests))
@@ -292,8 +317,10 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
         _check_targets(targets, len(reqs), last, target_settings)
     else:
         targets = residual_targets(model, tok, reqs, last, **target_settings, chunk=hp.get("chunk", 32),
-                                   progress=progress)
-    targets_seconds = time.perf_counter() - started - stats_seconds
+                                   progress=progress, checkpoint=checkpoint)
+    targets_wall = time.perf_counter() - started - stats_seconds
+    # δ's cost as if it had run at once: chunks read from a checkpoint count the time they took then
+    targets_seconds = targets_wall + (0.0 if reused else targets.restored_seconds)
     batch = encode_requests(tok, reqs)
     report: dict[str, Any] = {"method": method, "layers": list(layers), "facts": len(reqs),
                               "hparams": {k: v for k, v in hp.items()}}
@@ -309,7 +336,7 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
     report.update({"nll_before": float(targets.nll_before.mean()), "nll_target": float(targets.nll_after.mean()),
                    "delta_norm": float(targets.delta.norm(dim=1).mean()), "stats_seconds": stats_seconds,
                    "targets_seconds": targets_seconds, "targets_reused": reused,
-                   "update_seconds": time.perf_counter() - started - stats_seconds - targets_seconds,
+                   "update_seconds": time.perf_counter() - started - stats_seconds - targets_wall,
                    "seconds": time.perf_counter() - started})
     return EditResult(method, layers, report, targets, model, original)
 
