@@ -172,13 +172,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("star_topk",
         [](const std::string& device, const std::string& dtype, uintptr_t p, int64_t ldp, uintptr_t w,
            int64_t ldw, uintptr_t sq, uintptr_t self, uintptr_t vals, uintptr_t idx, int64_t r, int64_t n,
-           int64_t d, int64_t k, uintptr_t stream) {
+           int64_t d, int64_t k, int64_t splits, uintptr_t part_vals, uintptr_t part_idx, uintptr_t stream) {
           const int dev = device_index(device);
           dispatch_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
             StarTopkArgs<T> a{cptr<T>(p), ldp, cptr<T>(w), ldw, cptr<T>(sq),
                               reinterpret_cast<const int64_t*>(self), mptr<T>(vals),
-                              reinterpret_cast<int64_t*>(idx), r, n, d, k};
+                              reinterpret_cast<int64_t*>(idx), r, n, d, k, splits, mptr<T>(part_vals),
+                              reinterpret_cast<int64_t*>(part_idx)};
             py::gil_scoped_release nogil;
             FK_LAUNCH(star_topk, a, dev, stream);
           });

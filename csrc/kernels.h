@@ -105,6 +105,8 @@ struct DecodeArgs {
 //   (cancellation; kCloseRel = 1e-6 double, 1e-3 float); identical values score 0.
 //   vals[i, :k] ascending (lowest j first on ties), idx[i, :k]; +inf and -1 past the n - 1 others.
 //   p: (r, d) or null, w: (n, d), sq: (n,) = |w_j|^2, self: (r,) int64 in [0, n); vals, idx: (r, k)
+//   CUDA only: splits > 1 splits the values into ranges (few rows would leave the GPU idle), each range's
+//   lists go to part_vals / part_idx (splits * r * k, caller-owned) and are merged in range order.
 template <typename T>
 struct StarTopkArgs {
   const T* p; int64_t ldp;
@@ -114,6 +116,8 @@ struct StarTopkArgs {
   T* vals;
   int64_t* idx;
   int64_t r, n, d, k;
+  int64_t splits;
+  T* part_vals; int64_t* part_idx;
 };
 
 // Fused max-over-heads attention scores (seed 002, Sec. 3), never forming (batch, h, lq, lk):

@@ -385,8 +385,9 @@ def decode(
     return _registered(_decode_op, _decode_kernel)(y, values, target)
 
 
-def _decode_splits(n: int, nv: int, device: torch.device) -> int:
-    """How many ranges of the values the CUDA decode splits into (1 on CPU, which splits on its own).
+def _value_splits(n: int, nv: int, device: torch.device) -> int:
+    """How many ranges of the values the CUDA decode and star_topk split into (1 on CPU, which splits
+    on its own).
 
     One block covers 32 rows and streams 64-value tiles; with few rows the values are split
     until there are about two blocks per multiprocessor, each range at least 8 tiles long.
@@ -529,7 +530,7 @@ def _decode_kernel(y: torch.Tensor, values: torch.Tensor,
     target = None if target is None else target.contiguous()
     index = torch.empty(n, dtype=torch.int64, device=y.device)
     margin = torch.empty(n, dtype=y.dtype, device=y.device)
-    splits = _decode_splits(n, nv, y.device)
+    splits = _value_splits(n, nv, y.device)
     part_val = torch.empty(3 * splits * n, dtype=y.dtype, device=y.device) if splits > 1 else None
     part_idx = torch.empty(splits * n, dtype=torch.int64, device=y.device) if splits > 1 else None
     _C.decode(*_launch_args(y), _ptr(y), _ld(y), _ptr(values), _ld(values), _ptr(target), _ptr(index),
@@ -689,6 +690,10 @@ def star_topk(
     values, outputs, rows = _rowmajor(values), _rowmajor(outputs), rows.contiguous()
     scores = torch.empty(r, k, dtype=values.dtype, device=values.device)
     index = torch.empty(r, k, dtype=torch.int64, device=values.device)
+    splits = _value_splits(r, n, values.device)  # few rows on a GPU: ranges of values, each with its lists
+    part_vals = torch.empty(splits * r * k, dtype=values.dtype, device=values.device) if splits > 1 else None
+    part_idx = torch.empty(splits * r * k, dtype=torch.int64, device=values.device) if splits > 1 else None
     _C.star_topk(*_launch_args(values), _ptr(outputs), 0 if outputs is None else _ld(outputs), _ptr(values),
-                 _ld(values), _ptr(sq), _ptr(rows), _ptr(scores), _ptr(index), r, n, d, k, _stream(values))
+                 _ld(values), _ptr(sq), _ptr(rows), _ptr(scores), _ptr(index), r, n, d, k, splits, _ptr(part_vals),
+                 _ptr(part_idx), _stream(values))
     return scores, index

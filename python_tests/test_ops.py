@@ -297,3 +297,10 @@ def test_cuda_split_reductions_match_twin(n):
         _rand(gen, 100 * n, 3, device="cuda")
     _close(_ops.gadget_rmatvec(s, p, yy, backend="kernels"),
            _ops.gadget_rmatvec(s.double(), p.double(), yy.double(), backend="torch"), torch.float32)
+    # star_topk splits the values into ranges for few rows and merges their lists (lowest j first on ties)
+    w = _rand(gen, 6000, 16, dtype=torch.float64, device="cuda")
+    w[4000] = w[5000] = w[3]  # value 3 scores 0 against both, in two ranges: 4000 must come first
+    rows = torch.tensor([3] + [97 * i for i in range(1, min(n, 40))], device="cuda")
+    for outputs in (None, _rand(gen, rows.numel(), 16, dtype=torch.float64, device="cuda")):
+        (kv, kx), (tv, tx) = (_ops.star_topk(w, 9, outputs, rows, backend=b) for b in ("kernels", "torch"))
+        assert torch.allclose(kv, tv, rtol=1e-9, atol=1e-12) and torch.equal(kx, tx)
