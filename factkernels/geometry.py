@@ -668,7 +668,9 @@ def _solve_active_set(
     """
     n, d = W.shape
     dev = W.device
-    U = _unit_start(W, W.clone())
+    # Outputs are kept in the precision they are returned in (that of the pass): the margins certified below
+    # are those of the returned U, and at n = 65,536, d = 256 a float64 copy was 134 MB of the peak.
+    U = _unit_start(W, W.clone()).to(Wk.dtype)
     lo = torch.full((n,), -math.inf, dtype=torch.float64, device=dev)
     hi = torch.full((n,), math.inf, dtype=torch.float64, device=dev)
     # pass 1 ranks the constraints of u_i = v_i / |v_i| (one GEMM tile per value tile)
@@ -698,17 +700,17 @@ def _solve_active_set(
             rs = rows[s : s + step]
             st = _cand_star(W, rs, active[s : s + step].long())
             warm = (corral_idx[rs, :width].long(), corral_lam[rs, :width]) if width else None
-            u, _, h, (cols, weights) = _solve_chunk(st, W, U[rs], tol=tol, max_iter=max_iter, n_init=n_init,
+            u, _, h, (cols, weights) = _solve_chunk(st, W, U[rs].double(), tol=tol, max_iter=max_iter, n_init=n_init,
                                                     n_add=n_add, n_fast=n_fast, corral=warm)
-            U[rs], hi[rs], dup[s : s + step] = u, torch.minimum(hi[rs], h), st.dup_row
+            U[rs], hi[rs], dup[s : s + step] = u.to(U.dtype), torch.minimum(hi[rs], h), st.dup_row
             corral_idx[rs] = _pad_columns(cols.to(torch.int32), widest, -1)
             corral_lam[rs] = _pad_columns(weights, widest, 0.0)
             new_width = max(new_width, cols.shape[1])
         width = new_width
         # one streaming pass: the most violated constraints of every unfinished value
-        _, cand = _ops.star_topk(Wk, min(n - 1, 2 * n_add), U[rows].to(Wk.dtype), rows, backend=backend)
+        _, cand = _ops.star_topk(Wk, min(n - 1, 2 * n_add), U[rows], rows, backend=backend)
         passes += 1
-        g = _exact_star_scores(W, U[rows], rows, cand)
+        g = _exact_star_scores(W, U[rows].double(), rows, cand)
         lo[rows] = g.min(dim=1).values
         known = _members(cand.to(torch.int32), active)
         new = (g < hi[rows, None] * (1.0 - tol)) & (cand >= 0) & ~known
