@@ -147,13 +147,47 @@ def test_full_model_values_keep_each_fact_once_it_reaches_the_margin(fresh_tiny,
     keys = insert.key_positions(batch, "target")  # not the last layer: the full-model path
     ran = []
     real = insert._full_model_step
-    monkeypatch.setattr(insert, "_full_model_step", lambda *a: ran.append(len(a[-1])) or real(*a))
+    monkeypatch.setattr(insert, "_full_model_step", lambda *a, **k: ran.append(len(a[-1])) or real(*a, **k))
     delta, info = insert.optimise_deltas(model, batch, 1, keys, margin=1.0, steps=80, progress=False)
     assert info["value_path"] == "model" and info["value_min_margin"] >= 1.0
     assert ran[0] == 4 and ran[-1] < 4 and ran == sorted(ran, reverse=True)
     with torch.no_grad():  # the returned δ gives every fact its margin
-        margins, _ = real(model, model.model.layers[1].mlp, batch, keys, delta, 1.0, 8, torch.arange(4))
+        margins, _ = real(model, 1, batch, keys, delta, 1.0, 8, torch.arange(4))
     assert float(margins.min()) >= 1.0 - 1e-4
+
+
+def test_values_run_only_the_blocks_after_the_layer(fresh_tiny):
+    """The residual after the layer is computed once and each step runs the later blocks on it plus δ: the
+    same final states as the full forward with δ added by a hook, and the same margins and loss gradient."""
+    import factkernels.hf.insert as insert
+    from factkernels.hf.capture import block_outputs, final_hidden, tail_hidden, tail_matches
+
+    model, tok = fresh_tiny
+    batch = hf.encode_requests(tok, hf.parse_requests(REQUESTS), with_target=True)
+    ids, mask = batch.input_ids, batch.attention_mask
+    assert tail_matches(model, ids, mask, 0)
+    start = block_outputs(model, ids, mask, 0)
+    real = mask.bool()
+    with torch.no_grad():
+        torch.testing.assert_close(tail_hidden(model, 0, start, mask)[real], final_hidden(model, ids, mask)[real],
+                                   rtol=1e-5, atol=1e-5)
+    keys = insert.key_positions(batch, "subject")
+    torch.manual_seed(1)
+    delta = (0.5 * torch.randn(len(keys.row), model.config.hidden_size)).requires_grad_(True)
+    results = []
+    for states in (None, start):  # batches of 3 requests: the gradient is accumulated over two batches
+        delta.grad = None
+        margins, loss = insert._full_model_step(model, 0, batch, keys, delta, 10.0, 3, torch.arange(4),
+                                                start_states=states)
+        results.append((margins.detach(), torch.tensor(loss), delta.grad.clone()))
+    for hooked, tail in zip(*results):
+        torch.testing.assert_close(tail, hooked, rtol=1e-4, atol=1e-5)
+    assert results[0][1] > 0 and results[0][2].abs().sum() > 0  # δ moves the loss
+    with torch.no_grad():  # one batch of all four: the same loss and margins
+        margins, loss = insert._full_model_step(model, 0, batch, keys, delta, 10.0, 8, torch.arange(4),
+                                                start_states=start)
+    torch.testing.assert_close(margins, results[1][0], rtol=1e-4, atol=1e-5)
+    assert loss == pytest.approx(float(results[1][1]), rel=1e-4)
 
 
 def test_values_in_checkpointed_chunks_equal_one_run_and_resume(fresh_tiny, tmp_path, monkeypatch):

@@ -164,6 +164,43 @@ def final_hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
                        use_cache=False).last_hidden_state
 
 
+def tail_hidden(model: Any, layer: int, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden states (b, T, d) (as :func:`final_hidden`) from the residual stream after
+    block ``layer`` (b, T, d): only the blocks after it and the final norm run. The model's own forward runs
+    with its block list cut to those blocks and ``hidden`` as its input embeddings, so masks and rotary
+    positions are the model's. Right padding only (positions 0..T-1). Callers check it against
+    :func:`final_hidden` once (:func:`tail_matches`): a model that transforms its input embeddings would differ."""
+    inner = model.model
+    blocks = inner.layers
+    inner.layers = torch.nn.ModuleList(list(blocks)[layer + 1:])
+    try:
+        return inner(inputs_embeds=hidden, attention_mask=attention_mask.to(hidden.device),
+                     use_cache=False).last_hidden_state
+    finally:
+        inner.layers = blocks
+
+
+@torch.no_grad()
+def tail_matches(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int) -> bool:
+    """Whether :func:`tail_hidden` from the states after ``layer`` reproduces the full forward on these rows."""
+    full = final_hidden(model, input_ids, attention_mask)
+    start = block_outputs(model, input_ids, attention_mask, layer)
+    tail = tail_hidden(model, layer, start, attention_mask)
+    real = attention_mask.to(full.device).bool()
+    return bool(torch.allclose(tail[real], full[real], rtol=1e-4, atol=1e-4 * float(full[real].abs().max())))
+
+
+@torch.no_grad()
+def block_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int, *,
+                  batch_size: int = 64) -> torch.Tensor:
+    """The residual stream after block ``layer`` at every position of right-padded rows: (n, T, d), zero at
+    padding (the forward stops at the block)."""
+    flat = capture(model, input_ids, attention_mask, layer, site="block_out", batch_size=batch_size)
+    out = flat.new_zeros(*input_ids.shape, flat.shape[1])
+    out[attention_mask.to(flat.device).bool()] = flat  # row-major real tokens, as capture returns them
+    return out
+
+
 def logits_at(model: Any, hidden: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Float logits (n, vocab) at (rows, positions) of ``hidden`` (b, T, d)."""
     return model.lm_head(hidden[rows.to(hidden.device), positions.to(hidden.device)]).float()

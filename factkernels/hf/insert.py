@@ -39,8 +39,8 @@ from ..progress import progress_bar
 from ..encoder import assemble, build_shared_gate
 from ..mlp import FactMLP
 from ..validation import check_positive_int
-from .capture import (PromptBatch, capture, encode_requests, encode_texts, final_hidden, length_sorted_chunks,
-                      logits_at, model_device)
+from .capture import (PromptBatch, block_outputs, capture, encode_requests, encode_texts, final_hidden,
+                      length_sorted_chunks, logits_at, model_device, tail_hidden, tail_matches)
 from .checkpoint import ChunkCheckpoint, fingerprint
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
@@ -157,7 +157,13 @@ def _optimise(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *, margi
             residual = _capture_at(model, batch, layer, keys, batch_size, site="block_out")
         residual = residual.to(device)
         tokens = keys.token.to(device)
-    mlp = mlp_module(model, layer)
+    start_states = None
+    if not head_only:
+        # the blocks up to ``layer`` never see δ: their output is computed once, and each step runs only the
+        # blocks after it (checked against the full forward on two rows; otherwise a hook adds δ in a full forward)
+        probe = batch.rows(slice(0, 2))
+        if tail_matches(model, probe.input_ids, probe.attention_mask, layer):
+            start_states = block_outputs(model, batch.input_ids, batch.attention_mask, layer, batch_size=batch_size)
     history = []
     # full-model path: a fact is done once every target token wins by the margin; its δ is kept from then on
     # and its prompt no longer runs (facts are independent rows)
@@ -181,7 +187,8 @@ def _optimise(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *, margi
                 loss = F_nn.cross_entropy(logits, tokens[active], reduction="sum")
             else:
                 active = (~done).nonzero().flatten()
-                active_margin, loss = _full_model_step(model, mlp, batch, keys, delta, margin, batch_size, active)
+                active_margin, _ = _full_model_step(model, layer, batch, keys, delta, margin, batch_size, active,
+                                                    start_states=start_states)  # δ.grad accumulated batch by batch
                 fact_margin = done_margin.clone()
                 fact_margin[active.to(device)] = active_margin
                 newly = active[(active_margin >= margin).cpu()]
@@ -194,7 +201,8 @@ def _optimise(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *, margi
             bar.set_postfix(min_margin=f"{history[-1]:.2f}")
             if bool((fact_margin >= margin).all()):
                 break
-            loss.backward()
+            if head_only:
+                loss.backward()
             opt.step()
             if not head_only:
                 with torch.no_grad():
@@ -206,15 +214,20 @@ def _optimise(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *, margi
     return delta.detach(), info
 
 
-def _full_model_step(model: Any, mlp: Any, batch: PromptBatch, keys: KeySet, delta: torch.Tensor, margin: float,
-                     batch_size: int, facts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One loss evaluation of the requests ``facts`` (indices into ``batch``) with δ added by a forward hook;
-    backward happens in the caller's graph. Returns their margins (len(facts),) and the summed target
-    cross-entropy of those below ``margin``."""
+def _full_model_step(model: Any, layer: int, batch: PromptBatch, keys: KeySet, delta: torch.Tensor, margin: float,
+                     batch_size: int, facts: torch.Tensor,
+                     start_states: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, float]:
+    """One loss evaluation of the requests ``facts`` (indices into ``batch``) with δ added after ``layer``'s MLP:
+    to ``start_states`` (n, T, d), the residual after that layer, and only the later blocks run
+    (:func:`tail_hidden`), or, without them, by a forward hook in a full forward. The loss is the summed
+    target cross-entropy of the requests below ``margin``; its gradient is accumulated into ``delta.grad``
+    batch by batch (when δ requires it), so memory holds one batch's graph, not every request's. Requests
+    run in batches of similar length. Returns their margins (len(facts),) and the loss."""
     device = delta.device
-    margins, total = [], torch.zeros((), device=device)
-    for start in range(0, len(facts), batch_size):
-        chunk = facts[start:start + batch_size]
+    mlp = mlp_module(model, layer)
+    margins, total = torch.empty(len(facts), device=device), 0.0
+    for part in length_sorted_chunks(batch.attention_mask.sum(1)[facts], batch_size):
+        chunk = facts[part]
         sub = batch.rows(chunk)
         local = torch.full((len(batch),), -1, dtype=torch.long)
         local[chunk] = torch.arange(len(chunk))
@@ -225,19 +238,26 @@ def _full_model_step(model: Any, mlp: Any, batch: PromptBatch, keys: KeySet, del
             add = torch.zeros_like(out)
             return out + add.index_put((rows, pos), delta[chosen.to(device)])
 
-        handle = mlp.register_forward_hook(add_delta)
-        try:
-            hidden = final_hidden(model, sub.input_ids, sub.attention_mask)
-        finally:
-            handle.remove()
+        if start_states is not None:
+            states = start_states[chunk.to(start_states.device), :sub.input_ids.shape[1]]
+            hidden = tail_hidden(model, layer, add_delta(None, None, states), sub.attention_mask)
+        else:
+            handle = mlp.register_forward_hook(add_delta)
+            try:
+                hidden = final_hidden(model, sub.input_ids, sub.attention_mask)
+            finally:
+                handle.remove()
         t_rows, t_pos, t_tokens = sub.target_positions()
         t_rows, t_tokens = t_rows.to(device), t_tokens.to(device)
         logits = logits_at(model, hidden, t_rows, t_pos)
         m = _fact_min(_token_margin(logits.detach(), t_tokens), t_rows, len(sub))
-        margins.append(m)
+        margins[part.to(device)] = m
         below = (m < margin)[t_rows]
-        total = total + (F_nn.cross_entropy(logits, t_tokens, reduction="none") * below).sum()
-    return torch.cat(margins), total
+        loss = (F_nn.cross_entropy(logits, t_tokens, reduction="none") * below).sum()
+        if loss.requires_grad:
+            loss.backward()
+        total += float(loss.detach())
+    return margins, total
 
 
 def background_states(model: Any, tok: Any, texts: Sequence[str], layer: int, *, max_length: int = 128,
