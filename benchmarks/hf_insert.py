@@ -1,6 +1,7 @@
 """Facts into the packaged SmolLM2-135M by construction: efficacy, paraphrase, neighborhood, text ppl/KL.
 
     python benchmarks/hf_insert.py --facts 10 100 [--gate detector] [--sharpness 100 --threshold 0.92] [--adaptive-threshold]
+    python benchmarks/hf_insert.py --facts 1000 --layer 20 --threads 1     # keys at layer 20 (default: the last)
 
 One JSON per setting under benchmarks/results/hf/ (skipped when it exists: resumable). The shipped
 text's "stats" split is the insertion's background; its held-out "eval" split is scored (never seen
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--adaptive-threshold", action="store_true",
                         help="per-unit thresholds above --threshold, halfway to the key (hf.insert.detector_mlp)")
     parser.add_argument("--contrast", type=int, default=2)
+    parser.add_argument("--layer", type=int, default=None, help="insertion layer (default: the last)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--out", default="benchmarks/results/hf")
@@ -38,7 +40,8 @@ def main() -> None:
     model, tok = hf.load(args.model)
     for n in args.facts:
         path = Path(args.out) / (f"insert_{args.gate}_n{n}_s{args.sharpness:g}_t{args.threshold:g}"
-                                 f"{'_adaptive' if args.adaptive_threshold else ''}_c{args.contrast}_seed{args.seed}.json")
+                                 f"{'_adaptive' if args.adaptive_threshold else ''}_c{args.contrast}"
+                                 f"{'' if args.layer is None else f'_L{args.layer}'}_seed{args.seed}.json")
         if path.exists():
             print(f"{path} exists, skipped")
             continue
@@ -47,7 +50,7 @@ def main() -> None:
         before = hf.evaluate(model, tok, facts.requests, paraphrases=facts.paraphrases,
                              neighborhood=facts.neighborhood, texts=scored, reference=ref)
         start = time.perf_counter()
-        ins = hf.insert_facts(model, tok, facts.requests, gate=args.gate, background=background,
+        ins = hf.insert_facts(model, tok, facts.requests, layer=args.layer, gate=args.gate, background=background,
                               sharpness=args.sharpness, threshold=args.threshold,
                               adaptive_threshold=args.adaptive_threshold, contrast=args.contrast, seed=args.seed)
         insert_seconds = time.perf_counter() - start
