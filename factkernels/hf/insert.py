@@ -13,7 +13,8 @@ Design (argued from measurements in benchmarks/results/hf/, see the README):
   optimised by Adam on the target tokens' cross-entropy until every target token wins by
   ``margin`` logits. At the last layer with ``position="target"`` the rest of the model is
   only the final norm and the unembedding, so this costs no model forward at all; at any
-  other layer or position the model runs from a hook (ROME/MEMIT's v*).
+  other layer or position the blocks after the layer run on its cached output plus δ
+  (ROME/MEMIT's v*, without re-running the blocks before it).
 * **Units**: ``gate="detector"`` (default): one unit per key whose gate is a whitened
   matched filter, silu(β(s_i(x) − τ)) with s_i(x) = w_iᵀ(x − μ), w_i = Σ⁻¹(k_i − μ)/‖k_i − μ‖²_Σ
   (μ, Σ from background text at the same layer), so s_i(k_i) = 1 while ordinary tokens sit
@@ -105,8 +106,9 @@ def optimise_deltas(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *,
     Adam on the cross-entropy of the facts still below the margin, stopping when none is.
 
     Fast path (last layer, target keys): logits = lm_head(norm(r + δ)) with r the residual after the
-    last layer, no model forward per step. Otherwise the model runs with a hook adding δ (ROME's v*), on
-    the prompts of the facts not yet at the margin only: a fact that reaches it keeps that δ.
+    last layer, no model forward per step. Otherwise (ROME's v*) the residual after the layer is computed
+    once and each step runs only the later blocks on it plus δ, on the prompts of the facts not yet at the
+    margin only: a fact that reaches it keeps that δ.
     residual: (n_keys, d) the residual after ``layer`` at the key positions, when the caller captured it
     already (fast path only; otherwise it is captured here).
     checkpoint: a .safetensors file for the model path (hours at 1,000 facts on a CPU): the requests run in
