@@ -1,7 +1,7 @@
 """Facts into the packaged SmolLM2-135M by construction: efficacy, paraphrase, neighborhood, text ppl/KL.
 
     python benchmarks/hf_insert.py --facts 10 100 [--gate detector] [--sharpness 100 --threshold 0.92] [--adaptive-threshold]
-    python benchmarks/hf_insert.py --facts 1000 --layer 20 --threads 1     # keys at layer 20 (default: the last)
+    python benchmarks/hf_insert.py --facts 1000 --layer 29 --threads 1     # keys at the last layer
 
 One JSON per setting under benchmarks/results/hf/ (skipped when it exists: resumable). The shipped
 text's "stats" split is the insertion's background; its held-out "eval" split is scored (never seen
@@ -18,6 +18,7 @@ import transformers
 
 from factkernels import hf
 from factkernels.environment import environment
+from factkernels.hf.insert import default_layer
 
 
 def main() -> None:
@@ -29,7 +30,7 @@ def main() -> None:
     parser.add_argument("--adaptive-threshold", action="store_true",
                         help="per-unit thresholds above --threshold, halfway to the key (hf.insert.detector_mlp)")
     parser.add_argument("--contrast", type=int, default=2)
-    parser.add_argument("--layer", type=int, default=None, help="insertion layer (default: the last)")
+    parser.add_argument("--layer", type=int, default=None, help="insertion layer (default: insert_facts')")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--out", default="benchmarks/results/hf")
@@ -38,10 +39,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     background, scored = hf.natural_text("stats"), hf.natural_text("eval")  # the scored texts are never seen
     model, tok = hf.load(args.model)
+    layer = default_layer(model) if args.layer is None else args.layer
     for n in args.facts:
         path = Path(args.out) / (f"insert_{args.gate}_n{n}_s{args.sharpness:g}_t{args.threshold:g}"
                                  f"{'_adaptive' if args.adaptive_threshold else ''}_c{args.contrast}"
-                                 f"{'' if args.layer is None else f'_L{args.layer}'}_seed{args.seed}.json")
+                                 f"_L{layer}_seed{args.seed}.json")
         if path.exists():
             print(f"{path} exists, skipped")
             continue
@@ -50,7 +52,7 @@ def main() -> None:
         before = hf.evaluate(model, tok, facts.requests, paraphrases=facts.paraphrases,
                              neighborhood=facts.neighborhood, texts=scored, reference=ref)
         start = time.perf_counter()
-        ins = hf.insert_facts(model, tok, facts.requests, layer=args.layer, gate=args.gate, background=background,
+        ins = hf.insert_facts(model, tok, facts.requests, layer=layer, gate=args.gate, background=background,
                               sharpness=args.sharpness, threshold=args.threshold,
                               adaptive_threshold=args.adaptive_threshold, contrast=args.contrast, seed=args.seed)
         insert_seconds = time.perf_counter() - start

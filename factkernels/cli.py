@@ -177,7 +177,7 @@ def _add_insert_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="smollm2-135m", help="packaged name, local HF folder or .gguf file")
     p.add_argument("--requests", required=True, help=".json or .csv of {prompt, subject, target_new}")
     p.add_argument("--out", required=True, help="folder for the edited model (save_pretrained) and the JSON report")
-    p.add_argument("--layer", type=int, default=None, help="decoder layer (default: the last)")
+    p.add_argument("--layer", type=int, default=None, help="decoder layer (default: two thirds of the depth for target keys, a third for subject keys)")
     p.add_argument("--position", choices=["target", "subject"], default="target")
     p.add_argument("--gate", choices=["detector", "generic"], default="detector")
     p.add_argument("--seed", type=int, default=0)

@@ -395,6 +395,13 @@ class Insertion:
         self.units.remove()
 
 
+def default_layer(model: Any, position: str = "target") -> int:
+    """The insertion layer :func:`insert_facts` uses by default: two thirds of the depth for target keys, a
+    third for subject keys (ROME's depth)."""
+    num_layers = len(mlp_layers(model))
+    return (2 * num_layers) // 3 if position == "target" else num_layers // 3
+
+
 def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Request, dict]]], *,
                  layer: Optional[int] = None, position: str = "target", gate: str = "detector",
                  background: Optional[Sequence[str]] = None, margin: float = 3.0, value_steps: int = 60,
@@ -404,7 +411,10 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     """Insert facts by appending constructed hidden units to one layer's MLP (in place).
 
     requests: dicts/Requests or a .json/.csv path (see :func:`factkernels.hf.parse_requests`).
-    layer: default the last layer (``position="target"``) or a third of the depth ("subject").
+    layer: default two thirds of the depth (``position="target"``; layer 20 of SmolLM2-135M's 30) or a third
+        ("subject"). Measured at 1,000 facts (README): layer 20 keeps neighbourhood 0.99 in 9.5 min on one
+        CPU thread; the last layer is faster (no model forward for the values, 5.9 min) but its prompt-end
+        states are template-dominated (neighbourhood 0.88).
     background: ordinary text (list of strings) whose hidden states set the detector's whitening
         and the generic construction's zero-output constraints; default
         :func:`factkernels.hf.natural_text` ("stats").
@@ -422,9 +432,8 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     parsed = list(dict.fromkeys(parse_requests(requests)))  # repeated requests: one key each
     if gate not in GATES:
         raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
-    num_layers = len(mlp_layers(model))
     if layer is None:
-        layer = num_layers - 1 if position == "target" else num_layers // 3
+        layer = default_layer(model, position)
     mlp_module(model, layer)  # validates layout and range
     if position not in KEY_POSITIONS:
         raise ValueError(f"position must be one of {KEY_POSITIONS}, got {position!r}")
