@@ -263,21 +263,31 @@ def _diagonal_summary(cells: list) -> dict:
     claims = {}
     large = [r for m, r in ratios.items() if m >= 512]
     if len(large) >= 2:
+        # log growth is told from linear growth (D_K* doubling with m) over a range of m; the seed's runs to
+        # m = 4096, ours must reach m >= 2048 (three points from 512) to call it reproduced
         spread = (max(large) - min(large)) / statistics.mean(large)
+        budgets = {p.m: p.key_budget for p in passed}
+        top = max(budgets)
+        reason = f"D_K* / (lambda log2 m) varies by {spread:.0%} over m >= 512"
+        if top < 2048:
+            reason += f"; ran up to m = {top} only (the seed: 4096)"
+            if top // 2 in budgets:
+                reason += f"; D_K* growing like m would be {2 * budgets[top // 2]} there"
         claims["002-diagonal-dk"] = engine.Finding(
             "D_K* = " + ", ".join(f"{p.key_budget} (m={p.m})" for p in passed), setting,
-            "reproduced" if spread <= 0.5 else "not reproduced",
-            f"D_K* / (lambda log2 m) varies by {spread:.0%} over m >= 512")
+            "not reproduced" if spread > 0.5 else "reproduced" if top >= 2048 else "partly", reason)
     else:
         claims["002-diagonal-dk"] = engine.Finding(
             "D_K* = " + ", ".join(f"{p.key_budget} (m={p.m})" for p in passed) if passed else "-", setting, "not run",
             "fewer than two points with m >= 512 ran (their step budgets are 20,000-200,000 steps per run)")
     heads = [p.best_heads for p in passed]
-    flat = len(heads) >= 2 and max(heads) <= 4 * min(heads)
+    # one step of the doubling head grid is noise; two steps (4x) only roughly constant
+    flat = len(heads) >= 2 and max(heads) <= 2 * min(heads)
+    rough = len(heads) >= 2 and max(heads) <= 4 * min(heads)
     full = any(p.m >= 1024 for p in passed)
     claims["002-diagonal-heads"] = engine.Finding(
         "h* = " + ", ".join(f"{p.best_heads} (m={p.m})" for p in passed) if passed else "-", setting,
-        "not run" if len(heads) < 2 else ("reproduced" if flat and full else "partly" if flat else "not reproduced"),
+        "not run" if len(heads) < 2 else ("reproduced" if flat and full else "partly" if rough else "not reproduced"),
         "fewer than two points" if len(heads) < 2 else f"h* ranges {min(heads)}-{max(heads)} along the diagonal"
         + ("" if full else " up to m = 512 only (the seed goes to m = 4096)"))
     return {"points": [p.to_dict() for p in points], "dk_over_lambda_log2m": ratios, "claims": claims}
