@@ -684,7 +684,8 @@ def _solve_active_set(
     # in place, chunk by chunk, and never compacted: copies of these (n x ~d) arrays set the peak memory.
     widest = min(n - 1, d + 1 + n_add)  # the widest corral _solve_chunk returns
     corral_idx = torch.full((n, widest), -1, dtype=torch.int32, device=dev)  # positions < K: int32
-    corral_lam = torch.zeros(n, widest, dtype=torch.float64, device=dev)
+    # weights only start the next round's corral solve (which re-solves them exactly): float32 is enough
+    corral_lam = torch.zeros(n, widest, dtype=torch.float32, device=dev)
     width = 0  # columns in use
     while rows.numel() > 0:
         K = active.shape[1]
@@ -699,12 +700,12 @@ def _solve_active_set(
         for s in range(0, rows.numel(), step):
             rs = rows[s : s + step]
             st = _cand_star(W, rs, active[s : s + step].long())
-            warm = (corral_idx[rs, :width].long(), corral_lam[rs, :width]) if width else None
+            warm = (corral_idx[rs, :width].long(), corral_lam[rs, :width].double()) if width else None
             u, _, h, (cols, weights) = _solve_chunk(st, W, U[rs].double(), tol=tol, max_iter=max_iter, n_init=n_init,
                                                     n_add=n_add, n_fast=n_fast, corral=warm)
             U[rs], hi[rs], dup[s : s + step] = u.to(U.dtype), torch.minimum(hi[rs], h), st.dup_row
             corral_idx[rs] = _pad_columns(cols.to(torch.int32), widest, -1)
-            corral_lam[rs] = _pad_columns(weights, widest, 0.0)
+            corral_lam[rs] = _pad_columns(weights.float(), widest, 0.0)
             new_width = max(new_width, cols.shape[1])
         width = new_width
         # one streaming pass: the most violated constraints of every unfinished value
