@@ -131,6 +131,29 @@ def test_residual_targets_train_each_fact_on_its_own(llama):
     assert bool(stopped.any()) and not bool(stopped.all())  # some facts stopped early, others ran every step
 
 
+def test_residual_targets_run_the_later_blocks_only_as_the_full_forward(llama, monkeypatch):
+    """The residual step runs the blocks after the edited layer on their cached input: same δ, NLLs and early
+    stops as adding δ by a hook in the full forward (the path kept for models whose tail does not match),
+    with the KL prompt too."""
+    import factkernels.hf.editors as editors
+
+    model, tok = llama
+    requests = hf.parse_requests(REQUESTS + [{"prompt": "the novel {} is by", "subject": "dune",
+                                              "target_new": "mary shelley"}])
+    settings = dict(steps=15, lr=0.5, weight_decay=0.1, clamp_norm=1e3, clamp_to="mlp", kl_factor=0.05,
+                    early_stop=3.5, progress=False, chunk=3)
+    tails = []
+    real_tail = editors.tail_hidden
+    monkeypatch.setattr(editors, "tail_hidden", lambda *a: tails.append(1) or real_tail(*a))
+    tail = residual_targets(model, tok, requests, 0, **settings)
+    assert tails, "the tail path did not run"
+    monkeypatch.setattr(editors, "tail_matches", lambda *a: False)
+    hooked = residual_targets(model, tok, requests, 0, **settings)
+    for name in ("delta", "mlp_out", "layer_out", "nll_before", "nll_after"):
+        torch.testing.assert_close(getattr(tail, name), getattr(hooked, name), rtol=1e-4, atol=1e-5)
+    assert float(tail.delta.abs().max()) > 0
+
+
 def test_residual_targets_resume_from_a_chunk_checkpoint(llama, tmp_path, monkeypatch):
     """Each finished chunk is written at once: a run stopped after its first chunk resumes there, gives the same
     δ as one run, counts the stored chunk's seconds, and the file is refused for other settings."""
@@ -143,18 +166,18 @@ def test_residual_targets_resume_from_a_chunk_checkpoint(llama, tmp_path, monkey
                     progress=False)
     whole = residual_targets(model, tok, requests, 1, chunk=2, **settings)
     path = tmp_path / "targets.safetensors"
-    real, calls = editors._add_at, []
+    real, calls = editors._hidden_with_delta, []
 
-    def stop_in_second_chunk(module, rows, positions, delta):
-        calls.append(len(rows))
-        if len(calls) > 1 and len(rows) == 1:  # the second chunk (one request) starts: the session ends
+    def stop_in_second_chunk(model, layer, batch, states, where, delta):
+        calls.append(len(batch))
+        if len(calls) > 1 and len(batch) == 1:  # the second chunk (one request) starts: the session ends
             raise KeyboardInterrupt
-        return real(module, rows, positions, delta)
+        return real(model, layer, batch, states, where, delta)
 
-    monkeypatch.setattr(editors, "_add_at", stop_in_second_chunk)
+    monkeypatch.setattr(editors, "_hidden_with_delta", stop_in_second_chunk)
     with pytest.raises(KeyboardInterrupt):
         residual_targets(model, tok, requests, 1, chunk=2, checkpoint=path, **settings)
-    monkeypatch.setattr(editors, "_add_at", real)
+    monkeypatch.setattr(editors, "_hidden_with_delta", real)
     resumed = residual_targets(model, tok, requests, 1, chunk=2, checkpoint=path, **settings)
     for name in ("delta", "mlp_out", "layer_out", "nll_before", "nll_after"):
         torch.testing.assert_close(getattr(resumed, name), getattr(whole, name), rtol=1e-5, atol=1e-6)

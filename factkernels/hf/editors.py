@@ -41,7 +41,8 @@ import torch.nn.functional as F_nn
 from ..progress import progress_bar
 
 from ..transformer.editing import alphaedit_update, memit_update, null_space_projector, rome_update
-from .capture import PromptBatch, capture, encode_requests, final_hidden, logits_at, model_device
+from .capture import (PromptBatch, capture, encode_requests, final_hidden, logits_at, model_device, tail_hidden,
+                      tail_matches)
 from .checkpoint import ChunkCheckpoint, fingerprint
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
@@ -118,19 +119,38 @@ def _layer_output(out: Any) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
-def _target_nll(model: Any, batch: PromptBatch) -> torch.Tensor:
-    """Mean NLL (n,) of each row's target tokens given its prompt (logits only where needed)."""
+def _target_nll(model: Any, batch: PromptBatch, hidden: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Mean NLL (n,) of each row's target tokens given its prompt (logits only where needed); hidden: the
+    batch's final hidden states (n, T, d) when the caller ran the model already (else a forward runs here)."""
     device = model_device(model)
+    if hidden is None:
+        hidden = final_hidden(model, batch.input_ids, batch.attention_mask)
     rows, positions, targets = batch.target_positions()
-    logits = logits_at(model, final_hidden(model, batch.input_ids, batch.attention_mask), rows, positions)
+    logits = logits_at(model, hidden, rows, positions)
     token_nll = F_nn.cross_entropy(logits, targets.to(device), reduction="none")
     return torch.zeros(len(batch), device=device).index_add(0, rows.to(device), token_nll) / batch.target_len.to(device)
 
 
-def _last_log_probs(model: Any, batch: PromptBatch) -> torch.Tensor:
-    """Next-token log-probabilities (n, vocab) after each row's prompt."""
-    hidden = final_hidden(model, batch.input_ids, batch.attention_mask)
+def _last_log_probs(model: Any, batch: PromptBatch, hidden: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Next-token log-probabilities (n, vocab) after each row's prompt (hidden as in :func:`_target_nll`)."""
+    if hidden is None:
+        hidden = final_hidden(model, batch.input_ids, batch.attention_mask)
     return F_nn.log_softmax(logits_at(model, hidden, torch.arange(len(batch)), batch.prompt_last), dim=-1)
+
+
+def _hidden_with_delta(model: Any, layer: int, batch: PromptBatch, states: Optional[torch.Tensor],
+                       where: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """Final hidden states (n, T, d) of ``batch`` with δ (n, d) added to ``layer``'s MLP output at each row's
+    position ``where`` (n,). From ``states`` (n, T', d ≥ T), the unedited residual stream after the layer, only
+    the later blocks run (:func:`~factkernels.hf.capture.tail_hidden`): adding δ to the MLP output at a position
+    adds it to the block's output there, and the earlier blocks never see it. Without states, a hook adds δ
+    in a full forward."""
+    if states is None:
+        with _add_at(mlp_module(model, layer), torch.arange(len(batch), device=delta.device), where, delta):
+            return final_hidden(model, batch.input_ids, batch.attention_mask)
+    rows = torch.arange(len(batch), device=states.device)
+    start = states[:, :batch.input_ids.shape[1]].index_put((rows, where.to(states.device)), delta, accumulate=True)
+    return tail_hidden(model, layer, start, batch.attention_mask)
 
 
 def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: int, *, steps: int, lr: float,
@@ -159,6 +179,10 @@ def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: i
     parts: list[tuple[torch.Tensor, ...]] = []
     restored = 0.0
     with _frozen(model):
+        # each step runs only the blocks after ``layer`` on its cached output (checked on two prompts against the
+        # full forward; a model whose tail differs keeps the hooked full forward)
+        probe = encode_requests(tok, list(requests[:2]), with_target=True)
+        tail = tail_matches(model, probe.input_ids, probe.attention_mask, layer)
         for start in progress_bar(range(0, len(requests), chunk), desc=f"targets at layer {layer}",
                                   enabled=progress is not False, leave=False):
             if saved is not None and start in saved.chunks:
@@ -179,10 +203,13 @@ def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: i
                     nll_before = _target_nll(model, facts)
                     where = facts.subject_last.to(device)
                     mlp_out, layer_out = seen["mlp"][rows, where], seen["layer"][rows, where]
+                    fact_states = seen["layer"] if tail else None  # (b, T, d) after the layer
                     base_log_probs = _last_log_probs(model, essence) if kl_factor > 0 else None
+                    essence_states = seen["layer"] if tail and kl_factor > 0 else None
             finally:
                 for h in hooks:
                     h.remove()
+            essence_where = essence.subject_last.to(device)
             ref_norm = (mlp_out if clamp_to == "mlp" else layer_out).norm(dim=1, keepdim=True)  # (b, 1)
             delta = torch.zeros_like(mlp_out, requires_grad=True)
             done = torch.zeros(len(part), dtype=torch.bool, device=device)
@@ -191,14 +218,18 @@ def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: i
             for _ in range(steps):
                 # facts are independent rows: only those not yet below early_stop run (same result, less work)
                 act = (~done).nonzero().flatten()
-                here = torch.arange(len(act), device=device)
                 d_act = delta[act]
-                with _add_at(mlp, here, where[act], d_act):
-                    nll = _target_nll(model, facts.rows(act.cpu()))
+                sub = facts.rows(act.cpu())
+                hidden = _hidden_with_delta(model, layer, sub, None if fact_states is None else fact_states[act],
+                                            where[act], d_act)
+                nll = _target_nll(model, sub, hidden)
                 loss = nll + weight_decay * d_act.pow(2).sum(1) / ref_norm[act].squeeze(1).pow(2)
                 if base_log_probs is not None:
-                    with _add_at(mlp, here, essence.subject_last[act.cpu()].to(device), d_act):
-                        log_probs = _last_log_probs(model, essence.rows(act.cpu()))
+                    sub_essence = essence.rows(act.cpu())
+                    hidden = _hidden_with_delta(model, layer, sub_essence,
+                                                None if essence_states is None else essence_states[act],
+                                                essence_where[act], d_act)
+                    log_probs = _last_log_probs(model, sub_essence, hidden)
                     kl = F_nn.kl_div(log_probs, base_log_probs[act], log_target=True, reduction="none").sum(1)
                     loss = loss + kl_factor * kl
                 with torch.no_grad():  # facts already below early_stop keep the δ that got them there
@@ -215,8 +246,8 @@ def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: i
                                            max=1.0))
                     delta[done] = kept[done]
             delta = delta.detach()
-            with torch.no_grad(), _add_at(mlp, rows, where, delta):
-                nll_after = _target_nll(model, facts)
+            with torch.no_grad():
+                nll_after = _target_nll(model, facts, _hidden_with_delta(model, layer, facts, fact_states, where, delta))
             parts.append((delta, mlp_out, layer_out, nll_before, nll_after))
             if saved is not None:
                 saved.put(start, dict(zip(names, parts[-1])), {"seconds": time.perf_counter() - chunk_start})
