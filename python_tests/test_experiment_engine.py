@@ -190,3 +190,29 @@ def test_a_cell_keeps_partial_progress_until_it_is_written(toy, tmp_path):
         assert seen[0][1] is None
     finally:
         del engine.REGISTRY["toy-partial"]
+
+
+def test_work_shared_by_cells_is_kept_until_the_grid_is_complete(toy, tmp_path):
+    # Cells with the same tag see one OUT/NAME/partial/shared-KEY.json: the first writes it, the rest read it
+    # (also in a later run); it outlives a partial run and is removed once every cell is present.
+    seen = []
+
+    def run_cell(config):
+        path = engine.shared_partial_path({"x": config["x"]})
+        seen.append(path.read_text() if path.exists() else None)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"x={config['x']}")
+        return {"sum": config["x"] + config["y"]}
+
+    engine.register(engine.Experiment("toy-shared", "toy", (CLAIM,), _grid, run_cell, _summarize))
+    try:
+        assert engine.shared_partial_path({"x": 0}) is None  # outside a run
+        engine.run("toy-shared", tmp_path, scale="tiny", quiet=True, only={"y": 0})
+        shared = sorted((tmp_path / "toy-shared" / "partial").glob("shared-*"))
+        assert len(shared) == 2 and seen == [None, None]  # x = 0 and x = 2, one file each, kept: cells missing
+        seen.clear()
+        res = engine.run("toy-shared", tmp_path, scale="tiny", resume=True, quiet=True)
+        assert res.ran == 2 and seen == ["x=0", "x=2"] and res.summary is not None
+        assert not list((tmp_path / "toy-shared" / "partial").glob("*"))
+    finally:
+        del engine.REGISTRY["toy-shared"]

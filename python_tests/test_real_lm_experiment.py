@@ -43,3 +43,35 @@ def test_editor_grid_shares_one_residual_step(tmp_path):
     first_memit, reused_memit = (loaded[k].result for k in keys[:2])
     assert reused_memit["targets_seconds"] == first_memit["targets_seconds"]  # the shared δ's cost is carried over
     assert res.summary["rows"][1]["setting"] != "published"
+
+
+def test_memit_and_alphaedit_share_a_residual_step_across_processes(tmp_path, monkeypatch):
+    """An AlphaEdit cell whose residual step is MEMIT's (same last layer, clamp and settings) reads MEMIT's δ from
+    the step's shared file when the process holds none (a later process or session), and counts its cost; the
+    file is gone once the grid is complete."""
+
+    class Forgetful(dict):  # every cell as if in a new process
+        def __setitem__(self, key, value):
+            pass
+
+    monkeypatch.setattr(real_lm, "_SHARED_TARGETS", Forgetful())
+    memit = next(c for c in real_lm._grid("tiny") if c["method"] == "memit" and "hparams" not in c)
+    alpha = real_lm._editor_cell("tiny", "alphaedit", memit["n_facts"], {"lr": 0.5})
+    assert real_lm._residual_step_key(memit, {"layers": [1], "steps": 10}) == \
+        real_lm._residual_step_key(alpha, {"layers": [1], "steps": 10, "lr": 0.5})
+    seen = []
+    real_edit = real_lm.engine.shared_partial_path
+
+    def spy(tag):
+        path = real_edit(tag)
+        seen.append(path.with_suffix(".safetensors").exists())
+        return path
+
+    monkeypatch.setattr(real_lm.engine, "shared_partial_path", spy)
+    engine.run(real_lm.NAME, tmp_path, scale="tiny", quiet=True, grid=[memit, alpha])
+    assert seen == [False, True]  # MEMIT trained δ into the step's file, AlphaEdit found it there
+    cells = engine.load_cells(tmp_path, real_lm.NAME)
+    first, second = (cells[engine.cell_key(c)].result for c in (memit, alpha))
+    assert second["targets_restored_seconds"] > 0 and first["targets_restored_seconds"] == 0
+    assert second["nll_target"] == first["nll_target"]  # the same δ
+    assert not list((tmp_path / real_lm.NAME / "partial").glob("shared-*"))

@@ -17,7 +17,9 @@ Cell file: {"experiment", "key", "config", "result", "seconds", "environment"}.
 
 A cell that takes hours may keep partial progress in ``OUT/NAME/partial/KEY.json`` (:func:`partial_path`,
 e.g. the trials of a cost search): a resumed run continues from it, and it is deleted once the cell is
-written. Commit it with the cells to continue a long cell in another session.
+written. Work that several cells share (one editor residual step serves a grid of update settings) goes
+to ``OUT/NAME/partial/shared-KEY.*`` (:func:`shared_partial_path`), kept until every cell of the grid is
+present. Commit these files with the cells to continue a long cell in another session.
 """
 
 from __future__ import annotations
@@ -176,6 +178,16 @@ def partial_path() -> Optional[Path]:
     return _PARTIAL.get()
 
 
+def shared_partial_path(tag: dict) -> Optional[Path]:
+    """A file for work that several cells of the running experiment share, named by ``tag`` (a JSON-able
+    dict saying what it holds): ``OUT/NAME/partial/shared-KEY.json`` (other suffixes of the name are its
+    too), or None outside a run. The cells that write and read it must check that it holds what they need
+    (e.g. a :class:`~factkernels.hf.checkpoint.ChunkCheckpoint` fingerprint). Kept on resume and by fresh
+    runs; removed once every cell of the grid is present."""
+    partial = _PARTIAL.get()
+    return None if partial is None else partial.parent / f"shared-{cell_key(tag)}.json"
+
+
 def _drop_partial(partial: Path) -> None:
     for path in partial.parent.glob(partial.stem + ".*"):  # keys hold only [A-Za-z0-9._-]
         path.unlink()
@@ -250,8 +262,8 @@ def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     configs = experiment.grid(scale) if grid is None else grid
+    full_keys = [cell_key(c) for c in configs]
     if only:
-        full_keys = [cell_key(c) for c in configs]
         configs = [c for c in configs if matches(c, only)]
         if not configs:
             raise ValueError(f"no cell of {name!r} at scale {scale!r} has {only}")
@@ -279,6 +291,9 @@ def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple
     present = load_cells(out, name)
     missing = [k for k in keys if k not in present]
     summary, files = None, []
+    if all(k in present for k in full_keys):  # the whole grid is done: nothing left to share
+        for path in (Path(out) / name / "partial").glob("shared-*"):
+            path.unlink()
     if not missing:
         summary, files = summarize_dir(name, out, keys=[k for k in full_keys if k in present] if only else keys)
     return RunResult(name, len(keys), len(todo), len(mine) - len(todo), len(missing), summary, files)
@@ -324,4 +339,4 @@ def merge(sources: Iterable[PathLike], out: PathLike) -> int:
 
 __all__ = ["Cell", "Claim", "Experiment", "Finding", "REGISTRY", "RunResult", "SCALES", "VERDICTS", "cell_key", "clean_json", "get",
            "load_cells", "matches", "merge", "parse_only", "parse_shard", "partial_path", "register", "run", "set_threads",
-           "summarize_dir"]
+           "shared_partial_path", "summarize_dir"]

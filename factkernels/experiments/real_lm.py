@@ -10,8 +10,10 @@ layer for "ours" (a sweep) and the published default layers for the editors (lay
 Editors run a grid (``EDITOR_GRIDS``, cut from the seed's App. A.3.4 grids for CPU time): their
 update-rule setting in full (MEMIT's λ, AlphaEdit's null-space tolerance) at the published
 residual step and at a stronger one (100 Adam steps at lr 0.5). Cells of one residual step share
-δ within a process (``hf.edit(targets=...)``), so a grid costs one δ per residual-step setting;
-``edit_seconds`` always counts that δ, as a standalone edit would. The comparison takes each
+δ (``hf.edit(targets=...)`` within a process; its chunks in ``OUT/NAME/partial/shared-*.safetensors``
+across processes, until the grid is complete), so a grid costs one δ per residual step, and MEMIT and
+AlphaEdit share theirs (same last layer and clamp); ``edit_seconds`` always counts that δ, as a
+standalone edit would. The comparison takes each
 method's best grid point by score, as the seed's editing protocol does.
 
 Scales: tiny — a 3-layer random Llama built from a LlamaConfig with a word-level tokenizer over the
@@ -128,12 +130,14 @@ _SHARED_TARGETS: dict[tuple, tuple[Any, float]] = {}
 
 
 def _residual_step_key(config: dict, hparams: dict) -> tuple:
-    """What δ depends on: model, facts, method (its δ site and clamp) and the residual-step settings."""
+    """What δ depends on: model, facts, the layer it is trained at (the method's last edited layer), what its
+    norm is clamped against (ROME: the MLP output; MEMIT, AlphaEdit: the layer output) and the residual-step
+    settings; not the method, so MEMIT and AlphaEdit cells with one last layer and step share one δ."""
     from ..hf.editors import TARGET_HPARAMS
 
     settings = {**_published(config["method"]), **hparams}
-    return (config["model"], config["n_facts"], config["seed"], config["method"], tuple(settings.get("layers", ())),
-            tuple((k, settings[k]) for k in TARGET_HPARAMS))
+    return (config["model"], config["n_facts"], config["seed"], int(settings["layers"][-1]),
+            "mlp" if config["method"] == "rome" else "layer", tuple((k, settings[k]) for k in TARGET_HPARAMS))
 
 
 def run_cell(config: dict) -> dict:
@@ -148,11 +152,10 @@ def run_cell(config: dict) -> dict:
     start = time.perf_counter()
     if config["method"] not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {config['method']!r}")
-    partial = engine.partial_path()  # δ through the model takes hours at 1,000 facts: finished chunks are kept
-    checkpoint = None if partial is None else partial.with_suffix(".safetensors")
     if config["method"] == "ours":
+        partial = engine.partial_path()  # δ through the model takes hours at 1,000 facts: finished chunks are kept
         kwargs: dict = {"background": _texts("stats", tiny), "position": config.get("position", "target"),
-                        "checkpoint": checkpoint}
+                        "checkpoint": None if partial is None else partial.with_suffix(".safetensors")}
         if tiny:
             kwargs.update(value_steps=10)
         applied = hf.insert_facts(model, tok, facts.requests, layer=config["layer"], progress=False, **kwargs)
@@ -169,15 +172,21 @@ def run_cell(config: dict) -> dict:
             stats = key_second_moments(model, tok, hparams["layers"], texts=texts, cache_dir=False)
         step_key = _residual_step_key(config, hparams)
         shared = _SHARED_TARGETS.get(step_key)
+        # the residual step's chunks go to a file of the step, not of the cell: every cell of that step (in
+        # any process or session) reads them back instead of training δ again
+        step_file = engine.shared_partial_path({"residual_step": list(step_key)})
         applied = hf.edit(model, tok, facts.requests, method=config["method"], stats=stats, progress=False,
-                          targets=shared[0] if shared else None, checkpoint=checkpoint, **hparams)
+                          targets=shared[0] if shared else None,
+                          checkpoint=None if step_file is None else step_file.with_suffix(".safetensors"), **hparams)
+        step_seconds = shared[1] if shared else applied.report["targets_seconds"]
         if shared is None:
             _SHARED_TARGETS.clear()  # one residual step is kept: the grid's cells of one step run in a row
-            _SHARED_TARGETS[step_key] = (applied.targets, applied.report["targets_seconds"])
+            _SHARED_TARGETS[step_key] = (applied.targets, step_seconds)
         undo, report = applied.restore, {"nll_before": applied.report["nll_before"],
                                          "nll_target": applied.report["nll_target"],
                                          "targets_reused": applied.report["targets_reused"],
-                                         "targets_seconds": (shared or _SHARED_TARGETS[step_key])[1]}
+                                         "targets_seconds": step_seconds,
+                                         "targets_restored_seconds": 0.0 if shared else applied.targets.restored_seconds}
         # a standalone edit trains its δ; chunks of it read from a checkpoint count the time they took then
         start -= shared[1] if shared else applied.targets.restored_seconds
     edit_seconds = time.perf_counter() - start
