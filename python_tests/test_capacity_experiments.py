@@ -133,3 +133,18 @@ def test_encoder_width_search_runs_at_the_found_m():
     assert search["m"] == result["size"] and search["default_width"] == math.ceil(result["size"] * 16 / 8)
     assert search["width"] is not None and search["width"] <= 2 * search["default_width"]
     assert search["parameters"] == 3 * search["width"] * 8 + 2 * search["width"] + 8
+
+
+@pytest.mark.parametrize("costs, verdict", [
+    ({"spherical": (600, 200), "anisotropic-16": (None, None)}, "reproduced"),       # 3x cheaper with U*
+    ({"spherical": (600, 800), "anisotropic-16": (None, None)}, "partly"),           # only the breakdown holds
+    ({"spherical": (600, 800), "anisotropic-16": (None, 900)}, "partly"),            # U* stores where V does not
+    ({"spherical": (600, 800)}, "not reproduced"),                                   # U* costs more, nothing else
+])
+def test_ntk_ustar_verdict_weighs_both_halves_of_the_claim(costs, verdict):
+    from factkernels.experiments.capacity import _summarize_ntk_ustar
+
+    cells = [engine.Cell(f"{fam}-{m}", {"method": m, "family": fam, "d": 32, "facts": 256, "seeds": 3},
+                         {"parameters": p, "rho": 0.5, "best_min_accuracy": 1.0 if p else 0.5}, 0.0)
+             for fam, pair in costs.items() for m, p in zip(("ntk", "ntk_u*"), pair)]
+    assert _summarize_ntk_ustar(cells)["claims"]["000-fig5-ntk-ustar"].verdict == verdict

@@ -603,15 +603,21 @@ def _summarize_ntk_ustar(cells: list[engine.Cell]) -> dict:
         text += (f"; only U* stores at {', '.join(only_ustar)}" if only_ustar else "")
         text += (f"; neither stores at {', '.join(neither)}" if neither else "")
         inside = bool(ratios) and max(ratios) >= 1.5 and max(ratios) <= 6
+        lowers = bool(ratios) and max(ratios) > 1
+        # the claim's second half: on anisotropic values NTK fails with U* too
+        breaks = [f for f in neither if f.startswith("anisotropic")]
         if inside:
             reason = "U* lowers NTK cost by the paper's factor"
-        elif ratios and max(ratios) > 1:
+        elif lowers:
             reason = "U* lowers NTK cost, by a factor outside 1.5–6×"
         elif only_ustar:
             reason = "U* lets NTK store where V does not, but costs more where both store"
         else:
             reason = "U* does not lower NTK cost here"
-        finding = Finding(text, setting, "reproduced" if inside else "partly", reason)
+        if breaks and not inside:
+            reason += f"; both fail at {', '.join(breaks)} (the claim's second half)"
+        verdict = "reproduced" if inside else "partly" if lowers or only_ustar or breaks else "not reproduced"
+        finding = Finding(text, setting, verdict, reason)
     return {"rows": rows, "claims": {"000-fig5-ntk-ustar": finding}}
 
 
