@@ -1,5 +1,7 @@
 """The real-lm-editing experiment at tiny scale (a random 3-layer Llama; no packaged model needed)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -14,6 +16,13 @@ def test_tiny_grid_runs_every_method_and_leaves_the_model_unedited(tmp_path):
     assert {c["method"] for c in grid} == set(real_lm.METHODS)
     res = engine.run(real_lm.NAME, tmp_path, scale="tiny", quiet=True)
     assert res.missing == 0 and res.summary is not None
+    pngs = {Path(f).name: Path(f) for f in res.files if f.endswith(".png")}
+    assert set(pngs) == {"real_lm_editing.png", "real_lm_layers.png"}
+    import matplotlib.image
+
+    layers = matplotlib.image.imread(pngs["real_lm_layers.png"])[..., :3]
+    colored = (layers.max(axis=2) - layers.min(axis=2)) > 0.3  # C0 blue lines and markers, not grey axes
+    assert int(colored.sum()) > 100
     rows = res.summary["rows"]
     assert len(rows) == len(grid)
     for row in rows:

@@ -279,8 +279,40 @@ def plot(summary: dict, cells: list[engine.Cell]) -> dict:
         ax.set_xticks([j + 0.3 for j in range(len(sizes))], [f"{n} facts" for n in sizes])
         ax.set_ylabel(label)
     axes[1].set_yscale("log")
+    for j, n in enumerate(sizes):  # a KL of 0 (float32 precision) has no bar on the log axis: say so
+        best = _best(rows, "ours", n)
+        if best and best["kl_mean"] == 0.0:
+            axes[1].annotate("ours: 0", (j, 0), xycoords=("data", "axes fraction"), xytext=(0, 4),
+                             textcoords="offset points", ha="center", fontsize=8)
     axes[0].legend()
-    return {"real_lm_editing": fig}
+    return {"real_lm_editing": fig, "real_lm_layers": _plot_layers(rows, sizes)}
+
+
+def _plot_layers(rows: list[dict], sizes: list[int]):
+    """Ours across insertion layers: neighbourhood, paraphrase and perplexity ratio per fact count; target keys
+    as lines, subject keys as open markers."""
+    from .plotting import panels
+
+    fig, axes = panels(3, width=4.4)
+    metrics = (("neighborhood", "neighbourhood kept"), ("paraphrase", "paraphrase accuracy"),
+               ("perplexity_ratio", "perplexity ratio (held-out text)"))
+    for i, n in enumerate(sizes):
+        color = f"C{i}"
+        for position, style in (("target", {"marker": "o", "linestyle": "-"}),
+                                ("subject", {"marker": "s", "linestyle": "none", "fillstyle": "none"})):
+            mine = sorted((r for r in rows if r["method"] == "ours" and r["n_facts"] == n
+                           and r["setting"] == f"keys at {position}"), key=lambda r: r["layer"])
+            if not mine:
+                continue
+            for ax, (metric, _) in zip(axes, metrics):
+                ax.plot([r["layer"] for r in mine], [r[metric] for r in mine], color=color,
+                        label=f"{n} facts, {position} keys", **style)
+    for ax, (_, label) in zip(axes, metrics):
+        ax.set_xlabel("insertion layer")
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
 
 
 EXPERIMENT = engine.register(engine.Experiment(
