@@ -141,7 +141,7 @@ def _last_log_probs(model: Any, batch: PromptBatch, hidden: Optional[torch.Tenso
 def _hidden_with_delta(model: Any, layer: int, batch: PromptBatch, states: Optional[torch.Tensor],
                        where: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     """Final hidden states (n, T, d) of ``batch`` with δ (n, d) added to ``layer``'s MLP output at each row's
-    position ``where`` (n,). From ``states`` (n, T', d ≥ T), the unedited residual stream after the layer, only
+    position ``where`` (n,). From ``states`` (n, T' ≥ T, d), the unedited residual stream after the layer, only
     the later blocks run (:func:`~factkernels.hf.capture.tail_hidden`): adding δ to the MLP output at a position
     adds it to the block's output there, and the earlier blocks never see it. Without states, a hook adds δ
     in a full forward."""
