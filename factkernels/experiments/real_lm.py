@@ -285,7 +285,10 @@ def plot(summary: dict, cells: list[engine.Cell]) -> dict:
             axes[1].annotate("ours: 0", (j, 0), xycoords=("data", "axes fraction"), xytext=(0, 4),
                              textcoords="offset points", ha="center", fontsize=8)
     axes[0].legend()
-    return {"real_lm_editing": fig, "real_lm_layers": _plot_layers(rows, sizes)}
+    figures = {"real_lm_editing": fig}
+    if any(r["method"] == "ours" for r in rows):  # a grid of editors only has no layer sweep
+        figures["real_lm_layers"] = _plot_layers(rows, sizes)
+    return figures
 
 
 def _plot_layers(rows: list[dict], sizes: list[int]):
