@@ -143,8 +143,11 @@ def test_residual_targets_run_the_later_blocks_only_as_the_full_forward(llama, m
     settings = dict(steps=15, lr=0.5, weight_decay=0.1, clamp_norm=1e3, clamp_to="mlp", kl_factor=0.05,
                     early_stop=3.5, progress=False, chunk=3)
     tails = []
-    real_tail = editors.tail_hidden
-    monkeypatch.setattr(editors, "tail_hidden", lambda *a: tails.append(1) or real_tail(*a))
+    import importlib
+
+    capture = importlib.import_module("factkernels.hf.capture")  # the module, not hf.capture (the function)
+    real_tail = capture.tail_hidden
+    monkeypatch.setattr(capture, "tail_hidden", lambda *a: tails.append(1) or real_tail(*a))
     tail = residual_targets(model, tok, requests, 0, **settings)
     assert tails, "the tail path did not run"
     monkeypatch.setattr(editors, "tail_matches", lambda *a: False)

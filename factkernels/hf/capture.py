@@ -180,6 +180,27 @@ def tail_hidden(model: Any, layer: int, hidden: torch.Tensor, attention_mask: to
         inner.layers = blocks
 
 
+def hidden_with_delta(model: Any, layer: int, batch: "PromptBatch", states: Optional[torch.Tensor],
+                      rows: torch.Tensor, positions: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """Final hidden states (b, T, d) of ``batch`` with δ (k, d) added to ``layer``'s MLP output at (rows,
+    positions) (k,) each, distinct pairs. From ``states`` (b, T' ≥ T, d), the unedited residual stream after the
+    layer, only the later blocks run (:func:`tail_hidden`): adding δ to the MLP output at a position adds it to
+    the block's output there, and the earlier blocks never see it. Without states, a forward hook adds δ in a
+    full forward. Differentiable in δ."""
+    if states is None:
+        def add(_module: Any, _args: Any, out: torch.Tensor) -> torch.Tensor:
+            return out + torch.zeros_like(out).index_put((rows.to(out.device), positions.to(out.device)), delta)
+
+        handle = mlp_module(model, layer).register_forward_hook(add)
+        try:
+            return final_hidden(model, batch.input_ids, batch.attention_mask)
+        finally:
+            handle.remove()
+    start = states[:, :batch.input_ids.shape[1]].index_put(
+        (rows.to(states.device), positions.to(states.device)), delta, accumulate=True)
+    return tail_hidden(model, layer, start, batch.attention_mask)
+
+
 @torch.no_grad()
 def tail_matches(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int) -> bool:
     """Whether :func:`tail_hidden` from the states after ``layer`` reproduces the full forward on these rows."""

@@ -41,7 +41,7 @@ import torch.nn.functional as F_nn
 from ..progress import progress_bar
 
 from ..transformer.editing import alphaedit_update, memit_update, null_space_projector, rome_update
-from .capture import (PromptBatch, capture, encode_requests, final_hidden, logits_at, model_device, tail_hidden,
+from .capture import (PromptBatch, capture, encode_requests, final_hidden, hidden_with_delta, logits_at, model_device,
                       tail_matches)
 from .checkpoint import ChunkCheckpoint, fingerprint
 from .layout import mlp_layers, mlp_module
@@ -101,20 +101,6 @@ def _frozen(model: Any) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
-@contextmanager
-def _add_at(module: Any, rows: torch.Tensor, positions: torch.Tensor, delta: torch.Tensor) -> Iterator[None]:
-    """Add delta (len(rows), d) to ``module``'s output at (rows, positions) while inside."""
-    def hook(_module: Any, _args: Any, out: torch.Tensor) -> torch.Tensor:
-        shift = torch.zeros_like(out).index_put((rows, positions), delta)
-        return out + shift
-
-    handle = module.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
 def _layer_output(out: Any) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
@@ -140,17 +126,8 @@ def _last_log_probs(model: Any, batch: PromptBatch, hidden: Optional[torch.Tenso
 
 def _hidden_with_delta(model: Any, layer: int, batch: PromptBatch, states: Optional[torch.Tensor],
                        where: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """Final hidden states (n, T, d) of ``batch`` with δ (n, d) added to ``layer``'s MLP output at each row's
-    position ``where`` (n,). From ``states`` (n, T' ≥ T, d), the unedited residual stream after the layer, only
-    the later blocks run (:func:`~factkernels.hf.capture.tail_hidden`): adding δ to the MLP output at a position
-    adds it to the block's output there, and the earlier blocks never see it. Without states, a hook adds δ
-    in a full forward."""
-    if states is None:
-        with _add_at(mlp_module(model, layer), torch.arange(len(batch), device=delta.device), where, delta):
-            return final_hidden(model, batch.input_ids, batch.attention_mask)
-    rows = torch.arange(len(batch), device=states.device)
-    start = states[:, :batch.input_ids.shape[1]].index_put((rows, where.to(states.device)), delta, accumulate=True)
-    return tail_hidden(model, layer, start, batch.attention_mask)
+    """:func:`~factkernels.hf.capture.hidden_with_delta` with one δ (n, d) per row, at its position ``where`` (n,)."""
+    return hidden_with_delta(model, layer, batch, states, torch.arange(len(batch)), where, delta)
 
 
 def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: int, *, steps: int, lr: float,

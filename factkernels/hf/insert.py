@@ -41,7 +41,7 @@ from ..encoder import assemble, build_shared_gate
 from ..mlp import FactMLP
 from ..validation import check_positive_int
 from .capture import (PromptBatch, block_outputs, capture, encode_requests, encode_texts, final_hidden,
-                      length_sorted_chunks, logits_at, model_device, tail_hidden, tail_matches)
+                      hidden_with_delta, length_sorted_chunks, logits_at, model_device, tail_matches)
 from .checkpoint import ChunkCheckpoint, fingerprint
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
@@ -221,12 +221,11 @@ def _full_model_step(model: Any, layer: int, batch: PromptBatch, keys: KeySet, d
                      start_states: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, float]:
     """One loss evaluation of the requests ``facts`` (indices into ``batch``) with δ added after ``layer``'s MLP:
     to ``start_states`` (n, T, d), the residual after that layer, and only the later blocks run
-    (:func:`tail_hidden`), or, without them, by a forward hook in a full forward. The loss is the summed
+    (:func:`~factkernels.hf.capture.hidden_with_delta`), or, without them, by a forward hook in a full forward. The loss is the summed
     target cross-entropy of the requests below ``margin``; its gradient is accumulated into ``delta.grad``
     batch by batch (when δ requires it), so memory holds one batch's graph, not every request's. Requests
     run in batches of similar length. Returns their margins (len(facts),) and the loss."""
     device = delta.device
-    mlp = mlp_module(model, layer)
     margins, total = torch.empty(len(facts), device=device), 0.0
     for part in length_sorted_chunks(batch.attention_mask.sum(1)[facts], batch_size):
         chunk = facts[part]
@@ -234,21 +233,9 @@ def _full_model_step(model: Any, layer: int, batch: PromptBatch, keys: KeySet, d
         local = torch.full((len(batch),), -1, dtype=torch.long)
         local[chunk] = torch.arange(len(chunk))
         chosen = (local[keys.row] >= 0).nonzero().flatten()
-        rows, pos = local[keys.row[chosen]].to(device), keys.position[chosen].to(device)
-
-        def add_delta(_m, _a, out, rows=rows, pos=pos, chosen=chosen):
-            add = torch.zeros_like(out)
-            return out + add.index_put((rows, pos), delta[chosen.to(device)])
-
-        if start_states is not None:
-            states = start_states[chunk.to(start_states.device), :sub.input_ids.shape[1]]
-            hidden = tail_hidden(model, layer, add_delta(None, None, states), sub.attention_mask)
-        else:
-            handle = mlp.register_forward_hook(add_delta)
-            try:
-                hidden = final_hidden(model, sub.input_ids, sub.attention_mask)
-            finally:
-                handle.remove()
+        states = None if start_states is None else start_states[chunk.to(start_states.device)]
+        hidden = hidden_with_delta(model, layer, sub, states, local[keys.row[chosen]], keys.position[chosen],
+                                   delta[chosen.to(device)])
         t_rows, t_pos, t_tokens = sub.target_positions()
         t_rows, t_tokens = t_rows.to(device), t_tokens.to(device)
         logits = logits_at(model, hidden, t_rows, t_pos)
