@@ -79,15 +79,27 @@ def test_shards_partition_the_grid_and_merge(toy, tmp_path):
 def test_only_runs_a_sub_grid_and_summarizes_every_present_cell(toy, tmp_path):
     engine.run("toy", tmp_path, scale="seed", only={"y": 0, "x": 0}, quiet=True)
     assert calls == [{"x": 0, "y": 0}]
-    res = engine.run("toy", tmp_path, scale="seed", only=engine.parse_only(["y=2"]), resume=True, quiet=True)
+    res = engine.run("toy", tmp_path, scale="seed", only=engine.parse_fields(["y=2"]), resume=True, quiet=True)
     assert res.total == 4 and res.ran == 4 and res.summary is not None
     assert res.summary["total"] == sum(x + 2 for x in (0, 2, 4, 6))  # the sub-grid's 4 cells and the x=0, y=0 one
-    assert engine.parse_only(["method=memit", "hparams={\"a\": 1}"]) == {"method": "memit", "hparams": {"a": 1}}
+    assert engine.parse_fields(["method=memit", "hparams={\"a\": 1}"]) == {"method": "memit", "hparams": {"a": 1}}
     assert engine.matches({"x": 1}, {"y": None}) and not engine.matches({"x": 1}, {"x": None})
     with pytest.raises(ValueError, match="KEY=VALUE"):
-        engine.parse_only(["n_facts"])
+        engine.parse_fields(["n_facts"])
     with pytest.raises(ValueError, match="no cell"):
         engine.run("toy", tmp_path, scale="seed", only={"x": 1}, quiet=True)
+
+
+def test_overrides_run_the_grid_at_another_setting(toy, tmp_path):
+    res = engine.run("toy", tmp_path, scale="tiny", overrides={"y": 10}, quiet=True)
+    # the tiny grid's pairs of y collapse to one cell per x, each with y = 10
+    assert sorted(map(tuple, (sorted(c.items()) for c in calls))) == [(("x", 0), ("y", 10)), (("x", 2), ("y", 10))]
+    assert res.summary["total"] == (0 + 10) + (2 + 10)
+    assert engine.with_overrides([{"a": 1}, {"b": 2}], {"a": 5}) == [{"a": 5}, {"b": 2}]
+    with pytest.raises(ValueError, match="field 'z'"):
+        engine.run("toy", tmp_path, scale="tiny", overrides={"z": 1}, quiet=True)
+    with pytest.raises(ValueError, match="--set takes"):
+        engine.parse_fields(["y"], "--set")
 
 
 def test_bad_arguments(toy, tmp_path):

@@ -1,5 +1,6 @@
 """Authors/books LM (seed 000 §5.4, App. A.3): data, sentences, fact expert, MoE model, training."""
 
+import json
 import math
 
 import pytest
@@ -173,6 +174,41 @@ def test_lm_and_editing_experiments_on_the_engine(tmp_path):
             score = row[method]
             assert 0 <= score["harmonic"] <= score["geometric"] + 1e-12 <= 1 + 1e-12  # HM <= GM
     assert "geometric" in edit["claims"]["000-fig4-editing"]["ours"]
+
+
+def test_editing_cell_resumes_from_its_trained_lm_and_finished_splits(tmp_path, monkeypatch):
+    from factkernels.experiments import engine
+    from factkernels.experiments import transformer as texp
+
+    fresh = engine.run("editing", tmp_path / "fresh", scale="tiny", quiet=True).summary
+    real_compare = texp.compare_editors
+    calls = []
+
+    def compare_then_stop(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the run is killed during the second split
+        return real_compare(*args, **kwargs)
+
+    monkeypatch.setattr(texp, "compare_editors", compare_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        engine.run("editing", tmp_path / "run", scale="tiny", resume=True, quiet=True)
+    partial = list((tmp_path / "run" / "editing" / "partial").iterdir())
+    names = sorted(p.name for p in partial)
+    assert len(names) == 2 and names[0].endswith(".json") and names[1].endswith(".lm.safetensors")
+    assert len(json.loads(partial[[p.name for p in partial].index(names[0])].read_text())["splits"]) == 1
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a resumed cell loads its trained LM")
+
+    calls.clear()
+    monkeypatch.setattr(texp, "compare_editors", lambda *a, **k: calls.append(1) or real_compare(*a, **k))
+    monkeypatch.setattr(texp, "trained_lm", no_training)
+    resumed = engine.run("editing", tmp_path / "run", scale="tiny", resume=True, quiet=True).summary
+    assert len(calls) == 2  # only the splits the killed run did not finish
+    assert resumed["table"] == fresh["table"]  # same LM weights, same editors: same scores
+    assert not (tmp_path / "run" / "editing" / "partial").exists() or not any(
+        (tmp_path / "run" / "editing" / "partial").iterdir())
 
 
 def test_smallest_size_doubles_then_bisects():

@@ -1,7 +1,7 @@
 """``factkernels experiment ...``: run any registered experiment, list the claims, merge shards.
 
     factkernels experiment list                                   # every claim: where, setting, command, status
-    factkernels experiment NAME --out runs/ [--scale tiny|quick|seed] [--shard i/N] [--resume] [--only KEY=VALUE]
+    factkernels experiment NAME --out runs/ [--scale tiny|quick|seed] [--shard i/N] [--resume] [--only KEY=VALUE] [--set KEY=VALUE]
     factkernels experiment merge runs/a runs/b --out runs/all      # cell files of several shards into one folder
     factkernels experiment report runs/ --out CLAIMS.md            # markdown claims table from every summary.json
 """
@@ -17,7 +17,8 @@ from . import attention, capacity, engine, report, rgr_budget
 def _run(args: argparse.Namespace) -> int:
     scale = "quick" if args.quick else args.scale
     result = engine.run(args.experiment, args.out, scale=scale, shard=engine.parse_shard(args.shard),
-                        resume=args.resume, threads=args.threads, quiet=args.quiet, only=engine.parse_only(args.only))
+                        resume=args.resume, threads=args.threads, quiet=args.quiet, only=engine.parse_fields(args.only),
+                        overrides=engine.parse_fields(args.set, "--set"))
     print(f"{result.experiment} ({scale}): {result.total} cells, ran {result.ran}, kept {result.kept}, "
           f"missing {result.missing}")
     if result.summary is None:
@@ -74,6 +75,9 @@ def add_commands(experiment_subparsers) -> None:
         p.add_argument("--shard", default=None, help="i/N: run every N-th cell, starting at the i-th")
         p.add_argument("--only", action="append", metavar="KEY=VALUE",
                        help="run the sub-grid of cells with this config value (repeatable, e.g. --only d=32)")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="replace this config field in every cell that has it (repeatable, e.g. --set dim=64: "
+                            "the grid at another setting; the cells' keys change with it)")
         p.add_argument("--resume", action="store_true", help="keep finished cells, run the rest")
         p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the experiment's)")
         p.add_argument("--quiet", action="store_true", help="no progress bars")

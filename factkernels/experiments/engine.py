@@ -233,35 +233,51 @@ def matches(config: dict, only: dict) -> bool:
     return all(config.get(k) == v for k, v in only.items())
 
 
-def parse_only(items: Optional[Iterable[str]]) -> dict:
-    """["n_facts=100", "method=memit"] -> {"n_facts": 100, "method": "memit"} (values read as JSON, else text)."""
-    only = {}
+def parse_fields(items: Optional[Iterable[str]], option: str = "--only") -> dict:
+    """["n_facts=100", "method=memit"] -> {"n_facts": 100, "method": "memit"} (values read as JSON, else
+    text); ``option`` names the command-line option in errors."""
+    fields = {}
     for item in items or ():
         key, sep, text = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--only takes KEY=VALUE, got {item!r}")
+            raise ValueError(f"{option} takes KEY=VALUE, got {item!r}")
         try:
-            only[key] = json.loads(text)
+            fields[key] = json.loads(text)
         except json.JSONDecodeError:
-            only[key] = text
-    return only
+            fields[key] = text
+    return fields
+
+
+def with_overrides(configs: list[dict], overrides: dict) -> list[dict]:
+    """``configs`` with each ``overrides`` field replaced in every config that has it (a grid run at
+    another setting, e.g. the seed grid at a smaller d), cells made equal by it kept once; a field no
+    config has is an error."""
+    for key in overrides:
+        if not any(key in c for c in configs):
+            raise ValueError(f"no cell config has the field {key!r} to override")
+    changed = [{**c, **{k: v for k, v in overrides.items() if k in c}} for c in configs]
+    return list({cell_key(c): c for c in changed}.values())
 
 
 def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple[int, int]] = None,
         resume: bool = False, threads: Optional[int] = None, quiet: bool = False,
-        grid: Optional[list[dict]] = None, only: Optional[dict] = None) -> RunResult:
+        grid: Optional[list[dict]] = None, only: Optional[dict] = None,
+        overrides: Optional[dict] = None) -> RunResult:
     """Run experiment ``name`` at ``scale`` into ``out`` (see the module docstring).
 
     resume: keep cells already on disk (default: recompute them). shard: (i, N) runs every N-th cell.
     grid: run these configs instead of ``experiment.grid(scale)``. only: run the sub-grid of cells
     whose config has these field values (e.g. {"n_facts": 100}); its summary covers every cell of
-    the full grid present on disk. Returns a :class:`RunResult`; the summary is written once every
+    the full grid present on disk. overrides: replace these config fields in every cell of the grid
+    before filtering (:func:`with_overrides`); the cells' keys, hence their files, change with them. Returns a :class:`RunResult`; the summary is written once every
     cell of the (sub-)grid is on disk.
     """
     experiment = get(name)
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     configs = experiment.grid(scale) if grid is None else grid
+    if overrides:
+        configs = with_overrides(configs, overrides)
     full_keys = [cell_key(c) for c in configs]
     if only:
         configs = [c for c in configs if matches(c, only)]
@@ -338,5 +354,5 @@ def merge(sources: Iterable[PathLike], out: PathLike) -> int:
 
 
 __all__ = ["Cell", "Claim", "Experiment", "Finding", "REGISTRY", "RunResult", "SCALES", "VERDICTS", "cell_key", "clean_json", "get",
-           "load_cells", "matches", "merge", "parse_only", "parse_shard", "partial_path", "register", "run", "set_threads",
+           "load_cells", "matches", "merge", "parse_fields", "parse_shard", "partial_path", "register", "run", "set_threads",
            "shared_partial_path", "summarize_dir"]

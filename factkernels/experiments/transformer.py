@@ -15,15 +15,17 @@ finding's setting).
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Optional
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from ..construct import construct
 from ..mlp import FactMLP
 from ..transformer.editing import SEED_SPLITS, compare_editors, make_split, scaled_split
-from ..transformer.lm import AuthorsBooks, LMTrainConfig, evaluate, random_facts, trained_lm
+from ..transformer.lm import AuthorsBooks, AuthorsLM, LMTrainConfig, evaluate, random_facts, trained_lm
 from ..transformer.scaling import SEED_DIM, SEED_FACTS, SEED_SEEDS, TARGET, lm_usable_size, usable_size
 from ..transformer.ssfr import SSFRTask
 from ..transformer.training import SEED_LR, SEED_SEQUENCES, build_fact_mlp, run_fact_adaptive
@@ -335,10 +337,29 @@ def _silenced(mlp: FactMLP) -> FactMLP:
 
 
 def _trained(config: dict):
+    """The cell's trained LM. Inside an experiment run the trained weights (and losses) are kept in the
+    cell's partial files until the cell is written, so a resumed cell (hours of training at 4,096 facts)
+    rebuilds the model and loads them instead of training again."""
     task = AuthorsBooks.build(config["facts"])
+    partial = engine.partial_path()
+    saved = None if partial is None else partial.with_suffix(".lm.safetensors")
+    if saved is not None and saved.exists():
+        # same seed, so the same fact expert as the trained model's; the weights then overwrite it
+        model = AuthorsLM(task, expert=config["expert"], expert_hidden=config.get("expert_hidden"), dim=config["dim"],
+                          fact_prior=config["fact_prior"], seed=config["seed"])
+        tensors = load_file(saved)
+        losses = tensors.pop("__losses__").tolist()
+        model.load_state_dict(tensors)
+        return task, model, losses
     train = LMTrainConfig(steps=config["steps"], batch_size=config["batch_size"], lr=config["lr"], seed=config["seed"])
     model, losses = trained_lm(task, train, dim=config["dim"], pool=config["pool"], fact_prior=config["fact_prior"],
                                expert=config["expert"], expert_hidden=config.get("expert_hidden"), quiet=True)
+    if saved is not None:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+        tmp = saved.with_suffix(".tmp")  # a killed run never leaves half a file behind
+        save_file({**tensors, "__losses__": torch.tensor(losses, dtype=torch.float64)}, tmp)
+        tmp.replace(saved)
     return task, model, losses
 
 
@@ -523,8 +544,10 @@ def run_editing_cell(config: dict) -> dict:
     task, model, _ = _trained(config)
     base = evaluate(model, task, task.facts)
     grids = config.get("grids")
-    splits = []
-    for seed_preserved, seed_altered in SEED_SPLITS:
+    # finished splits are kept in the cell's partial file: at 4,096 facts one split's editor grids take hours
+    partial = engine.partial_path()
+    splits = json.loads(partial.read_text())["splits"] if partial is not None and partial.exists() else []
+    for seed_preserved, seed_altered in SEED_SPLITS[len(splits):]:
         preserved, altered = scaled_split(config["facts"], seed_preserved, seed_altered)
         split = make_split(task.facts, preserved, altered, seed=config["seed"])
         results = compare_editors(model, task, split, methods=tuple(config["methods"]), seed=config["seed"],
@@ -536,6 +559,10 @@ def run_editing_cell(config: dict) -> dict:
                 for m, r in results.items()}
         splits.append({"preserved": preserved, "altered": altered, "altered_fraction": altered / config["facts"],
                        "best": best, "grid_points": {m: len(r["runs"]) for m, r in results.items()}})
+        if partial is not None:
+            tmp = partial.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"splits": splits}))
+            tmp.replace(partial)
     return {"lm": base, "splits": splits}
 
 

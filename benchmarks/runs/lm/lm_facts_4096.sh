@@ -1,0 +1,9 @@
+#!/bin/bash
+# Fig. 9 swap at the seed's 4,096 facts (authors/books LM, GD and constructed fact experts), at
+# d = 64 and 5,000 steps of 128 sentences instead of the seed's d = 256 and 20,000 steps (one CPU
+# core: about 45 min per cell). Resumable: finished cells are kept. Runs outside the checkout so
+# the installed package (with its compiled kernels) is imported.
+ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
+cd /tmp
+OMP_NUM_THREADS=1 python -m factkernels experiment lm-facts --scale seed --set dim=64 --set steps=5000 \
+  --only part=null --out "$ROOT/benchmarks/results/experiments-seed" --threads 1 --resume --quiet
