@@ -167,6 +167,15 @@ def test_report_shows_one_row_per_folder_that_ran_a_claim(toy, tmp_path):
                                                           (str(tmp_path / "seed"), "8 cells even: True")]
     table = report.write_claims_table([tmp_path / "quick", tmp_path / "seed"], tmp_path / "CLAIMS.md").read_text()
     assert "**toy-sum** (quick)" in table and "**toy-sum** (seed)" in table
+    # each claim counted once, by its last (largest) run; rows counted apart
+    (latest,) = [r for r in report.latest_rows(report.claim_rows([tmp_path / "quick", tmp_path / "seed"]))
+                 if r["claim"] == "toy-sum"]
+    assert latest["results"] == str(tmp_path / "seed")
+    (latest,) = [r for r in report.latest_rows(report.claim_rows([tmp_path / "seed", tmp_path / "empty"]))
+                 if r["claim"] == "toy-sum"]
+    assert latest["results"] == str(tmp_path / "seed")  # a folder without the claim does not replace its finding
+    claims = len(report.latest_rows(report.claim_rows([tmp_path / "quick", tmp_path / "seed"])))
+    assert f"Verdicts of the {claims} claims" in table
 
 
 def test_a_cell_keeps_partial_progress_until_it_is_written(toy, tmp_path):
