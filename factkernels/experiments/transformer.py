@@ -259,19 +259,33 @@ def _summarize_usability(cells: list[engine.Cell]) -> dict:
 
 
 def _plot_usability(summary: dict, cells: list[engine.Cell]) -> dict:
+    """Top: capacity and usability against whitening α, one line per κ (Fig. 3b/8a); bottom: usability
+    against capacity and against the Lipschitz estimate, coloured by α (Fig. 3c/8b)."""
     from .plotting import panels
 
     rows = [r for r in summary["rows"] if r["usability"] is not None]
-    fig, (left, right) = panels(2, height=4)
-    for ax, key, label in ((left, "capacity", "capacity (fraction of facts stored)"),
-                           (right, "lipschitz", "Lipschitz estimate max_i σ1(J(k_i))")):
+    fig, axes = panels(2, height=3.8, nrows=2)
+    kappas = sorted({r["kappa"] for r in summary["rows"]})
+    for ax, key, label in ((axes[0], "capacity", "capacity (fraction of facts stored)"),
+                           (axes[1], "usability", "usability (fact-adaptive accuracy / capacity)")):
+        for kappa in kappas:
+            mine = sorted((r for r in summary["rows"] if r["kappa"] == kappa and r[key] is not None),
+                          key=lambda r: r["alpha"])
+            # α = 0 sits on a symlog axis's linear part, the seed's α from 0.01 to 1 on its log part
+            ax.plot([r["alpha"] for r in mine], [r[key] for r in mine], "o-", ms=3, label=f"κ={kappa:g}")
+        ax.set_xscale("symlog", linthresh=0.01)
+        ax.set(xlabel="whitening α", ylabel=label, ylim=(-0.02, 1.02))
+    axes[0].legend(fontsize=7)
+    for ax, key, label in ((axes[2], "capacity", "capacity (fraction of facts stored)"),
+                           (axes[3], "lipschitz", "Lipschitz estimate max_i σ1(J(k_i))")):
         points = ax.scatter([r[key] for r in rows], [r["usability"] for r in rows], c=[r["alpha"] for r in rows],
                             cmap="viridis")
-        for r in rows:
-            ax.annotate(f"κ={r['kappa']:g}", (r[key], r["usability"]), fontsize=7)
-        ax.set(xlabel=label, ylabel="usability (fact-adaptive accuracy / capacity)")
+        if len(rows) <= 12:  # few points: name them
+            for r in rows:
+                ax.annotate(f"κ={r['kappa']:g}", (r[key], r["usability"]), fontsize=7)
+        ax.set(xlabel=label, ylabel="usability")
         fig.colorbar(points, ax=ax, label="whitening α")
-    right.set_xscale("log")
+    axes[3].set_xscale("log")
     return {"usability": fig}
 
 
