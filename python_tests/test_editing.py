@@ -138,7 +138,7 @@ def test_key_second_moment_reads_edit_prompt_keys_or_every_position():
     every = editing.key_second_moment(model, task, ids, positions="all", ridge=0.0)
     assert torch.linalg.matrix_rank(prompt) <= 3 < torch.linalg.matrix_rank(every)
     data = task.sentences(task.facts, ids, [editing.EDIT_TEMPLATE])
-    z = model.mixer_input(data.tokens, data.mask)[torch.arange(3), data.value_position]
+    z, _ = model.moe.inputs(model.mixer_input(data.tokens, data.mask)[torch.arange(3), data.value_position])
     keys = editing.mlp_hidden(model.moe.fact, z)
     assert torch.allclose(prompt, keys.T @ keys / 3, atol=1e-6)
     with pytest.raises(ValueError, match="positions"):

@@ -150,6 +150,29 @@ def test_gd_expert_is_routed_to_values_not_template_words():
     assert result["value_accuracy"] > 0.5
 
 
+def test_mixer_input_says_what_the_router_and_language_expert_read():
+    """"normed" (default): router, language and fact expert all read the unit-sphere z; "attention" (the
+    authors' released code): router and language expert read the attention output x before the norm."""
+    task = AuthorsBooks.build(24)
+    normed = AuthorsLM(task, dim=16, seed=0)
+    attention = AuthorsLM(task, dim=16, seed=0, mixer_input="attention")
+    x = 3.0 * torch.randn(5, 16)
+    z = x / x.norm(dim=1, keepdim=True)
+    for model in (normed, attention):
+        assert torch.allclose(model.moe.inputs(x)[0], z, atol=1e-6)
+    assert torch.equal(normed.moe.inputs(x)[1], normed.moe.inputs(x)[0]) and torch.equal(attention.moe.inputs(x)[1], x)
+    assert torch.allclose(normed.moe.route(x), normed.moe.route(z), atol=1e-6)  # the norm erases the scale
+    assert not torch.allclose(attention.moe.route(x), attention.moe.route(z), atol=1e-3)
+    fact, language, weights = attention.moe.parts(x)
+    assert torch.allclose(fact, weights[..., :1] * attention.moe.fact(z), atol=1e-6)
+    assert torch.allclose(language, weights[..., 1:] * attention.moe.language(x), atol=1e-6)
+    model, losses = lm.trained_lm(task, lm.LMTrainConfig(steps=5, batch_size=8), dim=16, mixer_input="attention",
+                                  quiet=True)
+    assert model.moe.mixer_input == "attention" and all(math.isfinite(v) for v in losses)
+    with pytest.raises(ValueError, match="mixer_input"):
+        AuthorsLM(task, dim=16, mixer_input="residual")
+
+
 def test_lm_and_editing_experiments_on_the_engine(tmp_path):
     from factkernels.experiments import engine
 
@@ -166,6 +189,16 @@ def test_lm_and_editing_experiments_on_the_engine(tmp_path):
     claim = lm_res["claims"]["000-fig9a-lm-w-vs-f"]
     assert claim["verdict"] == "not run" and "two F" in claim["reason"]  # one F has no slope
     assert (tmp_path / "lm-facts" / "lm_w_vs_f.png").stat().st_size > 0
+    # a second GD run with the router on the attention output: the run that rises least speaks for the claim
+    from factkernels.experiments import transformer as texp
+
+    (cell,) = [c for c in engine.load_cells(tmp_path, "lm-facts").values() if c.config.get("part") != "scaling"]
+    better = {**cell.result, "nonfact_ce_rise": cell.result["nonfact_ce_rise"] - 1.0}
+    other = engine.Cell("authors", {**cell.config, "mixer_input": "attention"}, better, 0.0)
+    both = texp._summarize_lm([cell, other])
+    claim = both["claims"]["000-fig9b-nonfact-ce"]
+    assert "gd, router on attention output:" in claim.ours
+    assert "router on the attention output rises least" in claim.reason
 
     edit = engine.run("editing", tmp_path, scale="tiny", quiet=True).summary
     assert [r["altered"] for r in edit["table"]] == [7, 3, 2]

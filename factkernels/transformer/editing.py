@@ -154,11 +154,11 @@ def key_second_moment(model: AuthorsLM, task: AuthorsBooks, fact_ids: torch.Tens
         raise ValueError(f"positions must be one of {KEY_POSITIONS}, got {positions!r}")
     if positions == "all":
         data = task.sentences(task.facts, fact_ids)
-        z = model.mixer_input(data.tokens, data.mask)[data.mask]
+        x = model.mixer_input(data.tokens, data.mask)[data.mask]
     else:
         data = task.sentences(task.facts, fact_ids, [EDIT_TEMPLATE])
-        z = model.mixer_input(data.tokens, data.mask)[torch.arange(len(data)), data.value_position]
-    keys = mlp_hidden(model.moe.fact, z)
+        x = model.mixer_input(data.tokens, data.mask)[torch.arange(len(data)), data.value_position]
+    keys = mlp_hidden(model.moe.fact, model.moe.inputs(x)[0])
     cov = keys.T @ keys / keys.shape[0]
     return cov + ridge * cov.diagonal().mean() * torch.eye(cov.shape[0], dtype=cov.dtype)
 
@@ -203,9 +203,9 @@ def harmonic_mean(*scores: float) -> float:
 @dataclass
 class EditEvaluation:
     """The metric sets of a split, with everything an editor cannot change precomputed: the MoE
-    input z at the value position (editors only touch the fact expert, which comes after it).
+    input x at the value position (editors only touch the fact expert, which comes after it).
 
-    sets: name -> (z (n, d), new-author vocabulary ids (n,)) for "efficacy" (preserved facts,
+    sets: name -> (x (n, d), new-author vocabulary ids (n,)) for "efficacy" (preserved facts,
     edit prompt), "specificity" (altered facts, edit prompt) and "paraphrase" (altered facts,
     the other 15 templates).
     """
@@ -221,8 +221,8 @@ class EditEvaluation:
                                      ("paraphrase", split.altered, PARAPHRASE_TEMPLATES)):
             data = task.sentences(split.new_facts, ids, templates)
             rows = torch.arange(len(data))
-            z = model.mixer_input(data.tokens, data.mask)[rows, data.value_position]
-            sets[name] = (z, data.targets()[rows, data.value_position])
+            x = model.mixer_input(data.tokens, data.mask)[rows, data.value_position]
+            sets[name] = (x, data.targets()[rows, data.value_position])
         return cls(sets)
 
     @torch.no_grad()
@@ -231,8 +231,8 @@ class EditEvaluation:
         expert (the model's own expert is put back after)."""
         old = model.swap_fact_expert(fact)
         try:
-            metrics = {name: float((model.logits(model.moe(z)).argmax(-1) == target).double().mean())
-                       for name, (z, target) in self.sets.items()}
+            metrics = {name: float((model.logits(model.moe(x)).argmax(-1) == target).double().mean())
+                       for name, (x, target) in self.sets.items()}
         finally:
             model.swap_fact_expert(old)
         metrics["score"] = harmonic_mean(metrics["efficacy"], metrics["specificity"], metrics["paraphrase"])
@@ -241,7 +241,7 @@ class EditEvaluation:
 
 @dataclass
 class EditPrompts:
-    """The altered facts' edit prompts at their last token: MoE input z (n, d), router
+    """The altered facts' edit prompts at their last token: fact-expert input z (n, d), router
     weights (n, 2), fact-expert output g (n, d), language-expert output (n, d), hidden keys
     (n, h) and the new authors' vocabulary ids (n,)."""
 
@@ -257,9 +257,9 @@ class EditPrompts:
     def build(cls, model: AuthorsLM, task: AuthorsBooks, split: EditSplit) -> "EditPrompts":
         data = task.sentences(split.new_facts, split.altered, [EDIT_TEMPLATE])
         rows = torch.arange(len(data))
-        z = model.mixer_input(data.tokens, data.mask)[rows, data.value_position]
         moe = model.moe
-        return cls(z, moe.router(z).softmax(-1), moe.fact(z), moe.language(z), mlp_hidden(moe.fact, z),
+        z, r = moe.inputs(model.mixer_input(data.tokens, data.mask)[rows, data.value_position])
+        return cls(z, moe.router(r).softmax(-1), moe.fact(z), moe.language(r), mlp_hidden(moe.fact, z),
                    data.targets()[rows, data.value_position])
 
 

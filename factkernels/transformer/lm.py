@@ -65,6 +65,10 @@ TEMPLATES: tuple[tuple[str, str], ...] = (
 )
 
 EXPERTS = ("gd", "constructed")  # how the fact expert is made: GD with MSE (the seed's LM) or construct()
+# What the router and the language expert read: the frozen norm's unit-sphere output, as the fact expert
+# does ("normed", the seed is silent), or the attention output before it ("attention", the authors'
+# released fact-editing code: BinaryMoE(prev_x, new_x) routes on prev_x).
+MIXER_INPUTS = ("normed", "attention")
 
 # Kinds of next-token targets, for the per-kind cross-entropy of App. A.3.3.
 PAD, WORD, KEY, VALUE = 0, 1, 2, 3
@@ -266,32 +270,44 @@ class LowRankLinear(nn.Module):
 
 
 class FactMoE(nn.Module):
-    """Two experts mixed by an MLP router: ``p_fact(z) g(z) + p_lang(z) L(z)``.
+    """Two experts mixed by an MLP router: ``p_fact(r) g(z) + p_lang(r) L(r)``.
 
-    The fact expert g is a frozen FactMLP (swap it with :meth:`AuthorsLM.swap_fact_expert`);
-    a residual ``fact_delta`` (n, d) may be added to g's output (the editors' residuals).
-    z: (..., d) -> (..., d).
+    Input x: (..., d), the attention output; z = x projected onto the unit sphere (the frozen
+    pre-MLP norm) is the fact expert's input, and r (see :data:`MIXER_INPUTS`) is z or x. The
+    fact expert g is a frozen FactMLP (swap it with :meth:`AuthorsLM.swap_fact_expert`).
+    x: (..., d) -> (..., d).
     """
 
-    def __init__(self, fact: FactMLP, dim: int, rank: int, router_hidden: int, fact_prior: float = 0.5) -> None:
+    def __init__(self, fact: FactMLP, dim: int, rank: int, router_hidden: int, fact_prior: float = 0.5,
+                 mixer_input: str = "normed") -> None:
         super().__init__()
+        if mixer_input not in MIXER_INPUTS:
+            raise ValueError(f"mixer_input must be one of {MIXER_INPUTS}, got {mixer_input!r}")
         self.fact = fact
+        self.norm = RMSNorm(dim, frozen=True)
+        self.mixer_input = mixer_input
         self.language = LowRankLinear(dim, rank)
         self.router = _mlp(dim, router_hidden, 2)
         with torch.no_grad():  # initial routing weight of the fact expert is about fact_prior
             self.router[-1].bias.copy_(torch.tensor([fact_prior, 1.0 - fact_prior]).log())
 
-    def route(self, z: torch.Tensor) -> torch.Tensor:
+    def inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(z, r): the fact expert's unit-sphere input and the router's and language expert's input."""
+        z = self.norm(x)
+        return z, (x if self.mixer_input == "attention" else z)
+
+    def route(self, x: torch.Tensor) -> torch.Tensor:
         """Routing weights (..., 2): fact expert, language expert."""
-        return self.router(z).softmax(dim=-1)
+        return self.router(self.inputs(x)[1]).softmax(dim=-1)
 
-    def parts(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The weighted fact and language outputs (..., d) and the routing weights (..., 2)."""
-        weights = self.route(z)
-        return weights[..., :1] * self.fact(z), weights[..., 1:] * self.language(z), weights
+        z, r = self.inputs(x)
+        weights = self.router(r).softmax(dim=-1)
+        return weights[..., :1] * self.fact(z), weights[..., 1:] * self.language(r), weights
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        fact, language, _ = self.parts(z)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fact, language, _ = self.parts(x)
         return fact + language
 
 
@@ -303,12 +319,14 @@ class AuthorsLM(nn.Module):
     and author embeddings (the fact expert's keys and values) are frozen, template-word
     embeddings train (as the seed's junk tokens do). A trainable scalar temperature scales
     the logits. ``expert`` (one of :data:`EXPERTS`) says how fact experts are made, here and by
-    :meth:`matching_fact_expert`; ``expert_hidden`` is the GD expert's width (default: F).
+    :meth:`matching_fact_expert`; ``expert_hidden`` is the GD expert's width (default: F);
+    ``mixer_input`` (one of :data:`MIXER_INPUTS`) what the router and language expert read.
     """
 
     def __init__(self, task: AuthorsBooks, fact: Optional[FactMLP] = None, *, expert: str = "constructed",
                  expert_hidden: Optional[int] = None, dim: int = 64, qk_hidden: int = 128, rank: int = 32,
-                 router_hidden: int = 64, qk_scale: float = 4.0, fact_prior: float = 0.5, seed: int = 0) -> None:
+                 router_hidden: int = 64, qk_scale: float = 4.0, fact_prior: float = 0.5, seed: int = 0,
+                 mixer_input: str = "normed") -> None:
         super().__init__()
         if expert not in EXPERTS:
             raise ValueError(f"expert must be one of {EXPERTS}, got {expert!r}")
@@ -321,10 +339,9 @@ class AuthorsLM(nn.Module):
         self.register_buffer("fact_embeddings", table[num_words:].clone())
         self.attention = CausalSelfAttention(dim, identity_value_output=True, query=ScaledMLP(dim, qk_hidden, dim, qk_scale),
                                              key=ScaledMLP(dim, qk_hidden, dim, qk_scale))
-        self.norm = RMSNorm(dim, frozen=True)
         if fact is None:
             fact = self._make_fact_expert(task, task.facts, seed=seed)
-        self.moe = FactMoE(fact, dim, rank, router_hidden, fact_prior)
+        self.moe = FactMoE(fact, dim, rank, router_hidden, fact_prior, mixer_input)
         self.log_scale = nn.Parameter(torch.tensor(2.0))
 
     def swap_fact_expert(self, fact: FactMLP) -> FactMLP:
@@ -353,8 +370,9 @@ class AuthorsLM(nn.Module):
         return torch.cat([self.word_embeddings, self.fact_embeddings])
 
     def mixer_input(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Unit-sphere input of the MoE at every position: (B, T, d)."""
-        return self.norm(self.attention(self.embeddings[tokens], mask))
+        """Input of the MoE at every position, the attention output: (B, T, d) (the MoE projects it
+        onto the unit sphere for the fact expert: :meth:`FactMoE.inputs`)."""
+        return self.attention(self.embeddings[tokens], mask)
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:
         """MoE output (..., d) -> logits (..., vocab) through the tied embeddings."""
@@ -421,10 +439,10 @@ def train_lm(model: AuthorsLM, task: AuthorsBooks, config: LMTrainConfig, *,
 
 
 def trained_lm(task: AuthorsBooks, config: LMTrainConfig, *, dim: int = 64, pool: int = 0, fact_prior: float = 0.5,
-               expert: str = "constructed", expert_hidden: Optional[int] = None,
+               expert: str = "constructed", expert_hidden: Optional[int] = None, mixer_input: str = "normed",
                quiet: bool = False) -> tuple[AuthorsLM, list[float]]:
     """An :class:`AuthorsLM` (seeded by ``config.seed``, fact experts made by ``expert`` of
-    width ``expert_hidden``, see :class:`AuthorsLM`) trained on ``task``; ``pool`` > 0 adds
+    width ``expert_hidden``, router input ``mixer_input``, see :class:`AuthorsLM`) trained on ``task``; ``pool`` > 0 adds
     that many fact experts for random fact sets (seeds 1000 + seed*100 + j) to the training pool
     (see :func:`train_lm`); ``fact_prior`` is the router's initial weight on the fact expert.
     Returns the model (with its own expert) and the loss per step."""
@@ -433,7 +451,7 @@ def trained_lm(task: AuthorsBooks, config: LMTrainConfig, *, dim: int = 64, pool
     if not 0.0 < fact_prior < 1.0:
         raise ValueError(f"fact_prior must be in (0, 1), got {fact_prior!r}")
     model = AuthorsLM(task, expert=expert, expert_hidden=expert_hidden, dim=dim, fact_prior=fact_prior,
-                      seed=config.seed)
+                      seed=config.seed, mixer_input=mixer_input)
     extra = []
     for j in range(pool):
         facts = random_facts(task.num_facts, seed=1000 + 100 * config.seed + j)
