@@ -407,7 +407,8 @@ def run_lm_cell(config: dict) -> dict:
 def _lm_setting(cells: list[engine.Cell]) -> str:
     c0 = cells[0].config
     return (f"F = {c0['facts']} facts × 16 templates, d = {c0['dim']}, {c0['steps']} AdamW steps of {c0['batch_size']} "
-            f"sentences, experts {[c.config['expert'] for c in cells]}; paper: {_LM_PAPER}")
+            f"sentences, experts {[_run_label(c.config) for c in cells]}; "
+            f"paper: {_LM_PAPER}")
 
 
 def _lm_scaling_finding(cells: list[engine.Cell]) -> tuple[list[dict], Finding]:
@@ -441,6 +442,18 @@ def _lm_scaling_finding(cells: list[engine.Cell]) -> tuple[list[dict], Finding]:
 def _run_label(run: dict) -> str:
     """"gd", "constructed", or with ", router on attention output" for ``mixer_input="attention"``."""
     return run["expert"] + (", router on attention output" if run.get("mixer_input") == "attention" else "")
+
+
+def _word_position_text(run: dict) -> str:
+    """Why template words rise after a swap, from the run's own, swapped and zeroed-expert CE."""
+    own, zeroed = run["train_facts"]["ce_nonfact"], run["ce_nonfact_fact_expert_zeroed"]
+    weight = run["train_facts"]["router_fact_word"]
+    if zeroed > 1.1 * own:
+        return (f"zeroing the fact expert also raises their CE ({own:.3f} → {zeroed:.3f}), i.e. the LM uses the "
+                f"expert's off-key output at word positions (router weight {weight:.2f}), which a new expert changes")
+    return (f"zeroing the fact expert leaves their CE ({own:.3f} → {zeroed:.3f}), so the LM does not use the expert "
+            f"there, but the router still gives it weight {weight:.2f} at word positions and the new expert's "
+            "off-key output there differs from the old one's")
 
 
 def _summarize_lm(cells: list[engine.Cell]) -> dict:
@@ -488,9 +501,7 @@ def _summarize_lm(cells: list[engine.Cell]) -> dict:
             ("the authors' released code (fact_editing/methods.py) counts every target but the author as non-fact, "
              f"so the book token (CE about ln F) dominates the average; measured that way the GD expert's rise is "
              f"{100 * rise_code:+.0f}% (words only {100 * rise:+.0f}%). ")
-            + ("Words only it stays large: zeroing the fact expert also raises their CE, i.e. the LM uses the "
-               "expert's off-key output at word positions (router weight "
-               f"{gd['train_facts']['router_fact_word']:.2f}), which a new expert changes"
+            + ("Words only it stays large: " + _word_position_text(gd)
                + (mixer + " (the authors' router and language expert read the attention output before the frozen "
                   "norm)" if other else "; the authors' router and language expert read the attention output before "
                   "the frozen norm, ours the normed input")
@@ -512,22 +523,25 @@ def _plot_lm(summary: dict, cells: list[engine.Cell]) -> dict:
     if not runs:
         return figures
     labels = [f"F={r['facts']} {_run_label(r)}" for r in runs]
+    ticks = [label.replace(" ", "\n", 1).replace(", ", "\n") for label in labels]  # one word per line
     x = list(range(len(runs)))
     fig, axes = panels(3, width=4.4)
     axes[0].bar(x, [r["new_fact_accuracy"] for r in runs], color="tab:green")
     axes[0].axhline(0.99, color="k", ls="--", lw=1, label="paper: > 99%")
-    axes[0].set(xticks=x, xticklabels=labels, ylim=(0, 1.02), title="new-fact accuracy after MLP swap")
+    axes[0].set(xticks=x, ylim=(0, 1.02), title="new-fact accuracy after MLP swap")
+    axes[0].set_xticklabels(ticks, fontsize=8)
     axes[0].legend(loc="lower right")
     width = 0.27
     axes[1].bar([i - width for i in x], [r["train_facts"]["ce_nonfact"] for r in runs], width, label="own MLP")
     axes[1].bar(x, [r["swapped"]["ce_nonfact"] for r in runs], width, label="swapped MLP")
     axes[1].bar([i + width for i in x], [r["ce_nonfact_fact_expert_zeroed"] for r in runs], width, label="MLP zeroed")
-    axes[1].set(xticks=x, xticklabels=labels, yscale="log", title="non-fact token cross-entropy")
+    axes[1].set(xticks=x, yscale="log", title="non-fact token cross-entropy")
+    axes[1].set_xticklabels(ticks, fontsize=8)
     axes[1].legend()
     for r, label in zip(runs, labels):
         axes[2].plot([50 * i for i in range(len(r["loss_every_50"]))], r["loss_every_50"], label=label)
     axes[2].set(xlabel="step", ylabel="training loss", yscale="log", title="training")
-    axes[2].legend()
+    axes[2].legend(fontsize=7)
     return {**figures, "lm_facts": fig}
 
 
