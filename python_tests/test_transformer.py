@@ -148,6 +148,22 @@ def test_vanilla_switches_give_a_standard_block(tiny):
     assert {"output_weight", "mlp_norm.weight", "attention.value.weight", "attention.output.weight"} <= names
 
 
+def test_output_norm_rescales_the_block_output_before_the_output_layer(tiny):
+    task, make = tiny
+    mlp = make(task.facts)
+    plain = build_model(task, mlp, seed=0)
+    normed = build_model(task, mlp, seed=0, output_norm=True)
+    assert plain.output_norm is None and normed.output_norm.weight.requires_grad
+    x = torch.randn(5, task.embeddings.shape[1])
+    assert torch.allclose(normed.output_norm(x).pow(2).mean(-1), torch.ones(5), atol=1e-4)  # unit RMS at init
+    with torch.no_grad():
+        normed.output_norm.weight.mul_(2.0)
+    data = torch.randint(0, task.embeddings.shape[0], (3, 6))
+    out_plain, out_normed = plain.hidden(data), normed.hidden(data)
+    assert torch.allclose(out_normed, 2.0 * out_plain * torch.rsqrt(out_plain.pow(2).mean(-1, keepdim=True) + 1e-6),
+                          atol=1e-5)
+
+
 def test_training_learns_to_use_the_mlp_and_swapping_recalls_new_facts(tiny):
     task, make = tiny
     new_facts = task.new_facts(1)
@@ -231,6 +247,19 @@ def test_experiment_ssfr_cells_and_claims(tmp_path):
     assert res.summary["scaling"][0]["num_facts"] == 8 and res.summary["scaling"][0]["trace"]
     assert res.summary["claims"]["000-fig3a-w-vs-f"]["verdict"] == "not run"  # one F gives no slope
     assert (tmp_path / "ssfr" / "ssfr_scaling.png").stat().st_size > 0
+    # the tiny grid runs the seed's GPT-2 block (final norm); a cell of the earlier block is cited beside it
+    from factkernels.experiments import transformer as texp
+
+    cells = list(engine.load_cells(tmp_path, "ssfr").values())
+    assert res.summary["output_norm"] and all(c.config["output_norm"] for c in cells)
+    old = next(c for c in cells if c.config.get("variant") == "seed_modifications")
+    earlier = engine.Cell("earlier", {k: v for k, v in old.config.items() if k != "output_norm"},
+                          {**old.result, "fact_adaptive_accuracy": 0.123}, 0.0)
+    both = texp._summarize_ssfr(cells + [earlier])
+    assert both["headline"]["seed_modifications"] == old.result
+    assert "without the final RMSNorm (our earlier block) 0.123" in both["claims"]["000-sec5.1-fact-adaptive"].reason
+    alone = texp._summarize_ssfr([earlier])  # only the earlier block: it speaks, and says so
+    assert not alone["output_norm"] and "without GPT-2's final RMSNorm" in alone["claims"]["000-sec5.1-fact-adaptive"].setting
 
 
 def test_experiment_usability_rows_and_correlations(tmp_path):

@@ -54,12 +54,14 @@ class FactTransformer(nn.Module):
             trainable RMSNorm.
         identity_value_output: attention V and O frozen to the identity.
         rope: rotary position embeddings on queries and keys. head_dim: query/key width (default d).
+        output_norm: a trainable RMSNorm before the output layer (GPT-2's final norm, which the
+            authors' released code keeps); off by default, as in the runs committed so far.
     """
 
     def __init__(self, embeddings: torch.Tensor, mlp: nn.Module, *, frozen_tokens: Optional[torch.Tensor] = None,
                  output_tokens: Optional[torch.Tensor] = None, tie_embeddings: bool = True, residual: bool = False,
                  freeze_mlp_norm: bool = True, identity_value_output: bool = True, rope: bool = True,
-                 head_dim: Optional[int] = None) -> None:
+                 head_dim: Optional[int] = None, output_norm: bool = False) -> None:
         super().__init__()
         if not isinstance(embeddings, torch.Tensor) or embeddings.dim() != 2 or not embeddings.is_floating_point():
             raise TypeError("embeddings must be a floating (vocab, d) tensor")
@@ -77,6 +79,7 @@ class FactTransformer(nn.Module):
         self.attention_norm = RMSNorm(dim)
         self.attention = CausalSelfAttention(dim, head_dim, identity_value_output=identity_value_output, rope=rope)
         self.mlp_norm = RMSNorm(dim, frozen=freeze_mlp_norm)
+        self.output_norm = RMSNorm(dim) if output_norm else None
         self.mlp = self._frozen(mlp)
 
     def _frozen(self, mlp: nn.Module) -> nn.Module:
@@ -108,7 +111,8 @@ class FactTransformer(nn.Module):
 
     def hidden(self, tokens: torch.Tensor, padding_mask: Optional[torch.Tensor] = None,
                last_only: bool = False) -> torch.Tensor:
-        """Block output before the output layer: (B, T, d), or (B, d) at the last position."""
+        """Block output (after the output norm, if any) before the output layer: (B, T, d), or (B, d) at the
+        last position."""
         if tokens.dim() != 2 or tokens.dtype != torch.long:
             raise ValueError(f"tokens must be a (batch, time) long tensor, got {tokens.dtype} {tuple(tokens.shape)}")
         x = self.embed(tokens)
@@ -118,7 +122,8 @@ class FactTransformer(nn.Module):
         if self.residual:
             mixed = x + mixed
         out = self.mlp(self.mlp_norm(mixed))
-        return mixed + out if self.residual else out
+        out = mixed + out if self.residual else out
+        return out if self.output_norm is None else self.output_norm(out)
 
     def forward(self, tokens: torch.Tensor, padding_mask: Optional[torch.Tensor] = None,
                 last_only: bool = False) -> torch.Tensor:

@@ -55,12 +55,14 @@ class ScalingPoint:
 def usable_size(task: SSFRTask, kind: str = "constructed", *, seeds: Sequence[int] = (0,),
                 lrs: Sequence[float] = (SEED_LR,), start: Optional[int] = None, max_size: int = 4096,
                 resolution: float = 1.25, target: float = TARGET, new_facts_seed: int = 1, gd_steps: int = 20000,
-                device: str = "cpu", progress: bool = True, **train_options) -> ScalingPoint:
+                device: str = "cpu", switches: Optional[dict] = None, progress: bool = True,
+                **train_options) -> ScalingPoint:
     """Smallest MLP size with fact-adaptive accuracy > ``target`` on ``task`` (see module doc).
 
     start: first size (default: for "constructed" the smallest m whose JL decoder decodes every
     value, below which facts are lost; for "gd" the seed's default width ⌈F/d⌉·m at m = 8).
-    train_options go to :func:`~factkernels.transformer.training.train_ssfr` (steps, batch_size, ...).
+    switches go to :class:`~factkernels.transformer.model.FactTransformer` (default: the seed's
+    modifications); train_options to :func:`~factkernels.transformer.training.train_ssfr` (steps, batch_size, ...).
     """
     keys, values = task.mlp_keys, task.mlp_values
     if start is None:
@@ -73,7 +75,8 @@ def usable_size(task: SSFRTask, kind: str = "constructed", *, seeds: Sequence[in
     def usable(size: int) -> bool:
         result = run_fact_adaptive(
             task, lambda f: build_fact_mlp(kind, keys, values, f, size, gd_steps=gd_steps), new_facts=new_facts,
-            seeds=seeds, lrs=lrs, device=device, min_capacity=target, progress=progress, **train_options)
+            seeds=seeds, lrs=lrs, device=device, min_capacity=target, switches=switches, progress=progress,
+            **train_options)
         ok = result.fact_adaptive_accuracy is not None and result.fact_adaptive_accuracy > target
         trace.append({"size": size, "parameters": result.new_mlp.num_parameters, "usable": ok,
                       "fact_adaptive_accuracy": result.fact_adaptive_accuracy, "capacity": result.capacity_new,
