@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import time
 from pathlib import Path
 
@@ -56,6 +57,7 @@ def main() -> None:
     torch.set_num_threads(1)
     sample = functools.partial(family_fact_set, "spherical", args.facts, args.d)
     rows = []
+    load_before = os.getloadavg()
     for method in args.methods.split(","):
         options = {"steps": args.gd_steps} if method == "gd" else {}
         row = {"method": method}
@@ -76,6 +78,7 @@ def main() -> None:
                            "gd_steps": args.gd_steps, "threads": 1},
                "rows": rows, "total_seconds": total, "total_speedup": total["one_at_a_time"] / total["batched"],
                "total_speedup_vs_every_seed": total["every_seed"] / total["batched"],
+               "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
                "environment": environment()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(payload, indent=2))
