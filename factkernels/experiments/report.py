@@ -68,7 +68,7 @@ def latest_rows(rows: list[dict]) -> list[dict]:
     order = list(dict.fromkeys(r["results"] for r in rows))
     best: dict[str, dict] = {}
     for r in rows:
-        rank = (r["verdict"] != "not run" or r["ours"] != "", order.index(r["results"]))
+        rank = (r["verdict"] != "not run", order.index(r["results"]))
         if r["claim"] not in best or rank > best[r["claim"]][0]:
             best[r["claim"]] = (rank, r)
     return [r for _, r in best.values()]
