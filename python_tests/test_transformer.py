@@ -273,3 +273,13 @@ def test_experiment_usability_rows_and_correlations(tmp_path):
         expected = spearman([r["lipschitz"] for r in usable], [r["usability"] for r in usable])
         assert res.summary["spearman_usability_vs_lipschitz"] == pytest.approx(expected, nan_ok=True)
     assert (tmp_path / "usability" / "usability.png").stat().st_size > 0
+    # tiny runs the seed's block; cells of the earlier block (no output_norm field) do not mix into its rows
+    from factkernels.experiments import transformer as texp
+
+    cells = list(engine.load_cells(tmp_path, "usability").values())
+    assert res.summary["output_norm"] and all(c.config["output_norm"] for c in cells)
+    earlier = [engine.Cell(c.key + "-earlier", {k: v for k, v in c.config.items() if k != "output_norm"},
+                           {**c.result, "capacity": 0.5}, 0.0) for c in cells]
+    assert texp._summarize_usability(cells + earlier)["rows"] == rows
+    alone = texp._summarize_usability(earlier)
+    assert not alone["output_norm"] and all(r["capacity"] == 0.5 for r in alone["rows"])

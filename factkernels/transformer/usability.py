@@ -14,7 +14,7 @@ Lipschitz estimate of the swapped-in MLP.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from scipy import stats
@@ -75,12 +75,13 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
 def run_usability(*, num_keys: int, dim: int, size: int, kind: str = "gd", kappas: Sequence[float] = (1.1,),
                   alphas: Sequence[float] = (0.0, 1.0), lrs: Sequence[float] = (SEED_LR,), seeds: Sequence[int] = (0,),
                   task_seed: int = 0, new_facts_seed: int = 1, gd_steps: int = 20000,
-                  lipschitz_samples: int = SEED_LIPSCHITZ_SAMPLES, device: str = "cpu", progress: bool = True,
-                  **train_options) -> list[dict]:
+                  lipschitz_samples: int = SEED_LIPSCHITZ_SAMPLES, device: str = "cpu",
+                  switches: Optional[dict] = None, progress: bool = True, **train_options) -> list[dict]:
     """One row per (κ, α): rho of the embeddings, capacity, fact-adaptive accuracy, usability, Lipschitz.
 
     size: code dimension m ("constructed") or hidden width ("gd") of every MLP.
-    train_options go to :func:`~factkernels.transformer.training.train_ssfr`.
+    switches go to :class:`~factkernels.transformer.model.FactTransformer` (default: the seed's
+    modifications); train_options to :func:`~factkernels.transformer.training.train_ssfr`.
     """
     rows = []
     grid = [(kappa, alpha) for kappa in kappas for alpha in alphas]
@@ -89,8 +90,8 @@ def run_usability(*, num_keys: int, dim: int, size: int, kind: str = "gd", kappa
         keys, values = task.mlp_keys, task.mlp_values
         result = run_fact_adaptive(
             task, lambda f: build_fact_mlp(kind, keys, values, f, size, whiten=alpha, seed=task_seed, gd_steps=gd_steps),
-            new_facts=task.new_facts(new_facts_seed), seeds=seeds, lrs=lrs, device=device, progress=progress,
-            **train_options)
+            new_facts=task.new_facts(new_facts_seed), seeds=seeds, lrs=lrs, device=device, switches=switches,
+            progress=progress, **train_options)
         rows.append({
             "kappa": kappa, "alpha": alpha, "rho_values": geometry.decodability(values),
             "capacity": result.capacity_new, "capacity_train_mlp": result.capacity_train,
