@@ -523,7 +523,7 @@ def _summarize_lm(cells: list[engine.Cell]) -> dict:
         claims["000-fig9a-swap-accuracy"] = Finding(text_acc, setting, "not run", "the paper's GD expert did not run")
         claims["000-fig9b-nonfact-ce"] = Finding(text_ce, setting, "not run", "the paper's GD expert did not run")
     else:
-        acc = gd["new_fact_accuracy"]
+        acc = max(r["new_fact_accuracy"] for r in gd_runs)  # the best GD run for recall, the least-rising for CE
         claims["000-fig9a-swap-accuracy"] = Finding(text_acc, setting, "reproduced" if acc > 0.99 else
                                                     "partly" if acc > 0.9 else "not reproduced",
                                                     "GD expert (the paper's) above 0.99" if acc > 0.99 else
