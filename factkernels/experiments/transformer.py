@@ -78,10 +78,19 @@ def _ssfr_grid(scale: str) -> list[dict]:
     return headline + [{**base, **block, "part": "scaling", "facts": f} for block in blocks for f in facts]
 
 
-def _ssfr_switches(config: dict) -> dict:
+def _block_switches(config: dict) -> dict:
     """FactTransformer switches of a cell: the vanilla block's, and the final norm when the cell asks for it."""
     return {**(VANILLA if config.get("variant") == "vanilla" else {}),
             **({"output_norm": True} if config.get("output_norm") else {})}
+
+
+def _seed_block(cells: list[engine.Cell]) -> tuple[bool, list[engine.Cell], str]:
+    """The cells that speak for a claim: those of the seed's GPT-2 block (``output_norm``) when any ran, else
+    those of our earlier block; returns (seed block?, those cells, a label for the setting)."""
+    faithful = any(c.config.get("output_norm") for c in cells)
+    chosen = [c for c in cells if bool(c.config.get("output_norm")) == faithful]
+    label = "GPT-2 block with its final RMSNorm" if faithful else "our earlier block without GPT-2's final RMSNorm"
+    return faithful, chosen, label
 
 
 def run_ssfr_cell(config: dict) -> dict:
@@ -90,13 +99,13 @@ def run_ssfr_cell(config: dict) -> dict:
     if config["part"] == "scaling":
         point = usable_size(task, config["mlp"], seeds=config["seeds"], lrs=config["lrs"], target=config["target"],
                             resolution=config["resolution"], max_size=config["max_size"], progress=False,
-                            switches=_ssfr_switches(config), **train)
+                            switches=_block_switches(config), **train)
         return point.to_dict()
     keys, values = task.mlp_keys, task.mlp_values
     m = 4 * construct(keys, values, task.facts, progress=False).report.m  # comfortably above the storage threshold
     result = run_fact_adaptive(task, lambda f: build_fact_mlp(config["mlp"], keys, values, f, m),
                                new_facts=task.new_facts(NEW_FACT_SEED), seeds=config["seeds"], lrs=config["lrs"],
-                               switches=_ssfr_switches(config), split=config.get("split", "all"), progress=False,
+                               switches=_block_switches(config), split=config.get("split", "all"), progress=False,
                                **train)
     return {"m": m, "fact_adaptive_accuracy": result.fact_adaptive_accuracy, "capacity": result.capacity_new,
             "parameters": result.new_mlp.num_parameters, "runs": result.runs}
@@ -112,15 +121,12 @@ def _loglog_slope(x: list[float], y: list[float]) -> Optional[float]:
 
 def _summarize_ssfr(cells: list[engine.Cell]) -> dict:
     # the seed's block (with the final norm) speaks for the claims when it ran; our earlier block is cited
-    faithful = any(c.config.get("output_norm") for c in cells)
     earlier = {c.config["variant"]: c for c in cells if c.config["part"] == "headline" and not c.config.get("output_norm")}
-    cells = [c for c in cells if bool(c.config.get("output_norm")) == faithful]
+    faithful, cells, block = _seed_block(cells)
     head = {c.config["variant"]: c for c in cells if c.config["part"] == "headline"}
     points = sorted((c.result for c in cells if c.config["part"] == "scaling"), key=lambda p: p["num_facts"])
     c0 = cells[0].config
     paper = "d = 128, F = 2^8..2^14, 4 seeds, 4.8M sequences at lr 2e-4, target 0.99"
-    block = ("GPT-2 block with its final RMSNorm" if faithful else
-             "our earlier block without GPT-2's final RMSNorm")
     setting = f"F = {c0['facts']}, {_train_text(c0)}, {block}, constructed m = 4× its storage threshold; paper: {paper}"
 
     def before(variant: str) -> str:
@@ -238,24 +244,21 @@ def run_usability_cell(config: dict) -> dict:
     (row,) = run_usability(num_keys=config["facts"], dim=config["dim"], size=config["size"], kind=config["mlp"],
                            kappas=[config["kappa"]], alphas=[config["alpha"]], lrs=config["lrs"], seeds=config["seeds"],
                            gd_steps=config["gd_steps"], lipschitz_samples=config["lipschitz_samples"],
-                           switches={"output_norm": True} if config.get("output_norm") else None, progress=False,
+                           switches=_block_switches(config), progress=False,
                            steps=config["steps"], batch_size=config["batch_size"])
     return row
 
 
 def _summarize_usability(cells: list[engine.Cell]) -> dict:
     # the seed's block (with the final norm) speaks for the claims when any of its cells ran
-    faithful = any(c.config.get("output_norm") for c in cells)
-    cells = [c for c in cells if bool(c.config.get("output_norm")) == faithful]
+    faithful, cells, block = _seed_block(cells)
     rows = [c.result for c in cells]
     usable = [r for r in rows if r["usability"] is not None]
     rho_lip = spearman([r["lipschitz"] for r in usable], [r["usability"] for r in usable]) if len(usable) > 1 else None
     rho_cap = spearman([r["capacity"] for r in usable], [r["usability"] for r in usable]) if len(usable) > 1 else None
     c0 = cells[0].config
     setting = (f"{c0['mlp']} MLPs of size {c0['size']}, F = {c0['facts']}, κ ∈ {sorted({c.config['kappa'] for c in cells})}, "
-               f"α ∈ {sorted({c.config['alpha'] for c in cells})}, {_train_text(c0)}, "
-               + ("GPT-2 block with its final RMSNorm" if faithful else "our earlier block without GPT-2's final RMSNorm")
-               + "; paper: GD MLPs, F = 1024, "
+               f"α ∈ {sorted({c.config['alpha'] for c in cells})}, {_train_text(c0)}, {block}; paper: GD MLPs, F = 1024, "
                "d = 128, 8 κ × 8 α, 5 lrs, 4.8M sequences")
     claims = {}
     if rho_cap is None or math.isnan(rho_cap):
