@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from factkernels import FactMLP, baselines
-from factkernels.baselines.gd import fit
+from factkernels.baselines.gd import _cross_entropy, fit
 from factkernels.baselines.ntk import hermite_coefficient, normalized_hermite
 from factkernels.embeddings import random_fact_set
 
@@ -152,6 +152,21 @@ def test_fit_takes_torch_adams_steps_with_a_cosine_rate():
 
 
 # ----------------------------------------------------------------------------- GD MLP
+
+
+def test_cross_entropy_matches_torch_in_value_gradient_and_argmax():
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(3, 5, 7, generator=generator, dtype=torch.float64) * 4).requires_grad_(True)
+    targets = torch.randint(0, 7, (3, 5), generator=generator)
+    loss, best = _cross_entropy(logits, targets)
+    expected = torch.nn.functional.cross_entropy(logits.reshape(15, 7), targets.reshape(15), reduction="none")
+    assert torch.allclose(loss, expected.view(3, 5), atol=1e-12)
+    assert torch.equal(best, logits.argmax(2))
+    weights = torch.rand(3, 5, generator=generator, dtype=torch.float64)
+    (ours,) = torch.autograd.grad((loss * weights).sum(), logits)
+    (theirs,) = torch.autograd.grad((expected.view(3, 5) * weights).sum(), logits)
+    assert torch.allclose(ours, theirs, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x: _cross_entropy(x, targets)[0], (logits,))
 
 
 def test_gd_mlp_stores_and_stops_early(tiny):

@@ -83,8 +83,29 @@ def test_whitening_gain_and_ntk_that_stores_nothing(tmp_path):
 def test_hybrids_ratio(tmp_path):
     summary = engine.run("hybrids", tmp_path, scale="tiny", quiet=True).summary
     costs = {r["method"]: r["parameters"] for r in summary["rows"]}
-    assert summary["ours_over"]["naive"] == pytest.approx(costs["ours"] / costs["naive"])
+    (point,) = summary["points"]
+    assert point["ours_over"]["naive"] == pytest.approx(costs["ours"] / costs["naive"])
     assert summary["claims"]["000-fig2c-gd-gd"]["verdict"] == "not run"
+
+
+def test_hybrids_claims_speak_for_every_point():
+    from factkernels.experiments.capacity import _summarize_hybrids
+
+    # d=32: bin+gd 4x cheaper than ours (the paper's factor); d=64: 10x, and GD ran only at d=32
+    costs = {(32, 256): {"ours": 40_000, "bin+gd": 10_000, "gd+gd": 4_000, "gd": 2_000},
+             (64, 1024): {"ours": 200_000, "bin+gd": 20_000}}
+    cells = [engine.Cell(f"{d}-{m}", {"method": m, "family": "spherical", "d": d, "facts": facts, "seeds": 3},
+                         {"parameters": p, "size": 1, "jl_compresses": True}, 0.0)
+             for (d, facts), row in costs.items() for m, p in row.items()]
+    summary = _summarize_hybrids(cells)
+    assert [(p["d"], p["facts"]) for p in summary["points"]] == [(32, 256), (64, 1024)]
+    bin_gd = summary["claims"]["000-fig2c-bin-gd"]
+    assert bin_gd.verdict == "partly"  # reproduced at d=32, a different factor at d=64
+    assert "d=32 F=256: 4.00×" in bin_gd.ours and "d=64 F=1024: 10.00×" in bin_gd.ours
+    gap = summary["claims"]["000-fig2c-gap-to-gd"]
+    assert "d=32 F=256: 20.0× → 2.00×" in gap.ours and "d=64" not in gap.ours
+    assert gap.verdict == "reproduced"
+    assert summary["claims"]["000-fig2c-gd-jl"].verdict == "not run"
 
 
 def test_capacity_command_writes_the_search(tmp_path, capsys):

@@ -496,9 +496,10 @@ def _hybrids_grid(scale: str) -> list[dict]:
     if scale == "tiny":
         return [cost_cell(m, "spherical", 16, 8, 1, gd_steps=300, multipliers=[DEFAULT_MULTIPLIER])
                 for m in ("ours", "naive")]
-    dim, seeds, steps = {"quick": (16, 3, 3000), "seed": (32, 3, 20000)}[scale]
-    return [cost_cell(m, "spherical", num_facts(dim, 0.25), dim, seeds, gd_steps=steps,
-                      **({"encoder_width_search": True} if m in ("gd+jl", "gd+gd") else {})) for m in HYBRIDS]
+    dims, seeds, steps = {"quick": ((16,), 3, 3000), "seed": ((32, 64), 3, 20000)}[scale]
+    return [cost_cell(m, "spherical", num_facts(d, 0.25), d, seeds, gd_steps=steps,
+                      **({"encoder_width_search": True} if m in ("gd+jl", "gd+gd") else {}))
+            for d in dims for m in HYBRIDS]
 
 
 def _after_width_search(result: dict) -> Optional[int]:
@@ -507,52 +508,85 @@ def _after_width_search(result: dict) -> Optional[int]:
     return min(searched, result["parameters"]) if searched and result["parameters"] else result["parameters"]
 
 
-def _summarize_hybrids(cells: list[engine.Cell]) -> dict:
+def _verdicts(found: list[str]) -> str:
+    """One verdict over several points: theirs when they agree, else "partly"."""
+    return found[0] if len(set(found)) == 1 else "partly"
+
+
+def _hybrid_point(cells: list[engine.Cell]) -> dict:
+    """Costs (after the encoder-width search) and ratios at one (d, F): ours over each method, each over GD."""
     cost = {c.config["method"]: _after_width_search(c.result) for c in cells}
     cheapest = next((c.result.get("cheapest_parameters") for c in cells if c.config["method"] == "ours"), None)
-    cheap_text = (f"; ours at its cheapest width multiplier: {cheapest:,}, {cheapest / cost['ours']:.2f}× of 1.5's"
-                  if cheapest and cost.get("ours") else "")
-    ours_over = {m: _ratio(cost.get("ours"), cost.get(m)) for m in cost if m != "ours"}
-    gap = {m: _ratio(cost.get(m), cost.get("gd")) for m in cost if m != "gd"}
-    searched = [c.config["method"] for c in cells if "width_search" in c.result]
+    return {"d": cells[0].config["d"], "facts": cells[0].config["facts"], "cost": cost,
+            "ours_cheapest": cheapest,
+            "ours_over": {m: _ratio(cost.get("ours"), cost.get(m)) for m in cost if m != "ours"},
+            "gap_to_gd": {m: _ratio(cost.get(m), cost.get("gd")) for m in cost if m != "gd"}}
+
+
+def _summarize_hybrids(cells: list[engine.Cell]) -> dict:
+    grouped: dict = {}
+    for c in cells:
+        grouped.setdefault((c.config["d"], c.config["facts"]), []).append(c)
+    points = [_hybrid_point(grouped[key]) for key in sorted(grouped)]
+
+    def where(point: dict) -> str:
+        return f"d={point['d']} F={point['facts']}: " if len(points) > 1 else ""
+
+    def cheap_text(point: dict) -> str:
+        cheapest, ours = point["ours_cheapest"], point["cost"].get("ours")
+        return f"; ours at its cheapest width multiplier: {cheapest:,}, {cheapest / ours:.2f}× of 1.5's" if (
+            cheapest and ours) else ""
+
+    searched = sorted({c.config["method"] for c in cells if "width_search" in c.result})
     setting = _setting(cells, "d=32, F=256, 3 seeds, GD 20,000 steps; the GD-encoder hybrids also search "
                        "the encoder width") + (f"; encoder width searched at the found m (up to multiplier 2) for "
                                                f"{', '.join(searched)}" if searched else "; no encoder-width search")
     claims = {}
     for method, paper in HYBRID_PAPER.items():
         claim = f"000-fig2c-{method.replace('+', '-')}"
-        ratio = ours_over.get(method)
-        if method not in cost:
+        texts, verdicts = [], []
+        for point in (p for p in points if method in p["cost"]):
+            ratio, cost = point["ours_over"][method], point["cost"]
+            if ratio is None:
+                texts.append(f"{where(point)}did not store")
+                verdicts.append("not reproduced")
+                continue
+            verdicts.append("reproduced" if paper / 1.5 <= ratio <= paper * 1.5 else "partly" if ratio > 1
+                            else "not reproduced")
+            texts.append(f"{where(point)}{ratio:.2f}× ({cost[method]:,} vs ours {cost['ours']:,} parameters at "
+                         f"multiplier 1.5{cheap_text(point)})")
+        if not verdicts:
             claims[claim] = Finding("-", "not in this grid", "not run")
-        elif ratio is None:
-            claims[claim] = Finding("did not store", setting, "not reproduced", "no size stored every fact")
-        else:
-            verdict = "reproduced" if paper / 1.5 <= ratio <= paper * 1.5 else "partly" if ratio > 1 else "not reproduced"
-            claims[claim] = Finding(f"{ratio:.2f}× ({cost[method]:,} vs ours {cost['ours']:,} parameters at "
-                                    f"multiplier 1.5{cheap_text})", setting,
-                                    verdict, "within 1.5× of the paper" if verdict == "reproduced" else
-                                    "cheaper than ours, by a different factor" if verdict == "partly" else "not cheaper")
-    if gap.get("ours") and gap.get("gd+gd"):
-        near = 10 <= gap["ours"] <= 40 and 2 <= gap["gd+gd"] <= 8
-        claims["000-fig2c-gap-to-gd"] = Finding(f"{gap['ours']:.1f}× → {gap['gd+gd']:.2f}× (ours at multiplier 1.5"
-                                                f"{cheap_text})", setting,
-                                                "reproduced" if near else "partly",
-                                                "both ends within 2× of the paper" if near else
-                                                "the gap narrows, by a different factor")
+            continue
+        verdict = _verdicts(verdicts)
+        claims[claim] = Finding("; ".join(texts), setting, verdict,
+                                "within 1.5× of the paper" if verdict == "reproduced" else
+                                "not cheaper" if verdict == "not reproduced" else
+                                "cheaper than ours, by a different factor" if set(verdicts) == {"partly"} else
+                                f"differs between points ({', '.join(verdicts)})")
+    gaps = [p for p in points if p["gap_to_gd"].get("ours") and p["gap_to_gd"].get("gd+gd")]
+    if gaps:
+        near = [10 <= p["gap_to_gd"]["ours"] <= 40 and 2 <= p["gap_to_gd"]["gd+gd"] <= 8 for p in gaps]
+        claims["000-fig2c-gap-to-gd"] = Finding(
+            "; ".join(f"{where(p)}{p['gap_to_gd']['ours']:.1f}× → {p['gap_to_gd']['gd+gd']:.2f}× (ours at multiplier "
+                      f"1.5{cheap_text(p)})" for p in gaps), setting,
+            "reproduced" if all(near) else "partly",
+            "both ends within 2× of the paper" if all(near) else "the gap narrows, by a different factor")
     else:
         claims["000-fig2c-gap-to-gd"] = Finding("-", "ours, GD+GD and GD are not all in this grid", "not run")
-    return {"rows": _rows(cells), "ours_over": ours_over, "gap_to_gd": gap, "m_at_least_d": _cells_with_m_at_least_d(cells),
-            "claims": claims}
+    return {"rows": _rows(cells), "points": points, "m_at_least_d": _cells_with_m_at_least_d(cells), "claims": claims}
 
 
 def _plot_hybrids(summary: dict, cells: list[engine.Cell]) -> dict:
     from .plotting import panels
 
-    fig, (ax,) = panels(1)
-    rows = summary["rows"]
-    ax.bar([r["method"] for r in rows], [r["parameters"] or 0 for r in rows], color="tab:blue")
-    ax.set(yscale="log", ylabel="fact-storage cost (parameters)",
-           title=f"encoder/decoder ablation, d={rows[0]['d']}, F={rows[0]['facts']}")
+    points = summary["points"]
+    fig, axes = panels(len(points))
+    for ax, point in zip(axes, points):
+        methods_run = list(point["cost"])
+        ax.bar(methods_run, [point["cost"][m] or 0 for m in methods_run], color="tab:blue")
+        ax.set(yscale="log", ylabel="fact-storage cost (parameters)",
+               title=f"encoder/decoder ablation, d={point['d']}, F={point['facts']}")
     return {"hybrids": fig}
 
 
