@@ -697,7 +697,7 @@ def _summarize_editing(cells: list[engine.Cell]) -> dict:
                           "; ".join(ratios) + ". The paper edits 8,192 keys on an h = 512 expert (16 per hidden unit), "
                           "so the linear editors have no free key directions; with h >= the keys they do. "
                           + ("Swap doubles every editor." if all(doubles) else
-                             "Swap does not double every editor here (256 facts, not 16,000)"
+                             f"Swap does not double every editor here ({c0['facts']:,} facts, not 16,000)"
                              + ("; it beats every editor where the keys outnumber h" if any(beats) else "") + "."))
     return {"table": table, "claims": {"000-fig4-editing": finding}}
 
