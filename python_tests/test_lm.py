@@ -274,3 +274,9 @@ def test_lm_usable_size_searches_the_gd_expert_width():
     if point.size is not None:
         assert point.accuracy > 0.9 and point.parameters == next(t["parameters"] for t in point.trace
                                                                   if t["size"] == point.size)
+    # an interrupted search resumes: the finished widths are replayed, only the rest train (and are reported)
+    reported = []
+    resumed = lm_usable_size(task, dim=16, seeds=[0], train=train, start=2, max_size=16, resolution=2.0, target=0.9,
+                             progress=False, done=point.trace[:2], on_trial=reported.append)
+    assert resumed.to_dict() == point.to_dict()
+    assert reported == point.trace[2:]

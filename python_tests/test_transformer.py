@@ -196,6 +196,16 @@ def test_usable_size_search_records_every_size_and_gives_up_at_max(tiny):
     assert all(not t["usable"] for t in point.trace)
     with pytest.raises(ValueError, match="resolution"):
         usable_size(task, resolution=1.0)
+    # finished sizes are replayed, not trained again: a replayed usable start sends the search down
+    reported = []
+    replayed = usable_size(task, "constructed", start=32, max_size=64, steps=2, eval_every=1, progress=False,
+                           done=[{**point.trace[0], "usable": True}], on_trial=reported.append)
+    assert replayed.size == 32 and [t["size"] for t in replayed.trace] == [32, 24, 28]
+    assert [t["size"] for t in reported] == [24, 28]
+    reported = []
+    resumed = usable_size(task, "constructed", start=32, max_size=64, steps=2, eval_every=1, progress=False,
+                          done=point.trace[:1], on_trial=reported.append)
+    assert [t["size"] for t in resumed.trace] == [32, 64] and [t["size"] for t in reported] == [64]
 
 
 # ----------------------------------------------------------------------------- usability
@@ -260,6 +270,39 @@ def test_experiment_ssfr_cells_and_claims(tmp_path):
     assert "without the final RMSNorm (our earlier block) 0.123" in both["claims"]["000-sec5.1-fact-adaptive"].reason
     alone = texp._summarize_ssfr([earlier])  # only the earlier block: it speaks, and says so
     assert not alone["output_norm"] and "without GPT-2's final RMSNorm" in alone["claims"]["000-sec5.1-fact-adaptive"].setting
+
+
+def test_experiment_ssfr_search_resumes_from_its_finished_sizes(tmp_path, monkeypatch):
+    import json
+
+    from factkernels.transformer import scaling
+
+    grid = [c for c in engine.get("ssfr").grid("tiny") if c["part"] == "scaling"]
+    fresh = engine.run("ssfr", tmp_path / "fresh", scale="tiny", grid=grid, quiet=True)
+    (fresh_cell,) = engine.load_cells(tmp_path / "fresh", "ssfr").values()
+    sizes = [t["size"] for t in fresh_cell.result["trace"]]
+    assert len(sizes) >= 2
+    real = scaling.run_fact_adaptive
+    calls = []
+
+    def train_then_stop(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the run is killed while it trains the second size
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(scaling, "run_fact_adaptive", train_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        engine.run("ssfr", tmp_path / "run", scale="tiny", grid=grid, resume=True, quiet=True)
+    (partial,) = (tmp_path / "run" / "ssfr" / "partial").iterdir()
+    assert [t["size"] for t in json.loads(partial.read_text())["trials"]] == sizes[:1]
+    calls.clear()
+    monkeypatch.setattr(scaling, "run_fact_adaptive", lambda *a, **k: calls.append(1) or real(*a, **k))
+    engine.run("ssfr", tmp_path / "run", scale="tiny", grid=grid, resume=True, quiet=True)
+    (resumed,) = engine.load_cells(tmp_path / "run", "ssfr").values()
+    assert len(calls) == len(sizes) - 1  # the first size is replayed from the partial file
+    assert resumed.result == fresh_cell.result
+    assert not partial.exists()  # removed once the cell is written
 
 
 def test_experiment_usability_rows_and_correlations(tmp_path):

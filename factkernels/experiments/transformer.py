@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Optional
+from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -93,13 +94,38 @@ def _seed_block(cells: list[engine.Cell]) -> tuple[bool, list[engine.Cell], str]
     return faithful, chosen, label
 
 
+def _write_json(path: Path, payload: dict) -> None:
+    """Write ``payload`` to ``path`` through a temporary file, so a killed run never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload))
+    tmp.replace(path)
+
+
+def _search_trials() -> tuple[list[dict], Optional[Callable[[dict], None]]]:
+    """The sizes an interrupted W-vs-F search of the running cell finished (kept in its partial file: at
+    d = 128 one size trains 4 transformers for an hour) and a callback that adds each new one there;
+    ([], None) outside an experiment run."""
+    partial = engine.partial_path()
+    if partial is None:
+        return [], None
+    done = json.loads(partial.read_text())["trials"] if partial.exists() else []
+    trials = list(done)
+
+    def keep(trial: dict) -> None:
+        trials.append(trial)
+        _write_json(partial, {"trials": trials})
+    return done, keep
+
+
 def run_ssfr_cell(config: dict) -> dict:
     task = SSFRTask(config["facts"], config["dim"], seed=0)
     train = {"steps": config["steps"], "batch_size": config["batch_size"]}
     if config["part"] == "scaling":
+        done, on_trial = _search_trials()
         point = usable_size(task, config["mlp"], seeds=config["seeds"], lrs=config["lrs"], target=config["target"],
                             resolution=config["resolution"], max_size=config["max_size"], progress=False,
-                            switches=_block_switches(config), **train)
+                            switches=_block_switches(config), done=done, on_trial=on_trial, **train)
         return point.to_dict()
     keys, values = task.mlp_keys, task.mlp_values
     m = 4 * construct(keys, values, task.facts, progress=False).report.m  # comfortably above the storage threshold
@@ -427,9 +453,11 @@ def _trained(config: dict):
 def run_lm_cell(config: dict) -> dict:
     if config.get("part") == "scaling":
         train = LMTrainConfig(steps=config["steps"], batch_size=config["batch_size"], lr=config["lr"])
+        done, on_trial = _search_trials()
         return lm_usable_size(AuthorsBooks.build(config["facts"]), dim=config["dim"], seeds=config["seeds"],
                               train=train, start=config["start"], max_size=config["max_size"],
-                              resolution=config["resolution"], target=config["target"], progress=False).to_dict()
+                              resolution=config["resolution"], target=config["target"], progress=False,
+                              done=done, on_trial=on_trial).to_dict()
     task, model, losses = _trained(config)
     before = evaluate(model, task, task.facts)
     new_facts = random_facts(config["facts"], seed=NEW_FACT_SEED)
@@ -648,9 +676,7 @@ def run_editing_cell(config: dict) -> dict:
         splits.append({"preserved": preserved, "altered": altered, "altered_fraction": altered / config["facts"],
                        "best": best, "grid_points": {m: len(r["runs"]) for m, r in results.items()}})
         if partial is not None:
-            tmp = partial.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"splits": splits}))
-            tmp.replace(partial)
+            _write_json(partial, {"splits": splits})
     return {"lm": base, "splits": splits}
 
 

@@ -12,6 +12,9 @@ m·⌈1.5F/(d+1)⌉) and the hidden width for GD MLPs; W counts the MLP's parame
 
 A size whose swapped-in MLP stores fewer than 99% of its facts (capacity < target) cannot
 reach the target in practice and is recorded as unusable without training a transformer.
+
+A search can span several runs: ``on_trial`` gets each size's trial as it finishes (e.g. to write
+it to disk) and ``done`` hands those trials back, so a rerun replays them instead of training again.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ def usable_size(task: SSFRTask, kind: str = "constructed", *, seeds: Sequence[in
                 lrs: Sequence[float] = (SEED_LR,), start: Optional[int] = None, max_size: int = 4096,
                 resolution: float = 1.25, target: float = TARGET, new_facts_seed: int = 1, gd_steps: int = 20000,
                 device: str = "cpu", switches: Optional[dict] = None, progress: bool = True,
+                done: Sequence[dict] = (), on_trial: Optional[Callable[[dict], None]] = None,
                 **train_options) -> ScalingPoint:
     """Smallest MLP size with fact-adaptive accuracy > ``target`` on ``task`` (see module doc).
 
@@ -63,6 +67,7 @@ def usable_size(task: SSFRTask, kind: str = "constructed", *, seeds: Sequence[in
     value, below which facts are lost; for "gd" the seed's default width ⌈F/d⌉·m at m = 8).
     switches go to :class:`~factkernels.transformer.model.FactTransformer` (default: the seed's
     modifications); train_options to :func:`~factkernels.transformer.training.train_ssfr` (steps, batch_size, ...).
+    done / on_trial: trials of an interrupted search of the same settings, and a callback for new ones.
     """
     keys, values = task.mlp_keys, task.mlp_values
     if start is None:
@@ -72,19 +77,19 @@ def usable_size(task: SSFRTask, kind: str = "constructed", *, seeds: Sequence[in
     trace: list[dict] = []
     bar = progress_bar(desc=f"W vs F, F={task.num_keys}", unit="size", enabled=progress, leave=False)
 
-    def usable(size: int) -> bool:
+    def measure(size: int) -> dict:
         result = run_fact_adaptive(
             task, lambda f: build_fact_mlp(kind, keys, values, f, size, gd_steps=gd_steps), new_facts=new_facts,
             seeds=seeds, lrs=lrs, device=device, min_capacity=target, switches=switches, progress=progress,
             **train_options)
         ok = result.fact_adaptive_accuracy is not None and result.fact_adaptive_accuracy > target
-        trace.append({"size": size, "parameters": result.new_mlp.num_parameters, "usable": ok,
-                      "fact_adaptive_accuracy": result.fact_adaptive_accuracy, "capacity": result.capacity_new,
-                      "runs": result.runs})
         bar.update(1)
         bar.set_postfix(size=size, faa=result.fact_adaptive_accuracy)
-        return ok
+        return {"size": size, "parameters": result.new_mlp.num_parameters, "usable": ok,
+                "fact_adaptive_accuracy": result.fact_adaptive_accuracy, "capacity": result.capacity_new,
+                "runs": result.runs}
 
+    usable = _replaying(measure, trace, done, on_trial)
     storing = smallest_size(usable, start, max_size=max_size, resolution=resolution,
                             floor=1 if kind == "gd" else max(1, start // 2))
     bar.close()
@@ -93,6 +98,24 @@ def usable_size(task: SSFRTask, kind: str = "constructed", *, seeds: Sequence[in
     best = next(t for t in trace if t["size"] == storing)
     return ScalingPoint(task.num_keys, task.dim, kind, storing, best["parameters"], best["fact_adaptive_accuracy"],
                         trace)
+
+
+def _replaying(measure: Callable[[int], dict], trace: list[dict], done: Sequence[dict],
+               on_trial: Optional[Callable[[dict], None]]) -> Callable[[int], bool]:
+    """``usable(size)`` for :func:`smallest_size`: a size with a trial in ``done`` replays it, any other is
+    measured (``measure(size)`` -> a trial dict with "size" and "usable") and handed to ``on_trial``; either
+    way the trial joins ``trace``."""
+    finished = {t["size"]: t for t in done}
+
+    def usable(size: int) -> bool:
+        trial = finished.get(size)
+        if trial is None:
+            trial = measure(size)
+            if on_trial is not None:
+                on_trial(trial)
+        trace.append(trial)
+        return trial["usable"]
+    return usable
 
 
 def smallest_size(usable: Callable[[int], bool], start: int, *, max_size: int, resolution: float,
@@ -121,13 +144,15 @@ def smallest_size(usable: Callable[[int], bool], start: int, *, max_size: int, r
 
 def lm_usable_size(task: "AuthorsBooks", *, dim: int, seeds: Sequence[int], train: "LMTrainConfig",
                    start: Optional[int] = None, max_size: int = 8192, resolution: float = 1.25,
-                   target: float = TARGET, progress: bool = True) -> ScalingPoint:
+                   target: float = TARGET, progress: bool = True, done: Sequence[dict] = (),
+                   on_trial: Optional[Callable[[dict], None]] = None) -> ScalingPoint:
     """Smallest GD (MSE) fact-expert width whose authors/books LM recalls > ``target`` of its facts
     (seed 000 App. A.3.3, Fig. 9a): per width and seed, the LM of :func:`~factkernels.transformer.lm.trained_lm`
     with ``expert="gd"`` of that width, trained by ``train`` (its seed replaced); usable when the best
     seed's value accuracy (argmax over the vocabulary at the author position, every template) is
     above ``target``. A width whose expert alone decodes fewer than ``target`` of the facts is
-    recorded as unusable without training the LM. start: default ⌈F/d⌉·8 (as for SSFR)."""
+    recorded as unusable without training the LM. start: default ⌈F/d⌉·8 (as for SSFR). done / on_trial:
+    trials of an interrupted search of the same settings, and a callback for new ones."""
     from dataclasses import replace
 
     from .lm import AuthorsLM, evaluate, train_lm
@@ -135,7 +160,7 @@ def lm_usable_size(task: "AuthorsBooks", *, dim: int, seeds: Sequence[int], trai
     trace: list[dict] = []
     bar = progress_bar(desc=f"LM W vs F, F={task.num_facts}", unit="size", enabled=progress, leave=False)
 
-    def usable(width: int) -> bool:
+    def measure(width: int) -> dict:
         runs = []
         for seed in seeds:
             model = AuthorsLM(task, expert="gd", expert_hidden=width, dim=dim, seed=seed)
@@ -150,15 +175,14 @@ def lm_usable_size(task: "AuthorsBooks", *, dim: int, seeds: Sequence[int], trai
             runs.append(run)
         accuracies = [r["value_accuracy"] for r in runs if r["value_accuracy"] is not None]
         best = max(accuracies) if accuracies else None
-        ok = best is not None and best > target
-        trace.append({"size": width, "parameters": expert.num_parameters, "usable": ok, "value_accuracy": best,
-                      "runs": runs})
         bar.update(1)
         bar.set_postfix(width=width, accuracy=best)
-        return ok
+        return {"size": width, "parameters": expert.num_parameters, "usable": best is not None and best > target,
+                "value_accuracy": best, "runs": runs}
 
     start = 8 * math.ceil(task.num_facts / dim) if start is None else start
-    storing = smallest_size(usable, start, max_size=max_size, resolution=resolution)
+    storing = smallest_size(_replaying(measure, trace, done, on_trial), start, max_size=max_size,
+                            resolution=resolution)
     bar.close()
     if storing is None:
         return ScalingPoint(task.num_facts, dim, "gd", None, None, None, trace)
