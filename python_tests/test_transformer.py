@@ -305,6 +305,17 @@ def test_experiment_ssfr_search_resumes_from_its_finished_sizes(tmp_path, monkey
     assert not partial.exists()  # removed once the cell is written
 
 
+def test_w_vs_f_names_what_set_each_width():
+    from factkernels.experiments.transformer import _width_limit
+
+    def point(size, *tried):
+        return {"size": size, "trace": [{"size": s, "capacity": c} for s, c in tried]}
+
+    assert _width_limit(point(40, (80, 1.0), (40, 1.0), (20, 0.5), (30, 0.98)), 0.99) == "storage"  # 30 is the nearest
+    assert _width_limit(point(40, (80, 1.0), (40, 1.0), (30, 1.0), (20, 0.5)), 0.99) == "usability"
+    assert _width_limit(point(40, (40, 1.0), (60, 1.0)), 0.99) == "floor"
+
+
 def test_experiment_usability_rows_and_correlations(tmp_path):
     res = engine.run("usability", tmp_path, scale="tiny", quiet=True)
     rows = res.summary["rows"]

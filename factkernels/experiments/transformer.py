@@ -197,15 +197,35 @@ def _summarize_ssfr(cells: list[engine.Cell]) -> dict:
     if slope is None:
         claims["000-fig3a-w-vs-f"] = Finding(ours, scaling_setting, "not run", "needs two F with a usable size")
     else:
-        at_start = [p["num_facts"] for p in found if p["size"] == p["trace"][0]["size"]]
+        limits = {p["num_facts"]: _width_limit(p, c0["target"]) for p in found}
+        by_limit = {why: [f for f, w in limits.items() if w == why] for why in ("usability", "storage", "floor")}
+        stored = [p for p in found if limits[p["num_facts"]] != "usability"]
+        storage_slope = _loglog_slope([p["num_facts"] for p in stored], [p["parameters"] for p in stored])
         claims["000-fig3a-w-vs-f"] = Finding(
             f"{ours}; slope {slope:.2f}", scaling_setting, "partly" if 0.9 <= slope <= 1.6 else "not reproduced",
             (f"{len(found)} points cannot tell F log F from F" if len(found) < 4 else "slope over few F")
-            + (f"; at F = {at_start} the first size tried (the storage threshold) was already usable, so W there is "
-               "the storage threshold" if at_start else ""))
+            + "; W is set by " + ", ".join(
+                f"{_LIMIT_TEXT[why]} at F = {fs}" for why, fs in by_limit.items() if fs)
+            + (f"; over the F where storage sets W the slope is {storage_slope:.2f}"
+               if storage_slope is not None and by_limit["usability"] else ""))
     return {"headline": {k: c.result for k, c in head.items()},
             "headline_without_output_norm": {k: c.result for k, c in earlier.items()} if faithful else {},
             "output_norm": faithful, "scaling": points, "loglog_slope_W_vs_F": slope, "claims": claims}
+
+
+_LIMIT_TEXT = {"usability": "usability (the next smaller size tried stores every fact, but the transformer does "
+                             "not use it well enough)",
+               "storage": "storage (the next smaller size tried does not store the facts)",
+               "floor": "the search floor (no smaller size tried; half the storage threshold m is assumed unusable)"}
+
+
+def _width_limit(point: dict, target: float) -> str:
+    """What set a found W: "storage" when the largest smaller size tried stored fewer than ``target`` of the
+    facts, "usability" when it stored them but was not usable, "floor" when no smaller size was tried."""
+    below = [t for t in point["trace"] if t["size"] < point["size"]]
+    if not below:
+        return "floor"
+    return "storage" if max(below, key=lambda t: t["size"])["capacity"] < target else "usability"
 
 
 def _plot_w_vs_f(points: list[dict], title: str):
