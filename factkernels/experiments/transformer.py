@@ -524,10 +524,12 @@ def _lm_scaling_finding(cells: list[engine.Cell]) -> tuple[list[dict], Finding]:
         if below:
             (storage if max(below, key=lambda t: t["size"])["value_accuracy"] is None else usage).append(p["num_facts"])
     verdict = "partly" if 0.7 <= slope <= 1.6 else "not reproduced"
+    causes = [text for text, fs in ((f"the GD expert's storage at F = {storage}", storage),
+                                    (f"the LM's use of a storing expert at F = {usage}", usage)) if fs]
     return points, Finding(f"{ours}; slope {slope:.2f}", setting, verdict,
                            f"{len(found)} F values, one seed and a short training run; the paper's figure has no "
-                           f"number to compare beyond the trend. The width is set by the GD expert's storage at "
-                           f"F = {storage} and by the LM's use of a storing expert at F = {usage}")
+                           "number to compare beyond the trend" + (". The width is set by " + " and by ".join(causes)
+                                                                   if causes else ""))
 
 
 def _run_label(run: dict) -> str:
