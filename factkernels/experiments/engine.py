@@ -203,15 +203,20 @@ def load_cells(out: PathLike, name: str) -> dict[str, Cell]:
 
 
 def _write_cell(out: PathLike, name: str, key: str, config: dict, result: dict, seconds: float) -> Path:
-    folder = cells_dir(out, name)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{key}.json"
-    tmp = path.with_suffix(".tmp")  # a killed run never leaves half a cell behind
+    path = cells_dir(out, name) / f"{key}.json"
     payload = {"experiment": name, "key": key, "config": config, "result": result, "seconds": seconds,
                "environment": environment()}
-    tmp.write_text(json.dumps(clean_json(payload), indent=1, allow_nan=False))
-    tmp.replace(path)
+    write_json(path, payload, indent=1)
     return path
+
+
+def write_json(path: Path, payload: dict, indent: Optional[int] = None) -> None:
+    """Write :func:`clean_json` of ``payload`` to ``path`` through a temporary file, so a killed run never
+    leaves half a file (cells, and the partial files of :func:`partial_path`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(clean_json(payload), indent=indent, allow_nan=False))
+    tmp.replace(path)
 
 
 @dataclass
@@ -355,4 +360,4 @@ def merge(sources: Iterable[PathLike], out: PathLike) -> int:
 
 __all__ = ["Cell", "Claim", "Experiment", "Finding", "REGISTRY", "RunResult", "SCALES", "VERDICTS", "cell_key", "clean_json", "get",
            "load_cells", "matches", "merge", "parse_fields", "parse_shard", "partial_path", "register", "run", "set_threads",
-           "shared_partial_path", "summarize_dir"]
+           "shared_partial_path", "summarize_dir", "write_json"]

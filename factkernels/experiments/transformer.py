@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -94,14 +93,6 @@ def _seed_block(cells: list[engine.Cell]) -> tuple[bool, list[engine.Cell], str]
     return faithful, chosen, label
 
 
-def _write_json(path: Path, payload: dict) -> None:
-    """Write ``payload`` to ``path`` through a temporary file, so a killed run never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload))
-    tmp.replace(path)
-
-
 def _search_trials() -> tuple[list[dict], Optional[Callable[[dict], None]]]:
     """The sizes an interrupted W-vs-F search of the running cell finished (kept in its partial file: at
     d = 128 one size trains 4 transformers for an hour) and a callback that adds each new one there;
@@ -114,7 +105,7 @@ def _search_trials() -> tuple[list[dict], Optional[Callable[[dict], None]]]:
 
     def keep(trial: dict) -> None:
         trials.append(trial)
-        _write_json(partial, {"trials": trials})
+        engine.write_json(partial, {"trials": trials})
     return done, keep
 
 
@@ -698,7 +689,7 @@ def run_editing_cell(config: dict) -> dict:
         splits.append({"preserved": preserved, "altered": altered, "altered_fraction": altered / config["facts"],
                        "best": best, "grid_points": {m: len(r["runs"]) for m, r in results.items()}})
         if partial is not None:
-            _write_json(partial, {"splits": splits})
+            engine.write_json(partial, {"splits": splits})
     return {"lm": base, "splits": splits}
 
 
