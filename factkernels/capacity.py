@@ -68,9 +68,15 @@ class Method:
     start: first size tried; fixed: the method has no size (built once at size = F);
     prepare: ``(K, V, f, options) -> extra options`` computed once per fact set and passed to
     every build (work that depends on neither the size nor the seed, e.g. the outputs U*).
-    build_batch: ``(fact_sets, sizes, seeds, **options) -> modules``, the same models as one
-    build per (fact set, size, seed) but trained as one batch (the GD methods); the search
-    uses it to build every seed of a size, and the sizes it may ask for next, at once.
+    build_batch: ``(fact_sets, sizes, seeds, options) -> modules``, the same models as one
+    build per (fact set, size, seed) but trained as one batch (the GD methods), ``options`` being
+    each model's build options (its fact set's :meth:`prepared` options); the search
+    uses it to build every seed of a size at once; lookahead: and the sizes it may ask for next.
+    Lookahead pays where a round's time is its slowest model's and storing models stop early
+    (the GD MLP: ~1.4× faster searches on the gd_batch benchmark). The hybrids turn it off: their
+    decoders train every step, their GD encoders pad to the widest code and their closed-form
+    parts build one model at a time, so a size trained ahead and never asked for costs in full
+    (lookahead made their searches 10–40 % slower there).
     """
 
     name: str
@@ -80,6 +86,7 @@ class Method:
     fixed: bool = False
     prepare: Optional[Callable[[torch.Tensor, torch.Tensor, torch.Tensor, dict], dict]] = None
     build_batch: Optional[Callable[..., list[nn.Module]]] = None
+    lookahead: bool = True
 
     def __call__(self, K: torch.Tensor, V: torch.Tensor, f: torch.Tensor, size: int, seed: int, **options) -> nn.Module:
         return self.build(K, V, f, size, seed, **options)
@@ -110,21 +117,30 @@ def _gd(K, V, f, size, seed, **options) -> nn.Module:
     return gd_mlp(K, V, f, hidden=size, seed=seed, progress=False, **options)
 
 
-def _gd_batch(fact_sets, sizes, seeds, **options) -> list[nn.Module]:
-    return gd_mlp_batch(fact_sets, sizes, seeds, progress=False, **options)
+def _gd_batch(fact_sets, sizes, seeds, options: Sequence[dict]) -> list[nn.Module]:
+    return gd_mlp_batch(fact_sets, sizes, seeds, progress=False, **options[0])  # no prepare: one options dict
+
+
+def _hybrid_options(options: Sequence[dict]) -> dict:
+    """The shared build options of a hybrid batch, with each model's U* (prepared for "+jl") as one list."""
+    shared = {key: value for key, value in options[0].items() if key != "outputs"}
+    return {**shared, "outputs": [o["outputs"] for o in options]} if "outputs" in options[0] else shared
 
 
 def _hybrid(K, V, f, size, seed, *, encoder: str, decoder: str, **options) -> nn.Module:
     return encoder_decoder(K, V, f, m=size, encoder=encoder, decoder=decoder, seed=seed, progress=False, **options)
 
 
-def _hybrid_batch(fact_sets, sizes, seeds, *, encoder: str, decoder: str, **options) -> list[nn.Module]:
-    return encoder_decoder_batch(fact_sets, sizes, seeds, encoder=encoder, decoder=decoder, progress=False, **options)
+def _hybrid_batch(fact_sets, sizes, seeds, options: Sequence[dict], *, encoder: str, decoder: str) -> list[nn.Module]:
+    return encoder_decoder_batch(fact_sets, sizes, seeds, encoder=encoder, decoder=decoder, progress=False,
+                                 **_hybrid_options(options))
 
 
 def _hybrid_method(encoder: str, decoder: str) -> Method:
+    # "+jl": U* once per fact set, not once per size and seed (it was a sixth of a small search's time)
     return Method(f"{encoder}+{decoder}", functools.partial(_hybrid, encoder=encoder, decoder=decoder), "m", start=8,
-                  build_batch=functools.partial(_hybrid_batch, encoder=encoder, decoder=decoder))
+                  prepare=_margin_optimal if decoder == "jl" else None,
+                  build_batch=functools.partial(_hybrid_batch, encoder=encoder, decoder=decoder), lookahead=False)
 
 
 def _nongated(K, V, f, size, seed, **options) -> nn.Module:
@@ -170,10 +186,12 @@ def encoder_width_method(name: str, m: int) -> Method:
     def build(K, V, f, size, seed, **options) -> nn.Module:
         return methods[name](K, V, f, m, seed, encoder_hidden=size, **options)
 
-    def build_batch(fact_sets, sizes, seeds, **options) -> list[nn.Module]:
-        return _hybrid_batch(fact_sets, m, seeds, encoder=encoder, decoder=decoder, encoder_hidden=sizes, **options)
+    def build_batch(fact_sets, sizes, seeds, options: Sequence[dict]) -> list[nn.Module]:
+        return encoder_decoder_batch(fact_sets, m, seeds, encoder=encoder, decoder=decoder, encoder_hidden=sizes,
+                                     progress=False, **_hybrid_options(options))
 
-    return Method(f"{name} encoder width at m={m}", build, "encoder hidden", start=1, build_batch=build_batch)
+    return Method(f"{name} encoder width at m={m}", build, "encoder hidden", start=1,
+                  prepare=_margin_optimal if decoder == "jl" else None, build_batch=build_batch)
 
 
 @dataclass
@@ -301,8 +319,8 @@ def _search(spec: Method, cases: Callable[[], Iterator[tuple[FactSet, int, dict]
             batch: bool, log: Optional[TrialLog] = None, search_key: str = "") -> StorageCost:
     """Doubling then bisection over the size; ``cases()`` yields (fact set, seed, build options) per seed.
 
-    batch: when the method can build batches, every seed of a size, and the sizes the search may
-    ask for next (:func:`_lookahead`), train as one batch; the search then reads their results as
+    batch: when the method can build batches, every seed of a size, and (``spec.lookahead``) the sizes
+    the search may ask for next (:func:`_lookahead`), train as one batch; the search then reads their results as
     it asks, so it visits the same sizes as one at a time (models in a batch are independent), in
     fewer rounds. One at a time, the seeds after the first that fails are skipped.
     log: trials already known (under ``search_key``) are read from it, new ones written to it."""
@@ -333,7 +351,8 @@ def _search(spec: Method, cases: Callable[[], Iterator[tuple[FactSet, int, dict]
         listed = list(cases())
         modules = spec.build_batch([fact_set for fact_set, _, _ in listed for _ in sizes],
                                    [size for _ in listed for size in sizes],
-                                   [seed for _, seed, _ in listed for _ in sizes], **listed[0][2])
+                                   [seed for _, seed, _ in listed for _ in sizes],
+                                   [options for _, _, options in listed for _ in sizes])
         for i, size in enumerate(sizes):
             failures, parameters = [], 0
             for j, ((K, V, f), _, _) in enumerate(listed):
@@ -347,7 +366,7 @@ def _search(spec: Method, cases: Callable[[], Iterator[tuple[FactSet, int, dict]
             trace.append(found)
         elif batch and spec.build_batch is not None:
             if size not in ahead:
-                train_batch(_lookahead(size, bracket, max_size))
+                train_batch(_lookahead(size, bracket, max_size) if spec.lookahead else [size])
             trace.append(ahead.pop(size))
         else:
             failures, parameters = [], 0

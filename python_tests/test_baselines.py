@@ -154,14 +154,15 @@ def test_fit_takes_torch_adams_steps_with_a_cosine_rate():
 # ----------------------------------------------------------------------------- GD MLP
 
 
-def test_cross_entropy_matches_torch_in_value_gradient_and_argmax():
+def test_cross_entropy_matches_torch_in_value_gradient_and_hit_test():
     generator = torch.Generator().manual_seed(0)
     logits = (torch.randn(3, 5, 7, generator=generator, dtype=torch.float64) * 4).requires_grad_(True)
     targets = torch.randint(0, 7, (3, 5), generator=generator)
-    loss, best = _cross_entropy(logits, targets)
+    targets[0] = logits[0].argmax(1)  # some rows hit, the rest (mostly) miss
+    loss, hit = _cross_entropy(logits, targets)
     expected = torch.nn.functional.cross_entropy(logits.reshape(15, 7), targets.reshape(15), reduction="none")
     assert torch.allclose(loss, expected.view(3, 5), atol=1e-12)
-    assert torch.equal(best, logits.argmax(2))
+    assert torch.equal(hit, logits.argmax(2) == targets) and bool(hit[0].all()) and not bool(hit.all())
     weights = torch.rand(3, 5, generator=generator, dtype=torch.float64)
     (ours,) = torch.autograd.grad((loss * weights).sum(), logits)
     (theirs,) = torch.autograd.grad((expected.view(3, 5) * weights).sum(), logits)

@@ -1,5 +1,6 @@
 """Fact-storage cost: the search finds the boundary, the registry, per-method parameter counts, bad input."""
 
+import functools
 import math
 
 import pytest
@@ -231,7 +232,7 @@ def test_batched_gd_search_finds_the_size_of_the_one_at_a_time_search(tiny):
         assert ours.stored == theirs.stored and ours.accuracies[:len(theirs.accuracies)] == theirs.accuracies
 
 
-def threshold_method(f, batches):
+def threshold_method(f, batches, lookahead=True):
     """A batch-building method that stores every fact from size 13 on; ``batches`` records each batch's sizes."""
 
     class Threshold(torch.nn.Module):
@@ -242,11 +243,12 @@ def threshold_method(f, batches):
         def predict(self, K, V):
             return f.clone() if self.size >= 13 else (f + 1) % V.shape[0]
 
-    def build_batch(fact_sets, sizes, seeds):
+    def build_batch(fact_sets, sizes, seeds, options):
         batches.append(sorted(set(sizes)))
         return [Threshold(size) for size in sizes]
 
-    return Method("threshold", lambda K, V, f, size, seed: Threshold(size), "size", start=2, build_batch=build_batch)
+    return Method("threshold", lambda K, V, f, size, seed: Threshold(size), "size", start=2, build_batch=build_batch,
+                  lookahead=lookahead)
 
 
 def test_batched_search_trains_the_sizes_ahead_in_few_rounds(tiny):
@@ -258,6 +260,33 @@ def test_batched_search_trains_the_sizes_ahead_in_few_rounds(tiny):
     assert batched.size == looped.size == 13 and batched.parameters == 130
     assert [t.size for t in batched.trace] == [t.size for t in looped.trace] == [2, 4, 8, 16, 12, 14, 13]
     assert batches == [[2, 4, 8], [16, 32, 64], [9, 10, 11, 12, 13, 14, 15]]  # 3 rounds for 7 sizes
+
+
+def test_batched_search_without_lookahead_trains_only_the_sizes_it_asks_for(tiny):
+    K, V, f = tiny
+    batches = []
+    searched = fact_storage_cost(threshold_method(f, batches, lookahead=False), K, V, f, seeds=2, progress=False)
+    assert searched.size == 13 and [t.size for t in searched.trace] == [2, 4, 8, 16, 12, 14, 13]
+    assert batches == [[2], [4], [8], [16], [12], [14], [13]]  # one size (both seeds) per round
+    assert not methods["gd+jl"].lookahead and not methods["bin+gd"].lookahead and methods["gd"].lookahead
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_jl_hybrid_search_solves_u_star_once_per_fact_set(monkeypatch, batch):
+    import factkernels.baselines.gd as gd_module
+    import factkernels.capacity as capacity_module
+    solved, solve = [], geometry.margin_optimal_outputs
+
+    def counting(values):
+        solved.append(values.shape)
+        return solve(values)
+
+    monkeypatch.setattr(capacity_module, "margin_optimal_outputs", counting)
+    monkeypatch.setattr(gd_module.geometry, "margin_optimal_outputs", counting)
+    sample = functools.partial(family_fact_set, "spherical", 24, 16)
+    cost = sampled_storage_cost("gd+jl", sample, seeds=2, progress=False, batch=batch, encoder_steps=200)
+    assert len(cost.trace) >= 3 and len(solved) == 2  # one per seed's fact set, however many sizes were tried
+    assert cost.size is not None
 
 
 def test_checkpointed_search_resumes_without_training_again(tiny, tmp_path):

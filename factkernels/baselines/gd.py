@@ -221,34 +221,56 @@ def _stack_fact_sets(fact_sets: Sequence[FactSet]) -> tuple[torch.Tensor, torch.
 
 
 class _CrossEntropy(torch.autograd.Function):
-    """Row-wise cross-entropy and argmax of logits (N, C) against targets (N,) -> (loss (N,), argmax (N,)).
+    """Row-wise cross-entropy of logits (N, C) against targets (N,) -> (loss (N,), hit (N,) bool), where
+    hit says the target's logit is the row's largest (an exact tie with another class counts as a hit).
 
     One max pass and one exp pass forward; backward is softmax − one-hot from the saved softmax.
     F.cross_entropy's log-softmax, NLL and their backward (a zero fill, a scatter, another exp pass)
-    plus a separate argmax take about twice as long on the (models·F, |V|) logits of a GD step."""
+    plus a separate argmax take about twice as long on the (models·F, |V|) logits of a GD step; the
+    hit test reuses the row max instead of an argmax (max-with-index is ~8× slower than amax on CPU)."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        top, best = logits.max(1, keepdim=True)
+        top = logits.amax(1, keepdim=True)
         weights = (logits - top).exp_()  # the softmax times its row's total: the backward divides
         total = weights.sum(1, keepdim=True)
-        loss = (total.log() + top - logits.gather(1, targets.unsqueeze(1))).squeeze(1)
+        target_logit = logits.gather(1, targets.unsqueeze(1))
+        loss = (total.log() + top - target_logit).squeeze(1)
         ctx.save_for_backward(weights, total, targets)
-        ctx.mark_non_differentiable(best)
-        return loss, best.squeeze(1)
+        hit = (target_logit >= top).squeeze(1)
+        ctx.mark_non_differentiable(hit)
+        return loss, hit
 
     @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor, _grad_best: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx, grad_loss: torch.Tensor, _grad_hit: torch.Tensor) -> tuple[torch.Tensor, None]:
         weights, total, targets = ctx.saved_tensors
         grad = weights * (grad_loss.unsqueeze(1) / total)
         return grad.scatter_add_(1, targets.unsqueeze(1), -grad_loss.unsqueeze(1)), None
 
 
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row cross-entropy and argmax: logits (B, n, C), targets (B, n) -> (loss (B, n), argmax (B, n))."""
+    """Per-row cross-entropy and hit test: logits (B, n, C), targets (B, n) -> (loss (B, n), hit (B, n) bool)."""
     batch, rows, classes = logits.shape
-    loss, best = _CrossEntropy.apply(logits.reshape(batch * rows, classes), targets.reshape(-1))
-    return loss.view(batch, rows), best.view(batch, rows)
+    loss, hit = _CrossEntropy.apply(logits.reshape(batch * rows, classes), targets.reshape(-1))
+    return loss.view(batch, rows), hit.view(batch, rows)
+
+
+class _ActiveRows:
+    """Rows ``active`` of per-model tensors (B, ...), indexed again only when the set of training models
+    changes: :func:`fit` passes one ``active`` tensor until a model stops, and indexing every step
+    costs a copy of each tensor per step."""
+
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        self.tensors = tensors
+        self.active: Optional[torch.Tensor] = None
+        self.rows = tensors
+
+    def __call__(self, active: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if active is not self.active:
+            self.active = active
+            whole = active.numel() == self.tensors[0].shape[0]  # fit starts with every model, in order
+            self.rows = self.tensors if whole else tuple(t[active] for t in self.tensors)
+        return self.rows
 
 
 def _all_decoded(outputs: torch.Tensor, values: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -292,14 +314,17 @@ def gd_mlp_batch(
         raise ValueError(f"loss must be one of {GD_LOSSES}, got {loss!r}")
     targets = torch.gather(V, 1, facts.unsqueeze(2).expand(-1, -1, V.shape[2]))  # (B, F, d_out)
 
+    training = _ActiveRows(K, V, facts, targets)
+
     def objective(params: list[torch.Tensor], active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        outputs = _gated_apply(params, K[active], activation)  # (b, F, d_out)
-        logits = torch.bmm(outputs, V[active].transpose(1, 2))  # (b, F, |V|)
+        keys, values, rows, wanted = training(active)
+        outputs = _gated_apply(params, keys, activation)  # (b, F, d_out)
+        logits = torch.bmm(outputs, values.transpose(1, 2))  # (b, F, |V|)
         if loss == "ce":
-            value, best = _cross_entropy(logits, facts[active])
-            return value.mean(1), (best == facts[active]).all(1)
-        value = (outputs - targets[active]).square().sum(2).mean(1)
-        return value, (logits.argmax(2) == facts[active]).all(1)
+            value, hit = _cross_entropy(logits, rows)
+            return value.mean(1), hit.all(1)
+        value = (outputs - wanted).square().sum(2).mean(1)
+        return value, (logits.argmax(2) == rows).all(1)
 
     params, results = fit(_gated_init(K.shape[2], hiddens, [V.shape[2]] * count, seeds, K), objective, steps=steps,
                           lr=lr, final_lr=final_lr, progress=progress, desc=f"gd mlp x{count} h<={max(hiddens)}")
@@ -381,12 +406,24 @@ def gd_encoder_batch(
     K = torch.stack(list(keys))  # (B, F, d)
     codes = torch.stack([F_nn.pad(t, (0, max(outs) - t.shape[1])) for t in targets])  # (B, F, max m)
     noise = [torch.Generator(device=K.device).manual_seed(seed) for seed in seeds]
+    # Each model draws the jitter of `chunk` steps in one call: one randn per model per step cost more
+    # than the step itself in small batches. The stream is the per-step one whenever F·d is a multiple
+    # of 16 (torch's CPU normal sampler works in blocks of 16), and the same alone as in a batch always.
+    chunk = max(1, min(64, (1 << 18) // K[0].numel()))
+    jitter = torch.empty(count, chunk, *K.shape[1:], device=K.device, dtype=K.dtype)
+    training = _ActiveRows(K, codes)
+    step = 0
 
     def objective(params: list[torch.Tensor], active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        jitter = torch.stack([torch.randn(K.shape[1:], generator=noise[b], device=K.device, dtype=K.dtype)
-                              for b in active.tolist()]) * key_noise
-        outputs = _gated_apply(params, K[active] + jitter, activation)
-        loss = (outputs - codes[active]).square().sum(2).mean(1)
+        nonlocal step  # fit calls this once per step, every model still training being at that step
+        position, step = step % chunk, step + 1
+        if position == 0:
+            for b in active.tolist():
+                jitter[b] = torch.randn(jitter.shape[1:], generator=noise[b], device=K.device, dtype=K.dtype)
+        keys, wanted = training(active)
+        rows = jitter[:, position] if keys is K else jitter[active, position]
+        outputs = _gated_apply(params, keys + rows * key_noise, activation)
+        loss = (outputs - wanted).square().sum(2).mean(1)
         solved = (stored(outputs.detach(), active) if stored is not None
                   else torch.zeros(active.shape, dtype=torch.bool, device=K.device))
         return loss, solved
@@ -463,11 +500,13 @@ def gd_decoder_batch(
         codes[b, :, :m] = torch.randn(num_values, m, generator=generator, dtype=torch.float64) / math.sqrt(m)
         matrix[b, :m] = torch.randn(m, dim, generator=generator, dtype=torch.float64) / math.sqrt(m)
 
+    training = _ActiveRows(index, V, weight)
+
     def objective(params: list[torch.Tensor], active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = index[active]  # (b, k)
+        rows, values, weights = training(active)  # rows (b, k)
         chosen = torch.gather(params[0], 1, rows.unsqueeze(2).expand(-1, -1, width))  # (b, k, m)
-        logits = torch.bmm(torch.bmm(chosen, params[1]), V[active].transpose(1, 2))  # (b, k, |V|)
-        loss = (_cross_entropy(logits, rows)[0] * weight[active]).sum(1)
+        logits = torch.bmm(torch.bmm(chosen, params[1]), values.transpose(1, 2))  # (b, k, |V|)
+        loss = (_cross_entropy(logits, rows)[0] * weights).sum(1)
         return loss, torch.zeros(active.shape, dtype=torch.bool, device=V.device)  # never early: see gd_decoder
 
     (codes, matrix), results = fit([codes.to(V), matrix.to(V)], objective, steps=steps, lr=lr, final_lr=final_lr,
@@ -520,12 +559,14 @@ def encoder_decoder_batch(
     encoder_hidden: Union[None, int, Sequence[int]] = None,
     encoder_steps: int = 1000,
     decoder_steps: int = 1000,
+    outputs: Optional[Sequence[torch.Tensor]] = None,
     progress: bool = True,
 ) -> list[FactMLP]:
     """B hybrid fact MLPs (see :func:`encoder_decoder`, the batch of one): model b stores fact set b
     with code dimension ms[b] from seed seeds[b]. The GD decoders train as one batch, then the GD
     encoders (codes of several m zero-padded to the largest); closed-form parts are built per model.
-    ``encoder_hidden``: one width or one per model (GD encoder only).
+    ``encoder_hidden``: one width or one per model (GD encoder only). ``outputs``: decoder "jl" only,
+    U* (|V|, d_out) of each model's values, solved here (once per fact set) when not given.
     """
     K, V, facts = _stack_fact_sets(fact_sets)
     count, num_facts, d_in = K.shape
@@ -541,19 +582,26 @@ def encoder_decoder_batch(
         if encoder != "gd":
             raise ValueError(f"encoder_hidden sets the GD encoder's width; it does not apply to encoder={encoder!r}")
         encoder_hidden = _per_model("encoder_hidden", encoder_hidden, count)
+    if outputs is not None:
+        if decoder != "jl":
+            raise ValueError(f"outputs are U* for the JL decoder; they do not apply to decoder={decoder!r}")
+        outputs = list(outputs)
+        if len(outputs) != count or any(not isinstance(u, torch.Tensor) or u.shape != V.shape[1:] for u in outputs):
+            raise ValueError(f"outputs must be one ({V.shape[1]}, {V.shape[2]}) tensor per model ({count})")
+    elif decoder == "jl":
+        solved: dict = {}  # U* once per fact set: a search's batch repeats each one for several m
+        for b, (_, values, _) in enumerate(fact_sets):
+            if id(values) not in solved:
+                solved[id(values)] = geometry.margin_optimal_outputs(V[b])[0]
+        outputs = [solved[id(values)] for _, values, _ in fact_sets]
     if encoder == "bin" and decoder == "jl":
-        return [construct(K[b], V[b], facts[b], m=ms[b], outputs="margin_optimal", seed=seeds[b], verify="report",
+        return [construct(K[b], V[b], facts[b], m=ms[b], outputs=outputs[b], seed=seeds[b], verify="report",
                           progress=progress, width_multiplier=width_multiplier or BIN_WIDTH_MULTIPLIER)
                 for b in range(count)]
 
     fit_results: list[dict] = [{} for _ in range(count)]
     if decoder == "jl":
-        outputs: dict = {}  # U* once per fact set: a search's batch repeats each one for several m
-        for b, (_, values, _) in enumerate(fact_sets):
-            if id(values) not in outputs:
-                outputs[id(values)] = geometry.margin_optimal_outputs(V[b])[0]
-        decoders = [jl_decoder(outputs[id(values)], ms[b], torch.Generator().manual_seed(seeds[b]))
-                    for b, (_, values, _) in enumerate(fact_sets)]
+        decoders = [jl_decoder(outputs[b], ms[b], torch.Generator().manual_seed(seeds[b])) for b in range(count)]
     else:
         trained = gd_decoder_batch(list(V), [torch.unique(facts[b]) for b in range(count)], ms, seeds,
                                    steps=decoder_steps, progress=progress)
@@ -575,8 +623,11 @@ def encoder_decoder_batch(
         projections = torch.stack([F_nn.pad(dec.projection, (0, widest - dec.projection.shape[1]))
                                    for dec in decoders])  # (B, d_out, max m): zero columns past m_b
 
+        decoding = _ActiveRows(projections, V, facts)
+
         def stored(outputs: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-            return _all_decoded(torch.bmm(outputs, projections[active].transpose(1, 2)), V[active], facts[active])
+            projection, values, rows = decoding(active)
+            return _all_decoded(torch.bmm(outputs, projection.transpose(1, 2)), values, rows)
 
         encoders = gd_encoder_batch(list(K), [dec.codes[facts[b]] for b, dec in enumerate(decoders)], hiddens, seeds,
                                     stored=stored, steps=encoder_steps, progress=progress)
@@ -602,6 +653,7 @@ def encoder_decoder(
     encoder_hidden: Optional[int] = None,
     encoder_steps: int = 1000,
     decoder_steps: int = 1000,
+    outputs: Optional[torch.Tensor] = None,
     seed: int = 0,
     progress: bool = True,
 ) -> FactMLP:
@@ -613,6 +665,8 @@ def encoder_decoder(
       ⌈multiplier·F/(d_in+1)⌉ (multiplier default 1.5); "gd": :func:`gd_encoder` of width
       ``encoder_hidden`` or ⌈m (F/d_in) · multiplier⌉ (multiplier default 1).
     - encoder_steps / decoder_steps: Adam steps of the GD encoder / decoder.
+    - outputs: decoder "jl" only, U* (|V|, d_out) of V when already solved (a search builds many
+      sizes on one fact set); solved here otherwise.
     Bin+JL is exactly :func:`factkernels.construct` with margin-optimal outputs.
 
     Returns a gated FactMLP (SwiGLU layout); for the hybrids with a trained part,
@@ -623,4 +677,5 @@ def encoder_decoder(
         _check_count("encoder_hidden", encoder_hidden)
     return encoder_decoder_batch([FactSet(K, V, f)], [m], [seed], encoder=encoder, decoder=decoder,
                                  width_multiplier=width_multiplier, encoder_hidden=encoder_hidden,
-                                 encoder_steps=encoder_steps, decoder_steps=decoder_steps, progress=progress)[0]
+                                 encoder_steps=encoder_steps, decoder_steps=decoder_steps,
+                                 outputs=None if outputs is None else [outputs], progress=progress)[0]
