@@ -17,7 +17,6 @@ rather than as a speedup.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import time
@@ -47,6 +46,38 @@ def _every_seed_seconds(method: str, sample, seeds: int, sizes: list[int], optio
     return time.perf_counter() - start
 
 
+def race(methods: list[str], *, d: int, facts: int, seeds: int, gd_steps: int, repeats: int,
+         device: str = "cpu") -> dict:
+    """Batched vs one-at-a-time vs every-seed searches for each method on ``device``: rows and totals."""
+    def sample(seed: int):
+        return tuple(t.to(device) for t in family_fact_set("spherical", facts, d, seed=seed))
+    rows = []
+    for method in methods:
+        options = {"steps": gd_steps} if method == "gd" else {}
+        row = {"method": method}
+        for _ in range(repeats):
+            for name, batch in (("batched", True), ("one_at_a_time", False)):
+                start = time.perf_counter()
+                cost = sampled_storage_cost(method, sample, seeds=seeds, progress=False, batch=batch, **options)
+                runs = row.setdefault(name, {"runs": []})["runs"]
+                runs.append(time.perf_counter() - start)  # the search reads every accuracy back: synchronized
+                row[name].update(seconds=min(runs), size=cost.size, parameters=cost.parameters,
+                                 sizes_tried=[t.size for t in cost.trace])
+            runs = row.setdefault("every_seed", {"runs": []})["runs"]
+            runs.append(_every_seed_seconds(method, sample, seeds, row["batched"]["sizes_tried"], options))
+            row["every_seed"]["seconds"] = min(runs)
+        row["same_size"] = row["batched"]["size"] == row["one_at_a_time"]["size"]
+        row["speedup"] = row["one_at_a_time"]["seconds"] / row["batched"]["seconds"]
+        row["speedup_vs_every_seed"] = row["every_seed"]["seconds"] / row["batched"]["seconds"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    total = {k: sum(r[k]["seconds"] for r in rows) for k in ("batched", "one_at_a_time", "every_seed")}
+    return {"setting": {"family": "spherical", "d": d, "facts": facts, "seeds": seeds, "gd_steps": gd_steps,
+                        "repeats": repeats, "device": device},
+            "rows": rows, "total_seconds": total, "total_speedup": total["one_at_a_time"] / total["batched"],
+            "total_speedup_vs_every_seed": total["every_seed"] / total["batched"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d", type=int, default=16)
@@ -55,38 +86,15 @@ def main() -> None:
     parser.add_argument("--gd-steps", type=int, default=3000, help="step cap of the GD MLP (the seed: 20000)")
     parser.add_argument("--methods", default="gd,gd+jl,bin+gd,gd+gd")
     parser.add_argument("--repeats", type=int, default=3, help="runs per mode; the fastest is reported")
+    parser.add_argument("--device", default="cpu", help="where the models train (gpu_suite.py runs it on cuda)")
     parser.add_argument("--out", default=str(RESULTS / "gd_batch.json"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    sample = functools.partial(family_fact_set, "spherical", args.facts, args.d)
-    rows = []
     load_before = os.getloadavg()
-    for method in args.methods.split(","):
-        options = {"steps": args.gd_steps} if method == "gd" else {}
-        row = {"method": method}
-        for _ in range(args.repeats):
-            for name, batch in (("batched", True), ("one_at_a_time", False)):
-                start = time.perf_counter()
-                cost = sampled_storage_cost(method, sample, seeds=args.seeds, progress=False, batch=batch, **options)
-                runs = row.setdefault(name, {"runs": []})["runs"]
-                runs.append(time.perf_counter() - start)
-                row[name].update(seconds=min(runs), size=cost.size, parameters=cost.parameters,
-                                 sizes_tried=[t.size for t in cost.trace])
-            runs = row.setdefault("every_seed", {"runs": []})["runs"]
-            runs.append(_every_seed_seconds(method, sample, args.seeds, row["batched"]["sizes_tried"], options))
-            row["every_seed"]["seconds"] = min(runs)
-        row["same_size"] = row["batched"]["size"] == row["one_at_a_time"]["size"]
-        row["speedup"] = row["one_at_a_time"]["seconds"] / row["batched"]["seconds"]
-        row["speedup_vs_every_seed"] = row["every_seed"]["seconds"] / row["batched"]["seconds"]
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    total = {k: sum(r[k]["seconds"] for r in rows) for k in ("batched", "one_at_a_time", "every_seed")}
-    payload = {"setting": {"family": "spherical", "d": args.d, "facts": args.facts, "seeds": args.seeds,
-                           "gd_steps": args.gd_steps, "threads": 1, "repeats": args.repeats},
-               "rows": rows, "total_seconds": total, "total_speedup": total["one_at_a_time"] / total["batched"],
-               "total_speedup_vs_every_seed": total["every_seed"] / total["batched"],
-               "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-               "environment": environment()}
+    payload = race(args.methods.split(","), d=args.d, facts=args.facts, seeds=args.seeds, gd_steps=args.gd_steps,
+                   repeats=args.repeats, device=args.device)
+    payload["setting"]["threads"] = 1
+    payload.update(loadavg_before=load_before, loadavg_after=os.getloadavg(), environment=environment())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(payload, indent=2))
     print(f"total speedup {payload['total_speedup']:.2f}x (vs every seed one at a time "

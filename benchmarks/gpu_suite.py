@@ -13,6 +13,8 @@ What it runs (all on --device, default cuda):
   largest_f  cg builds at --largest-d (default 128), F = |V| doubling from 8,192 until one runs out of
              memory or takes longer than --max-seconds: the largest F that fits, with its time
   u_star     margin_optimal_outputs at |V| = 65,536, d = 256: time, rho and peak GPU memory
+  gd_batch   GD cost searches with every seed (and, for the GD MLP, the sizes ahead) as one batch vs one
+             model at a time (gd_batch.py's race at its CPU setting, d = 16, F = 64, 3 seeds, one run each)
 
 Without a usable CUDA device it prints why and exits with status 2, writing nothing.
 """
@@ -34,6 +36,7 @@ from factkernels import _ops, geometry
 from factkernels.embeddings import random_fact_set
 
 from bench import bench_attention, bench_construct, bench_kernels, device_info, sync, timeit
+from gd_batch import race as race_gd_searches
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_DEVICE_STATUS = 2
@@ -168,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     report["largest_f"] = bench_largest_f(device, 16 if args.quick else args.largest_d, 256 if args.quick else 8192,
                                           1.0 if args.quick else args.max_seconds)
     report["u_star"] = bench_u_star(device, *((512, 32) if args.quick else (65536, 256)))
+    report["gd_batch"] = race_gd_searches(["gd", "gd+jl", "bin+gd", "gd+gd"], d=16, facts=16 if args.quick else 64,
+                                          seeds=3, gd_steps=1000 if args.quick else 3000, repeats=1,
+                                          device=str(device))
 
     out = Path(args.out)
     if out.suffix != ".json":
