@@ -272,6 +272,30 @@ def test_experiment_ssfr_cells_and_claims(tmp_path):
     assert not alone["output_norm"] and "without GPT-2's final RMSNorm" in alone["claims"]["000-sec5.1-fact-adaptive"].setting
 
 
+def test_ssfr_w_vs_f_speaks_from_the_seeds_j_and_cites_the_stricter_search():
+    from factkernels.experiments import transformer as texp
+
+    base = {"dim": 8, "seeds": [0], "steps": 20, "batch_size": 16, "lrs": [0.01], "target": 0.99, "resolution": 2.0,
+            "max_size": 40, "mlp": "constructed", "output_norm": True, "part": "scaling"}
+
+    def search(facts, parameters, split=None):
+        config = {**base, "facts": facts, **({} if split is None else {"split": split})}
+        trace = [{"size": 10, "capacity": 1.0}, {"size": 5, "capacity": 0.5}]
+        result = {"num_facts": facts, "size": 10, "parameters": parameters, "trace": trace}
+        return engine.Cell(f"{facts}-{split}", config, result, 0.0)
+    on_j = [search(64, 1000, "train"), search(128, 2000, "train")]
+    stricter = [search(64, 4000), search(128, 5000)]
+    both = texp._summarize_ssfr(on_j + stricter)
+    claim = both["claims"]["000-fig3a-w-vs-f"]
+    assert both["scaling_split"] == "train" and [p["parameters"] for p in both["scaling"]] == [1000, 2000]
+    assert claim.ours == "F=64: W=1,000, F=128: W=2,000; slope 1.00" and "the seed's J" in claim.setting
+    assert "held-out junk tuples (stricter than the seed's J) W is 4,000 at F=64, 5,000 at F=128 (slope 0.32)" \
+        in claim.reason
+    alone = texp._summarize_ssfr(stricter)  # no J search: the stricter one speaks, and says how it scored
+    assert alone["scaling_split"] == "all" and alone["scaling_all_tuples"] == []
+    assert "training + held-out junk tuples" in alone["claims"]["000-fig3a-w-vs-f"].setting
+
+
 def test_experiment_ssfr_search_resumes_from_its_finished_sizes(tmp_path, monkeypatch):
     import json
 

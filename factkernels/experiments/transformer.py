@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -75,7 +75,12 @@ def _ssfr_grid(scale: str) -> list[dict]:
     # fact-adaptive accuracy on the seed's J (the training junk tuples); the held-out tuples are reported beside it
     headline = [{**base, **block, "part": "headline", "variant": v, "facts": facts[0], "split": "train"}
                 for block in blocks for v in ("seed_modifications", "vanilla")]
-    return headline + [{**base, **block, "part": "scaling", "facts": f} for block in blocks for f in facts]
+    # W vs F scores usability on the seed's J too (split "train"). Cells without a "split" field score training +
+    # held-out junk tuples, as our first searches did: the quick grid keeps only those, the seed grid keeps them
+    # after the J searches (stricter than the seed; the held-out tuples are where accuracy is lost).
+    splits = {"tiny": [{"split": "train"}], "quick": [{}], "seed": [{"split": "train"}, {}]}[scale]
+    return headline + [{**base, **block, **split, "part": "scaling", "facts": f}
+                       for split in splits for block in blocks for f in facts]
 
 
 def _block_switches(config: dict) -> dict:
@@ -116,7 +121,8 @@ def run_ssfr_cell(config: dict) -> dict:
         done, on_trial = _search_trials()
         point = usable_size(task, config["mlp"], seeds=config["seeds"], lrs=config["lrs"], target=config["target"],
                             resolution=config["resolution"], max_size=config["max_size"], progress=False,
-                            switches=_block_switches(config), done=done, on_trial=on_trial, **train)
+                            split=config.get("split", "all"), switches=_block_switches(config), done=done,
+                            on_trial=on_trial, **train)
         return point.to_dict()
     keys, values = task.mlp_keys, task.mlp_values
     m = 4 * construct(keys, values, task.facts, progress=False).report.m  # comfortably above the storage threshold
@@ -141,7 +147,10 @@ def _summarize_ssfr(cells: list[engine.Cell]) -> dict:
     earlier = {c.config["variant"]: c for c in cells if c.config["part"] == "headline" and not c.config.get("output_norm")}
     faithful, cells, block = _seed_block(cells)
     head = {c.config["variant"]: c for c in cells if c.config["part"] == "headline"}
-    points = sorted((c.result for c in cells if c.config["part"] == "scaling"), key=lambda p: p["num_facts"])
+    searches = [c for c in cells if c.config["part"] == "scaling"]
+    on_j = [c for c in searches if c.config.get("split") == "train"]  # the seed's J speaks when it ran
+    points, all_tuples = (_by_facts(on_j), _by_facts([c for c in searches if c not in on_j])) if on_j else \
+        (_by_facts(searches), [])
     c0 = cells[0].config
     paper = "d = 128, F = 2^8..2^14, 4 seeds, 4.8M sequences at lr 2e-4, target 0.99"
     setting = f"F = {c0['facts']}, {_train_text(c0)}, {block}, constructed m = 4× its storage threshold; paper: {paper}"
@@ -183,8 +192,9 @@ def _summarize_ssfr(cells: list[engine.Cell]) -> dict:
     found = [p for p in points if p["parameters"]]
     slope = _loglog_slope([p["num_facts"] for p in found], [p["parameters"] for p in found])
     ours = ", ".join(f"F={p['num_facts']}: W={p['parameters']:,}" for p in found) or "no usable size"
-    scaling_setting = (f"F ∈ {[p['num_facts'] for p in points]}, target {c0['target']}, size search ratio "
-                       f"{c0['resolution']}, {_train_text(c0)}, {block}; paper: {paper}")
+    scored_on = "the seed's J (training junk tuples)" if on_j else "training + held-out junk tuples"
+    scaling_setting = (f"F ∈ {[p['num_facts'] for p in points]}, target {c0['target']} on {scored_on}, size search "
+                       f"ratio {c0['resolution']}, {_train_text(c0)}, {block}; paper: {paper}")
     if slope is None:
         claims["000-fig3a-w-vs-f"] = Finding(ours, scaling_setting, "not run", "needs two F with a usable size")
     else:
@@ -198,10 +208,27 @@ def _summarize_ssfr(cells: list[engine.Cell]) -> dict:
             + "; W is set by " + ", ".join(
                 f"{_LIMIT_TEXT[why]} at F = {fs}" for why, fs in by_limit.items() if fs)
             + (f"; over the F where storage sets W the slope is {storage_slope:.2f}"
-               if storage_slope is not None and by_limit["usability"] else ""))
+               if storage_slope is not None and by_limit["usability"] else "")
+            + _all_tuples_text(all_tuples))
     return {"headline": {k: c.result for k, c in head.items()},
             "headline_without_output_norm": {k: c.result for k, c in earlier.items()} if faithful else {},
-            "output_norm": faithful, "scaling": points, "loglog_slope_W_vs_F": slope, "claims": claims}
+            "output_norm": faithful, "scaling": points, "scaling_split": "train" if on_j else "all",
+            "scaling_all_tuples": all_tuples, "loglog_slope_W_vs_F": slope, "claims": claims}
+
+
+def _by_facts(cells: list[engine.Cell]) -> list[dict]:
+    return sorted((c.result for c in cells), key=lambda p: p["num_facts"])
+
+
+def _all_tuples_text(points: list[dict]) -> str:
+    """The W-vs-F searches scored on training + held-out junk tuples, cited beside the seed's J ones."""
+    found = [p for p in points if p["parameters"]]
+    if not found:
+        return ""
+    slope = _loglog_slope([p["num_facts"] for p in found], [p["parameters"] for p in found])
+    return ("; scored on training + held-out junk tuples (stricter than the seed's J) W is "
+            + ", ".join(f"{p['parameters']:,} at F={p['num_facts']}" for p in found)
+            + ("" if slope is None else f" (slope {slope:.2f})"))
 
 
 _LIMIT_TEXT = {"usability": "usability (the next smaller size tried stores every fact, but the transformer does "
@@ -219,14 +246,19 @@ def _width_limit(point: dict, target: float) -> str:
     return "storage" if max(below, key=lambda t: t["size"])["capacity"] < target else "usability"
 
 
-def _plot_w_vs_f(points: list[dict], title: str):
-    """Smallest usable MLP parameters W against facts F (log-log), with an F log F guide through the first point."""
+def _plot_w_vs_f(points: list[dict], title: str, stricter: Sequence[dict] = ()):
+    """Smallest usable MLP parameters W against facts F (log-log), with an F log F guide through the first point;
+    ``stricter``: the searches scored on training + held-out junk tuples, drawn beside."""
     from matplotlib.ticker import NullLocator
 
     from .plotting import panels
 
     fig, (ax,) = panels(1, width=5, height=4)
     found = [p for p in points if p["parameters"]]
+    beside = [p for p in stricter if p["parameters"]]
+    if beside:
+        ax.loglog([p["num_facts"] for p in beside], [p["parameters"] for p in beside], "s:", color="0.5",
+                  label="usable on training + held-out junk")
     if found:
         facts = [p["num_facts"] for p in found]
         params = [p["parameters"] for p in found]
@@ -241,7 +273,8 @@ def _plot_w_vs_f(points: list[dict], title: str):
 
 
 def _plot_ssfr(summary: dict, cells: list[engine.Cell]) -> dict:
-    return {"ssfr_scaling": _plot_w_vs_f(summary["scaling"], "SSFR: smallest usable MLP")}
+    return {"ssfr_scaling": _plot_w_vs_f(summary["scaling"], "SSFR: smallest usable MLP",
+                                         summary.get("scaling_all_tuples", []))}
 
 
 engine.register(engine.Experiment(

@@ -58,13 +58,16 @@ class ScalingPoint:
 def usable_size(task: SSFRTask, kind: str = "constructed", *, seeds: Sequence[int] = (0,),
                 lrs: Sequence[float] = (SEED_LR,), start: Optional[int] = None, max_size: int = 4096,
                 resolution: float = 1.25, target: float = TARGET, new_facts_seed: int = 1, gd_steps: int = 20000,
-                device: str = "cpu", switches: Optional[dict] = None, progress: bool = True,
+                device: str = "cpu", split: str = "all", switches: Optional[dict] = None, progress: bool = True,
                 done: Sequence[dict] = (), on_trial: Optional[Callable[[dict], None]] = None,
                 **train_options) -> ScalingPoint:
     """Smallest MLP size with fact-adaptive accuracy > ``target`` on ``task`` (see module doc).
 
     start: first size (default: for "constructed" the smallest m whose JL decoder decodes every
     value, below which facts are lost; for "gd" the seed's default width ⌈F/d⌉·m at m = 8).
+    split: the sequences fact-adaptive accuracy is scored on: "train" is the seed's J (the training junk
+    tuples), "all" adds the held-out ones (stricter: a transformer stopped at full training accuracy
+    often has not learnt to ignore unseen junk).
     switches go to :class:`~factkernels.transformer.model.FactTransformer` (default: the seed's
     modifications); train_options to :func:`~factkernels.transformer.training.train_ssfr` (steps, batch_size, ...).
     done / on_trial: trials of an interrupted search of the same settings, and a callback for new ones.
@@ -80,8 +83,8 @@ def usable_size(task: SSFRTask, kind: str = "constructed", *, seeds: Sequence[in
     def measure(size: int) -> dict:
         result = run_fact_adaptive(
             task, lambda f: build_fact_mlp(kind, keys, values, f, size, gd_steps=gd_steps), new_facts=new_facts,
-            seeds=seeds, lrs=lrs, device=device, min_capacity=target, switches=switches, progress=progress,
-            **train_options)
+            seeds=seeds, lrs=lrs, device=device, split=split, min_capacity=target, switches=switches,
+            progress=progress, **train_options)
         ok = result.fact_adaptive_accuracy is not None and result.fact_adaptive_accuracy > target
         bar.update(1)
         bar.set_postfix(size=size, faa=result.fact_adaptive_accuracy)
