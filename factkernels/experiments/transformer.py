@@ -262,10 +262,12 @@ def _plot_w_vs_f(points: list[dict], title: str, stricter: Sequence[dict] = ()):
     if found:
         facts = [p["num_facts"] for p in found]
         params = [p["parameters"] for p in found]
-        ax.loglog(facts, params, "o-", label="smallest usable MLP")
+        ax.loglog(facts, params, "o-", label="smallest usable MLP" + (" (the seed's J)" if beside else ""))
         reference = [f * math.log(f) for f in facts]  # information-theoretic W ~ F log F, through the first point
         ax.loglog(facts, [r * params[0] / reference[0] for r in reference], "k--", label="∝ F log F")
-        ax.set_xticks(facts, [str(f) for f in facts])  # the measured F, without log-scale minor labels
+    measured = sorted({p["num_facts"] for p in found + beside})
+    if measured:
+        ax.set_xticks(measured, [str(f) for f in measured])  # the measured F, without log-scale minor labels
         ax.xaxis.set_minor_locator(NullLocator())
         ax.legend()
     ax.set(xlabel="facts F", ylabel="MLP parameters W", title=title)
