@@ -76,7 +76,7 @@ class Method:
     (the GD MLP: ~1.4× faster searches on the gd_batch benchmark). The hybrids turn it off: their
     decoders train every step, their GD encoders pad to the widest code and their closed-form
     parts build one model at a time, so a size trained ahead and never asked for costs in full
-    (lookahead made their searches 10–40 % slower there).
+    (lookahead made their searches 0–52 % slower there, two runs per method).
     """
 
     name: str
