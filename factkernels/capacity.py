@@ -73,10 +73,9 @@ class Method:
     each model's build options (its fact set's :meth:`prepared` options); the search
     uses it to build every seed of a size at once; lookahead: and the sizes it may ask for next.
     Lookahead pays where a round's time is its slowest model's and storing models stop early
-    (the GD MLP: ~1.4× faster searches on the gd_batch benchmark). The hybrids turn it off: their
-    decoders train every step, their GD encoders pad to the widest code and their closed-form
-    parts build one model at a time, so a size trained ahead and never asked for costs in full
-    (lookahead made their searches 0–52 % slower there, two runs per method).
+    (the GD MLP). The hybrids turn it off: their decoders train every step, their GD encoders
+    pad to the widest code and their closed-form parts build one model at a time, so a size
+    trained ahead and never asked for costs in full (their searches ran slower with it).
     """
 
     name: str
