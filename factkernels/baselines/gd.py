@@ -227,7 +227,7 @@ class _CrossEntropy(torch.autograd.Function):
     One max pass and one exp pass forward; backward is softmax − one-hot from the saved softmax.
     F.cross_entropy's log-softmax, NLL and their backward (a zero fill, a scatter, another exp pass)
     plus a separate argmax take about twice as long on the (models·F, |V|) logits of a GD step; the
-    hit test reuses the row max instead of an argmax (max-with-index is ~8× slower than amax on CPU)."""
+    hit test reuses the row max instead of an argmax (max-with-index is ~9× slower than amax on CPU)."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
