@@ -208,6 +208,38 @@ def test_usable_size_search_records_every_size_and_gives_up_at_max(tiny):
     assert [t["size"] for t in resumed.trace] == [32, 64] and [t["size"] for t in reported] == [64]
 
 
+def test_a_trial_rescored_on_the_other_split_is_the_trial_measured_there(tiny):
+    from factkernels.transformer import rescored_trial
+
+    task, _ = tiny
+    # one size (a usable start of ratio 2 to its floor stops the search), one seed, short training
+    search = dict(start=64, max_size=64, resolution=2.0, target=0.05, seeds=[0, 1], lrs=[1e-2], steps=60,
+                  eval_every=30, progress=False)
+    (on_j,) = usable_size(task, split="train", **search).trace
+    (on_all,) = usable_size(task, split="all", **search).trace
+    j_runs = [r["fact_adaptive_accuracy"] for r in on_j["runs"]]
+    all_runs = [r["fact_adaptive_accuracy"] for r in on_all["runs"]]
+    assert j_runs != all_runs  # the splits score differently ...
+    assert [r["fact_adaptive_test_accuracy"] for r in on_j["runs"]] == \
+        [r["fact_adaptive_test_accuracy"] for r in on_all["runs"]]  # ... the same transformers
+    for measured, other, source in ((on_j, on_all, "all"), (on_all, on_j, "train")):
+        split = "train" if source == "all" else "all"
+        rescored = rescored_trial(other, task, source, split, target=0.05)
+        assert rescored["rescored_from"] == source and rescored["usable"] == measured["usable"]
+        assert [r["fact_adaptive_accuracy"] for r in rescored["runs"]] == \
+            pytest.approx([r["fact_adaptive_accuracy"] for r in measured["runs"]], abs=1e-12)
+        assert rescored["fact_adaptive_accuracy"] == pytest.approx(measured["fact_adaptive_accuracy"], abs=1e-12)
+    assert rescored_trial(on_j, task, "train", "train") is on_j
+    unstored = {"size": 1, "usable": False, "fact_adaptive_accuracy": None, "capacity": 0.2, "runs": []}
+    # no transformer ran: nothing to rescore
+    assert rescored_trial(unstored, task, "all", "train") == {**unstored, "rescored_from": "all"}
+    with pytest.raises(ValueError, match="'train' or 'all'"):
+        rescored_trial(on_j, task, "test", "train")
+    held_out_missing = {**on_j, "runs": [{**on_j["runs"][0], "fact_adaptive_test_accuracy": None}]}
+    with pytest.raises(ValueError, match="held-out"):
+        rescored_trial(held_out_missing, task, "train", "all")
+
+
 # ----------------------------------------------------------------------------- usability
 
 
@@ -327,6 +359,22 @@ def test_experiment_ssfr_search_resumes_from_its_finished_sizes(tmp_path, monkey
     assert len(calls) == len(sizes) - 1  # the first size is replayed from the partial file
     assert resumed.result == fresh_cell.result
     assert not partial.exists()  # removed once the cell is written
+
+
+def test_experiment_ssfr_search_replays_the_sizes_the_other_split_measured(tmp_path, monkeypatch):
+    from factkernels.transformer import scaling
+
+    (on_j,) = [c for c in engine.get("ssfr").grid("tiny") if c["part"] == "scaling"]
+    stricter = {k: v for k, v in on_j.items() if k != "split"}
+    engine.run("ssfr", tmp_path, scale="tiny", grid=[on_j], quiet=True)
+    j_sizes = {t["size"] for t in engine.load_cells(tmp_path, "ssfr")[engine.cell_key(on_j)].result["trace"]}
+    real, trained = scaling.run_fact_adaptive, []
+    monkeypatch.setattr(scaling, "run_fact_adaptive", lambda *a, **k: trained.append(1) or real(*a, **k))
+    engine.run("ssfr", tmp_path, scale="tiny", grid=[on_j, stricter], resume=True, quiet=True)
+    trace = engine.load_cells(tmp_path, "ssfr")[engine.cell_key(stricter)].result["trace"]
+    replayed = [t for t in trace if t["size"] in j_sizes]
+    assert replayed and all(t.get("rescored_from") == "train" for t in replayed)
+    assert len(trained) == len({t["size"] for t in trace} - j_sizes)  # only the sizes J did not measure train
 
 
 def test_w_vs_f_names_what_set_each_width():

@@ -188,6 +188,18 @@ def shared_partial_path(tag: dict) -> Optional[Path]:
     return None if partial is None else partial.parent / f"shared-{cell_key(tag)}.json"
 
 
+def other_cell(config: dict) -> tuple[Optional[dict], Optional[Path]]:
+    """Another cell of the running experiment, named by its config, for cells that can reuse its work:
+    its result if its file is written (else None) and its :func:`partial_path` file (may not exist);
+    (None, None) outside a run."""
+    partial = _PARTIAL.get()
+    if partial is None:
+        return None, None
+    key = cell_key(config)
+    cell = partial.parent.parent / "cells" / f"{key}.json"
+    return (json.loads(cell.read_text())["result"] if cell.exists() else None), partial.parent / f"{key}.json"
+
+
 def _drop_partial(partial: Path) -> None:
     for path in partial.parent.glob(partial.stem + ".*"):  # keys hold only [A-Za-z0-9._-]
         path.unlink()
@@ -359,5 +371,5 @@ def merge(sources: Iterable[PathLike], out: PathLike) -> int:
 
 
 __all__ = ["Cell", "Claim", "Experiment", "Finding", "REGISTRY", "RunResult", "SCALES", "VERDICTS", "cell_key", "clean_json", "get",
-           "load_cells", "matches", "merge", "parse_fields", "parse_shard", "partial_path", "register", "run", "set_threads",
+           "load_cells", "matches", "merge", "other_cell", "parse_fields", "parse_shard", "partial_path", "register", "run", "set_threads",
            "shared_partial_path", "summarize_dir", "write_json"]

@@ -26,7 +26,8 @@ from ..construct import construct
 from ..mlp import FactMLP
 from ..transformer.editing import SEED_SPLITS, compare_editors, make_split, scaled_split
 from ..transformer.lm import AuthorsBooks, AuthorsLM, LMTrainConfig, evaluate, random_facts, trained_lm
-from ..transformer.scaling import SEED_DIM, SEED_FACTS, SEED_SEEDS, TARGET, lm_usable_size, usable_size
+from ..transformer.scaling import (SEED_DIM, SEED_FACTS, SEED_SEEDS, TARGET, lm_usable_size, rescored_trial,
+                                   usable_size)
 from ..transformer.ssfr import SSFRTask
 from ..transformer.training import SEED_LR, SEED_SEQUENCES, build_fact_mlp, run_fact_adaptive
 from ..transformer.usability import SEED_ALPHAS, SEED_KAPPAS, SEED_LRS, run_usability, spearman
@@ -114,11 +115,27 @@ def _search_trials() -> tuple[list[dict], Optional[Callable[[dict], None]]]:
     return done, keep
 
 
+def _other_split_trials(config: dict, task: SSFRTask) -> list[dict]:
+    """The trials the same W-vs-F search scored on the other split (J vs J + held-out tuples) has finished,
+    rescored on this cell's split (:func:`rescored_trial`: the transformers trained are the same). Grids
+    write J searches with ``split="train"`` and the others without a split field."""
+    split = config.get("split", "all")
+    other = {k: v for k, v in config.items() if k != "split"}
+    if split == "all":
+        other["split"] = "train"
+    result, partial = engine.other_cell(other)
+    trials = result["trace"] if result is not None else \
+        json.loads(partial.read_text())["trials"] if partial is not None and partial.exists() else []
+    source = "all" if split == "train" else "train"
+    return [rescored_trial(t, task, source, split, config["target"]) for t in trials]
+
+
 def run_ssfr_cell(config: dict) -> dict:
     task = SSFRTask(config["facts"], config["dim"], seed=0)
     train = {"steps": config["steps"], "batch_size": config["batch_size"]}
     if config["part"] == "scaling":
         done, on_trial = _search_trials()
+        done = _other_split_trials(config, task) + done  # a size this search measured itself wins
         point = usable_size(task, config["mlp"], seeds=config["seeds"], lrs=config["lrs"], target=config["target"],
                             resolution=config["resolution"], max_size=config["max_size"], progress=False,
                             split=config.get("split", "all"), switches=_block_switches(config), done=done,

@@ -11,7 +11,7 @@ usability vs capacity and the Lipschitz estimate.
 
 from .layers import CausalSelfAttention, RMSNorm, RotaryEmbedding
 from .model import FactTransformer, swap_mlp
-from .scaling import ScalingPoint, usable_size
+from .scaling import ScalingPoint, rescored_trial, usable_size
 from .ssfr import SSFRBatch, SSFRTask
 from .training import (FactAdaptiveResult, TrainResult, accuracy, build_fact_mlp, build_model, capacity,
                        fact_adaptive_accuracy, run_fact_adaptive, train_ssfr)
@@ -22,5 +22,5 @@ __all__ = [
     "SSFRTask", "SSFRBatch", "FactTransformer", "swap_mlp",
     "build_model", "build_fact_mlp", "train_ssfr", "accuracy", "capacity", "fact_adaptive_accuracy",
     "run_fact_adaptive", "FactAdaptiveResult", "TrainResult",
-    "usable_size", "ScalingPoint", "lipschitz", "run_usability",
+    "usable_size", "rescored_trial", "ScalingPoint", "lipschitz", "run_usability",
 ]

@@ -4,7 +4,8 @@
 # lr 1e-2, up to 6,000 steps of 64 sequences, stopping once every training sequence is right (the seed: lr 2e-4,
 # 4.8M sequences). Cells run in grid order: headline, then the W-vs-F searches scored on the seed's J (training junk
 # tuples), F ascending, then those scored on training + held-out junk tuples; resumable: finished cells are kept,
-# and a search cut off mid-way keeps every size it finished.
+# and a search cut off mid-way keeps every size it finished. A size the search on the other criterion trained
+# is rescored, not trained again (the transformers are the same; only the scored sequences differ).
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 cd /tmp
 OMP_NUM_THREADS=1 python -m factkernels experiment ssfr --scale seed --set steps=6000 --set batch_size=64 \
