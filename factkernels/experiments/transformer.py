@@ -78,10 +78,11 @@ def _ssfr_grid(scale: str) -> list[dict]:
                 for block in blocks for v in ("seed_modifications", "vanilla")]
     # W vs F scores usability on the seed's J too (split "train"). Cells without a "split" field score training +
     # held-out junk tuples, as our first searches did: the quick grid keeps only those, the seed grid keeps them
-    # after the J searches (stricter than the seed; the held-out tuples are where accuracy is lost).
+    # beside the J searches (stricter than the seed; the held-out tuples are where accuracy is lost). F ascending,
+    # each F on J first: the second search of an F replays the sizes the first trained (_other_split_trials).
     splits = {"tiny": [{"split": "train"}], "quick": [{}], "seed": [{"split": "train"}, {}]}[scale]
     return headline + [{**base, **block, **split, "part": "scaling", "facts": f}
-                       for split in splits for block in blocks for f in facts]
+                       for f in facts for block in blocks for split in splits]
 
 
 def _block_switches(config: dict) -> dict:
