@@ -409,3 +409,32 @@ def test_experiment_usability_rows_and_correlations(tmp_path):
     assert texp._summarize_usability(cells + earlier)["rows"] == rows
     alone = texp._summarize_usability(earlier)
     assert not alone["output_norm"] and all(r["capacity"] == 0.5 for r in alone["rows"])
+
+
+def test_usability_is_scored_on_the_seeds_j_and_cites_all_junk_tuples():
+    from factkernels.experiments import transformer as texp
+
+    def cell(alpha, capacity, lipschitz, runs):
+        config = {"dim": 8, "facts": 8, "seeds": [0, 1], "steps": 20, "batch_size": 16, "lrs": [0.01],
+                  "lipschitz_samples": 4, "output_norm": True, "mlp": "gd", "size": 4, "gd_steps": 2000,
+                  "kappa": 10.0, "alpha": alpha}
+        runs = [{"fact_adaptive_accuracy": a, "fact_adaptive_test_accuracy": t} for a, t in runs]
+        best = max((r["fact_adaptive_accuracy"] for r in runs), default=None)
+        result = {"kappa": 10.0, "alpha": alpha, "capacity": capacity, "lipschitz": lipschitz, "runs": runs,
+                  "fact_adaptive_accuracy": best, "usability": None if best is None else best / capacity}
+        return engine.Cell(f"a{alpha}", config, result, 0.0)
+    # all = (16 J + 4 held-out) / 20: J 1.0 and held-out 0.5 give 0.9 on all junk tuples
+    cells = [cell(0.0, 1.0, 10.0, [(0.9, 0.5), (0.8, 1.0)]), cell(0.5, 1.0, 20.0, [(0.8, 0.5)]),
+             cell(1.0, 0.5, 30.0, [])]  # no run: its MLP stored too few facts
+    summary = texp._summarize_usability(cells)
+    assert summary["usability_split"] == "train" and summary["rows_all_tuples"] == [c.result for c in cells]
+    assert [r["fact_adaptive_accuracy"] for r in summary["rows"]][:2] == pytest.approx([1.0, 0.875])
+    assert summary["rows"][2]["fact_adaptive_accuracy"] is None
+    assert summary["rows"][0]["runs"][1]["fact_adaptive_accuracy"] == pytest.approx(0.75)
+    claim = summary["claims"]["000-fig3c-lipschitz"]
+    assert "the seed's J" in claim.setting and "Spearman(usability, Lipschitz) = -1.00" in claim.reason
+    # a run without its held-out accuracy (older cells): every row stays on all junk tuples, and says so
+    cells[1].result["runs"][0]["fact_adaptive_test_accuracy"] = None
+    older = texp._summarize_usability(cells)
+    assert older["usability_split"] == "all" and older["rows"] == [c.result for c in cells]
+    assert "training + held-out junk tuples" in older["claims"]["000-fig3c-lipschitz"].setting

@@ -14,13 +14,13 @@ from .model import FactTransformer, swap_mlp
 from .scaling import ScalingPoint, rescored_trial, usable_size
 from .ssfr import SSFRBatch, SSFRTask
 from .training import (FactAdaptiveResult, TrainResult, accuracy, build_fact_mlp, build_model, capacity,
-                       fact_adaptive_accuracy, run_fact_adaptive, train_ssfr)
+                       fact_adaptive_accuracy, rescored_runs, run_fact_adaptive, train_ssfr)
 from .usability import lipschitz, run_usability
 
 __all__ = [
     "RMSNorm", "RotaryEmbedding", "CausalSelfAttention",
     "SSFRTask", "SSFRBatch", "FactTransformer", "swap_mlp",
     "build_model", "build_fact_mlp", "train_ssfr", "accuracy", "capacity", "fact_adaptive_accuracy",
-    "run_fact_adaptive", "FactAdaptiveResult", "TrainResult",
+    "run_fact_adaptive", "rescored_runs", "FactAdaptiveResult", "TrainResult",
     "usable_size", "rescored_trial", "ScalingPoint", "lipschitz", "run_usability",
 ]

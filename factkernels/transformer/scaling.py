@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 from ..construct import construct
 from ..progress import progress_bar
 from .ssfr import SSFRTask
-from .training import SEED_LR, build_fact_mlp, run_fact_adaptive
+from .training import SEED_LR, build_fact_mlp, rescored_runs, run_fact_adaptive
 
 if TYPE_CHECKING:
     from .lm import AuthorsBooks, LMTrainConfig
@@ -104,35 +104,16 @@ def usable_size(task: SSFRTask, kind: str = "constructed", *, seeds: Sequence[in
 
 
 def rescored_trial(trial: dict, task: SSFRTask, source: str, split: str, target: float = TARGET) -> dict:
-    """A trial of :func:`usable_size` scored on split ``source`` ("train" or "all"), scored on ``split``.
-
-    Training never sees the split a trial is scored on (it draws from J, the training junk tuples), so
-    the two searches train the same transformers; only the scored sequences differ. Each run also
-    records its accuracy on the held-out tuples ("test"), and per fact set every split has F sequences
-    per junk tuple, so a run's count on J is its count on "all" minus its count on "test" and the other
-    way round. The trial comes back with each run's accuracy, the best run, ``usable`` (best > target)
-    and ``"rescored_from": source``. A trial without transformer runs (its MLP stores fewer than
-    ``target`` of the facts) does not depend on the split: only the mark is added.
-    """
-    scored = ("train", "all")
-    if source not in scored or split not in scored:
-        raise ValueError(f"source and split must be 'train' or 'all', got {source!r} and {split!r}")
+    """A trial of :func:`usable_size` scored on split ``source`` ("train" or "all"), scored on ``split``
+    (:func:`~factkernels.transformer.training.rescored_runs`: both searches train the same transformers).
+    The trial comes back with each run's accuracy, the best run, ``usable`` (best > target) and
+    ``"rescored_from": source``; a trial without transformer runs (its MLP stores fewer than ``target``
+    of the facts) does not depend on the split, and only gets the mark."""
+    runs = rescored_runs(trial["runs"], source, split, junk_pairs=task.num_junk_pairs, test_pairs=task.num_test_pairs)
     if source == split:
         return trial
-    if not trial["runs"]:
+    if not runs:
         return {**trial, "rescored_from": source}
-    per_tuple = task.num_keys  # sequences per junk tuple: one per key
-    sizes = {"train": task.num_junk_pairs * per_tuple, "test": task.num_test_pairs * per_tuple}
-    sizes["all"] = sizes["train"] + sizes["test"]
-    runs = []
-    for run in trial["runs"]:
-        if run.get("fact_adaptive_test_accuracy") is None:
-            raise ValueError("rescoring needs each run's accuracy on the held-out junk tuples "
-                             "(fact_adaptive_test_accuracy); this trial's task had none")
-        correct = round(run["fact_adaptive_accuracy"] * sizes[source])
-        held_out = round(run["fact_adaptive_test_accuracy"] * sizes["test"])
-        correct = correct - held_out if split == "train" else correct + held_out
-        runs.append({**run, "fact_adaptive_accuracy": correct / sizes[split]})
     best = max(run["fact_adaptive_accuracy"] for run in runs)
     return {**trial, "runs": runs, "fact_adaptive_accuracy": best, "usable": best > target, "rescored_from": source}
 

@@ -31,6 +31,7 @@ from .. import geometry
 
 JUNK_LENGTH = (8, 16)  # inclusive range of junk prefix / suffix lengths (App. A.2.1)
 NUM_JUNK_PAIRS = 16  # |J|
+NUM_TEST_PAIRS = 4  # held-out junk tuples (ours; the seed scores on J only)
 NUM_JUNK_TOKENS = 16  # reserved junk tokens
 SPLITS = ("train", "test", "all")
 
@@ -77,7 +78,7 @@ class SSFRTask:
 
     def __init__(self, num_keys: int, dim: int, *, num_values: Optional[int] = None,
                  num_junk_tokens: int = NUM_JUNK_TOKENS, num_junk_pairs: int = NUM_JUNK_PAIRS,
-                 junk_length: tuple[int, int] = JUNK_LENGTH, num_test_pairs: int = 4, kappa: float = 1.0,
+                 junk_length: tuple[int, int] = JUNK_LENGTH, num_test_pairs: int = NUM_TEST_PAIRS, kappa: float = 1.0,
                  seed: int = 0) -> None:
         num_values = num_keys if num_values is None else num_values
         for name, value in (("num_keys", num_keys), ("num_values", num_values), ("dim", dim),

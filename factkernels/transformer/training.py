@@ -28,7 +28,7 @@ from ..construct import construct
 from ..mlp import FactMLP
 from ..progress import progress_bar
 from .model import FactTransformer
-from .ssfr import SSFRBatch, SSFRTask
+from .ssfr import NUM_JUNK_PAIRS, NUM_TEST_PAIRS, SSFRBatch, SSFRTask
 
 SEED_LR = 2e-4  # App. A.2.2
 SEED_SEQUENCES = 4_800_000  # App. A.2.2
@@ -193,6 +193,30 @@ class FactAdaptiveResult:
         if self.fact_adaptive_accuracy is None or self.capacity_new == 0:
             return None
         return self.fact_adaptive_accuracy / self.capacity_new
+
+
+def rescored_runs(runs: Sequence[dict], source: str, split: str, *, junk_pairs: int = NUM_JUNK_PAIRS,
+                  test_pairs: int = NUM_TEST_PAIRS) -> list[dict]:
+    """Runs of :func:`run_fact_adaptive` scored on split ``source`` ("train", the seed's J, or "all"), with
+    their fact-adaptive accuracy on ``split`` instead. Exact: training never sees the split it is scored on,
+    every split holds one sequence per (key, junk tuple), and each run records its accuracy on the held-out
+    tuples ("test"), so a run's count on J is its count on "all" less its count on "test", and the other way
+    round. junk_pairs / test_pairs: the task's training and held-out junk tuples (the defaults of SSFRTask)."""
+    scored = ("train", "all")
+    if source not in scored or split not in scored:
+        raise ValueError(f"source and split must be 'train' or 'all', got {source!r} and {split!r}")
+    if source == split:
+        return list(runs)
+    pairs = {"train": junk_pairs, "test": test_pairs, "all": junk_pairs + test_pairs}
+    out = []
+    for run in runs:
+        if run.get("fact_adaptive_test_accuracy") is None:
+            raise ValueError("rescoring needs each run's accuracy on the held-out junk tuples "
+                             "(fact_adaptive_test_accuracy); this run's task had none")
+        held_out = run["fact_adaptive_test_accuracy"] * pairs["test"]
+        correct = run["fact_adaptive_accuracy"] * pairs[source] + (-held_out if split == "train" else held_out)
+        out.append({**run, "fact_adaptive_accuracy": correct / pairs[split]})
+    return out
 
 
 def run_fact_adaptive(task: SSFRTask, make_mlp: Callable[[torch.Tensor], nn.Module], *, new_facts: torch.Tensor,
