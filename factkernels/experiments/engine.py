@@ -19,7 +19,9 @@ A cell that takes hours may keep partial progress in ``OUT/NAME/partial/KEY.json
 e.g. the trials of a cost search): a resumed run continues from it, and it is deleted once the cell is
 written. Work that several cells share (one editor residual step serves a grid of update settings) goes
 to ``OUT/NAME/partial/shared-KEY.*`` (:func:`shared_partial_path`), kept until every cell of the grid is
-present. Commit these files with the cells to continue a long cell in another session.
+present. Commit these files with the cells to continue a long cell in another session. A cell may also
+read another cell's result or partial progress (:func:`other_cell`), e.g. a search that replays the sizes
+a search of another scoring criterion has measured.
 """
 
 from __future__ import annotations
