@@ -12,6 +12,10 @@ figure, "every_seed", trains every seed of every size the search visited one mod
 One torch thread (as the experiments run). Each figure is the fastest of ``--repeats`` runs, the
 modes taking turns, so that load from other processes shows up as spread (every run is recorded)
 rather than as a speedup.
+
+"step_cost" measures what a batch can save at most: seconds per Adam step of B GD MLPs trained as
+one batch (B = 1, 3, 9, 21; a width that stores no fact set here, so no model stops early), its
+ratio to one model's step, and the ceiling B / ratio on the speedup of training B models at once.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from factkernels.baselines import gd_mlp_batch
 from factkernels.capacity import methods, sampled_storage_cost
 from factkernels.embeddings import family_fact_set
 from factkernels.environment import environment
@@ -44,6 +49,30 @@ def _every_seed_seconds(method: str, sample, seeds: int, sizes: list[int], optio
         for K, V, f, seed, prepared in cases:
             spec(K, V, f, size, seed, **prepared)
     return time.perf_counter() - start
+
+
+STEP_COST_BATCHES = (1, 3, 9, 21)
+
+
+def step_costs(*, d: int, facts: int, steps: int, repeats: int, device: str = "cpu", hidden: int = 2) -> list[dict]:
+    """Seconds per step of B GD MLPs (width ``hidden``) trained as one batch for ``steps`` steps, for B in
+    STEP_COST_BATCHES (fastest of ``repeats``), with the ratio to B = 1 and the ceiling B / ratio."""
+    fact_sets = [tuple(t.to(device) for t in family_fact_set("spherical", facts, d, seed=seed))
+                 for seed in range(max(STEP_COST_BATCHES))]
+    rows = []
+    for models in STEP_COST_BATCHES:
+        runs = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            mlps = gd_mlp_batch(fact_sets[:models], hidden, list(range(models)), steps=steps, progress=False)
+            runs.append(time.perf_counter() - start)
+            if any(m.fit_results["mlp"].steps != steps for m in mlps):
+                raise RuntimeError(f"a width-{hidden} model stopped early: pick a width that stores nothing")
+        rows.append({"models": models, "seconds_per_step": min(runs) / steps, "runs": runs})
+    for row in rows:
+        row["cost_vs_one"] = row["seconds_per_step"] / rows[0]["seconds_per_step"]
+        row["ceiling"] = row["models"] / row["cost_vs_one"]
+    return rows
 
 
 def race(methods: list[str], *, d: int, facts: int, seeds: int, gd_steps: int, repeats: int,
@@ -72,10 +101,12 @@ def race(methods: list[str], *, d: int, facts: int, seeds: int, gd_steps: int, r
         rows.append(row)
         print(json.dumps(row), flush=True)
     total = {k: sum(r[k]["seconds"] for r in rows) for k in ("batched", "one_at_a_time", "every_seed")}
+    costs = step_costs(d=d, facts=facts, steps=min(gd_steps, 500), repeats=repeats, device=device)
+    print(json.dumps({"step_cost": costs}), flush=True)
     return {"setting": {"family": "spherical", "d": d, "facts": facts, "seeds": seeds, "gd_steps": gd_steps,
                         "repeats": repeats, "device": device},
             "rows": rows, "total_seconds": total, "total_speedup": total["one_at_a_time"] / total["batched"],
-            "total_speedup_vs_every_seed": total["every_seed"] / total["batched"]}
+            "total_speedup_vs_every_seed": total["every_seed"] / total["batched"], "step_cost": costs}
 
 
 def main() -> None:

@@ -170,6 +170,21 @@ def test_cross_entropy_matches_torch_in_value_gradient_and_hit_test():
     assert torch.autograd.gradcheck(lambda x: _cross_entropy(x, targets)[0], (logits,))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cross_entropy_of_far_apart_logits_matches_torch(dtype):
+    # trained logits sit hundreds apart; below EXP_FLOOR under the row max ours counts them at the floor
+    generator = torch.Generator().manual_seed(1)
+    logits = (torch.randn(4, 6, 9, generator=generator, dtype=dtype) * 200).requires_grad_(True)
+    targets = torch.randint(0, 9, (4, 6), generator=generator)
+    loss, _ = _cross_entropy(logits, targets)
+    expected = torch.nn.functional.cross_entropy(logits.reshape(24, 9), targets.reshape(24), reduction="none")
+    assert torch.allclose(loss, expected.view(4, 6), rtol=1e-6, atol=1e-12)
+    (ours,) = torch.autograd.grad(loss.sum(), logits)
+    (theirs,) = torch.autograd.grad(expected.sum(), logits)
+    assert float((logits.detach().amax(2, keepdim=True) - logits.detach() > 90).float().mean()) > 0.5
+    assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-30)
+
+
 def test_gd_mlp_stores_and_stops_early(tiny):
     K, V, f = tiny
     mlp = baselines.gd_mlp(K, V, f, hidden=8, progress=False, **FAST_GD)

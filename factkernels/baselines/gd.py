@@ -220,6 +220,9 @@ def _stack_fact_sets(fact_sets: Sequence[FactSet]) -> tuple[torch.Tensor, torch.
             torch.stack([f for _, _, f in checked]))
 
 
+EXP_FLOOR = 80.0  # see _CrossEntropy
+
+
 class _CrossEntropy(torch.autograd.Function):
     """Row-wise cross-entropy of logits (N, C) against targets (N,) -> (loss (N,), hit (N,) bool), where
     hit says the target's logit is the row's largest (an exact tie with another class counts as a hit).
@@ -227,12 +230,17 @@ class _CrossEntropy(torch.autograd.Function):
     One max pass and one exp pass forward; backward is softmax − one-hot from the saved softmax.
     F.cross_entropy's log-softmax, NLL and their backward (a zero fill, a scatter, another exp pass)
     plus a separate argmax take about twice as long on the (models·F, |V|) logits of a GD step; the
-    hit test reuses the row max instead of an argmax (max-with-index is ~9× slower than amax on CPU)."""
+    hit test reuses the row max instead of an argmax (max-with-index is ~9× slower than amax on CPU).
+    Logits more than EXP_FLOOR below their row's max count as exactly EXP_FLOOR below: torch's CPU exp
+    leaves its vectorized path for arguments below about −87 (8–10× slower per element), trained
+    logits go far below that, and a weight e^−80 ≈ 2e−35 beside a row total ≥ 1 changes neither the
+    loss nor any gradient a float32 or float64 update can see."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         top = logits.amax(1, keepdim=True)
-        weights = (logits - top).exp_()  # the softmax times its row's total: the backward divides
+        # the softmax times its row's total (the backward divides)
+        weights = (logits - top).clamp_(min=-EXP_FLOOR).exp_()
         total = weights.sum(1, keepdim=True)
         target_logit = logits.gather(1, targets.unsqueeze(1))
         loss = (total.log() + top - target_logit).squeeze(1)
