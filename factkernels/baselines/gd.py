@@ -232,7 +232,7 @@ class _CrossEntropy(torch.autograd.Function):
     plus a separate argmax take about twice as long on the (models·F, |V|) logits of a GD step; the
     hit test reuses the row max instead of an argmax (max-with-index is ~9× slower than amax on CPU).
     Logits more than EXP_FLOOR below their row's max count as exactly EXP_FLOOR below: torch's CPU exp
-    leaves its vectorized path for arguments below about −87 (8–10× slower per element), trained
+    leaves its vectorized path for arguments below about −87 (6–10× slower per element), trained
     logits go far below that, and a weight e^−80 ≈ 2e−35 beside a row total ≥ 1 changes neither the
     loss nor any gradient a float32 or float64 update can see."""
 
