@@ -101,12 +101,10 @@ def race(methods: list[str], *, d: int, facts: int, seeds: int, gd_steps: int, r
         rows.append(row)
         print(json.dumps(row), flush=True)
     total = {k: sum(r[k]["seconds"] for r in rows) for k in ("batched", "one_at_a_time", "every_seed")}
-    costs = step_costs(d=d, facts=facts, steps=min(gd_steps, 500), repeats=repeats, device=device)
-    print(json.dumps({"step_cost": costs}), flush=True)
     return {"setting": {"family": "spherical", "d": d, "facts": facts, "seeds": seeds, "gd_steps": gd_steps,
                         "repeats": repeats, "device": device},
             "rows": rows, "total_seconds": total, "total_speedup": total["one_at_a_time"] / total["batched"],
-            "total_speedup_vs_every_seed": total["every_seed"] / total["batched"], "step_cost": costs}
+            "total_speedup_vs_every_seed": total["every_seed"] / total["batched"]}
 
 
 def main() -> None:
@@ -124,6 +122,8 @@ def main() -> None:
     load_before = os.getloadavg()
     payload = race(args.methods.split(","), d=args.d, facts=args.facts, seeds=args.seeds, gd_steps=args.gd_steps,
                    repeats=args.repeats, device=args.device)
+    payload["step_cost"] = step_costs(d=args.d, facts=args.facts, steps=min(args.gd_steps, 500), repeats=args.repeats,
+                                      device=args.device)
     payload["setting"]["threads"] = 1
     payload.update(loadavg_before=load_before, loadavg_after=os.getloadavg(), environment=environment())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

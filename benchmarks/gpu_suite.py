@@ -14,7 +14,8 @@ What it runs (all on --device, default cuda):
              memory or takes longer than --max-seconds: the largest F that fits, with its time
   u_star     margin_optimal_outputs at |V| = 65,536, d = 256: time, rho and peak GPU memory
   gd_batch   GD cost searches with every seed (and, for the GD MLP, the sizes ahead) as one batch vs one
-             model at a time (gd_batch.py's race at its CPU setting, d = 16, F = 64, 3 seeds, one run each)
+             model at a time (gd_batch.py's race at its CPU setting, d = 16, F = 64, 3 seeds, one run each),
+             and the cost of one step of 1, 3, 9, 21 GD MLPs as one batch
 
 Without a usable CUDA device it prints why and exits with status 2, writing nothing.
 """
@@ -37,6 +38,7 @@ from factkernels.embeddings import random_fact_set
 
 from bench import bench_attention, bench_construct, bench_kernels, device_info, sync, timeit
 from gd_batch import race as race_gd_searches
+from gd_batch import step_costs as gd_step_costs
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_DEVICE_STATUS = 2
@@ -171,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     report["largest_f"] = bench_largest_f(device, 16 if args.quick else args.largest_d, 256 if args.quick else 8192,
                                           1.0 if args.quick else args.max_seconds)
     report["u_star"] = bench_u_star(device, *((512, 32) if args.quick else (65536, 256)))
-    report["gd_batch"] = race_gd_searches(["gd", "gd+jl", "bin+gd", "gd+gd"], d=16, facts=16 if args.quick else 64,
-                                          seeds=3, gd_steps=1000 if args.quick else 3000, repeats=1,
-                                          device=str(device))
+    gd_facts = 16 if args.quick else 64
+    report["gd_batch"] = race_gd_searches(["gd", "gd+jl", "bin+gd", "gd+gd"], d=16, facts=gd_facts, seeds=3,
+                                          gd_steps=1000 if args.quick else 3000, repeats=1, device=str(device))
+    # F = 64 even when quick: width 2 must store none of the facts for every model to train all steps
+    report["gd_batch"]["step_cost"] = gd_step_costs(d=16, facts=64, steps=500, repeats=1, device=str(device))
 
     out = Path(args.out)
     if out.suffix != ".json":
