@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from factkernels import FactMLP, baselines
-from factkernels.baselines.gd import _cross_entropy, fit
+from factkernels.baselines.gd import _all_decoded, _all_decoded_near, _cross_entropy, _decoding_radii, fit
 from factkernels.baselines.ntk import hermite_coefficient, normalized_hermite
 from factkernels.embeddings import random_fact_set
 
@@ -183,6 +183,41 @@ def test_cross_entropy_of_far_apart_logits_matches_torch(dtype):
     (theirs,) = torch.autograd.grad(expected.sum(), logits)
     assert float((logits.detach().amax(2, keepdim=True) - logits.detach() > 90).float().mean()) > 0.5
     assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-30)
+
+
+def test_decoding_radii_are_the_distance_to_the_nearest_decoding_boundary():
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randn(2, 12, 5, generator=generator)
+    values[1, 3] = values[1, 7]  # a duplicate value: a tie, radius 0
+    values[1, 5] = values[1, 6] * 0.5  # v_5 = v_6 / 2 never wins its own argmax: radius < 0
+    targets = torch.randint(0, 12, (2, 9), generator=generator)
+    targets[1, :3] = torch.tensor([3, 5, 6])
+    radii = _decoding_radii(values, targets, chunk=4)
+    for b in range(2):
+        for i, t in enumerate(targets[b].tolist()):
+            v = values[b].double()
+            others = [j for j in range(12) if j != t]
+            expected = min(float(v[t] @ (v[t] - v[j]) / (v[t] - v[j]).norm()) if (v[t] - v[j]).norm() > 0 else 0.0
+                           for j in others)
+            assert float(radii[b, i]) == pytest.approx(expected, abs=1e-12)
+    assert float(radii[1, 0]) == 0.0 and float(radii[1, 1]) < 0 < float(radii[1, 2])
+
+
+def test_all_decoded_near_agrees_with_the_full_logits():
+    generator = torch.Generator().manual_seed(1)
+    values = torch.nn.functional.normalize(torch.randn(3, 40, 6, generator=generator), dim=2)
+    targets = torch.stack([torch.randperm(40, generator=generator)[:30] for _ in range(3)])
+    wanted = torch.gather(values, 1, targets.unsqueeze(2).expand(-1, -1, 6))
+    radii = _decoding_radii(values, targets)
+    seen = set()
+    for noise in (0.0, 0.05, 0.2, 0.5, 1.0, 3.0):  # from every row settled by its radius to most rows failing
+        for trial in range(20):
+            outputs = wanted + noise * torch.randn(wanted.shape, generator=generator)
+            errors = (outputs - wanted).square().sum(2)
+            full = _all_decoded(outputs, values, targets)
+            assert torch.equal(_all_decoded_near(outputs, values, targets, errors, radii), full)
+            seen.update(full.tolist())
+    assert seen == {True, False}
 
 
 def test_gd_mlp_stores_and_stops_early(tiny):
