@@ -181,6 +181,22 @@ def test_training_learns_to_use_the_mlp_and_swapping_recalls_new_facts(tiny):
     assert fact_adaptive_accuracy(model, task, mlp_b, task.facts) < 0.1
 
 
+def test_accuracy_can_stop_at_the_first_chunk_with_a_wrong_sequence(tiny):
+    from dataclasses import replace
+
+    task, make = tiny
+    model = build_model(task, make(task.facts), seed=0)
+    batch = task.sequences(task.facts, split="train")  # 64 keys x 16 junk tuples
+    full = accuracy(model, batch, chunk=256)
+    assert full < 1 and accuracy(model, batch, chunk=256, stop_at_miss=True) is None
+    with torch.no_grad():  # targets set to the model's own answers: every sequence right, every chunk scored
+        own = model(batch.tokens, batch.padding_mask, last_only=True).argmax(-1)
+    assert accuracy(model, replace(batch, targets=own), chunk=256, stop_at_miss=True) == 1.0
+    result = train_ssfr(model, task, steps=30, eval_every=10, progress=False)
+    assert [step for step, _ in result.accuracies] == [10, 20, 30]
+    assert result.accuracies[0][1] is None and result.accuracies[-1][1] == result.final_accuracy  # the last: full
+
+
 def test_run_fact_adaptive_skips_training_when_capacity_is_too_low(tiny):
     task, _ = tiny
     result = run_fact_adaptive(task, lambda f: build_fact_mlp("constructed", task.mlp_keys, task.mlp_values, f, 1),

@@ -41,26 +41,32 @@ MIN_LR_FRACTION = 0.1  # nanoGPT's min_lr = lr / 10
 @dataclass
 class TrainResult:
     """steps and sequences trained, whether ``target_accuracy`` was reached, and the curves
-    (loss per logged step, training accuracy per evaluation)."""
+    (loss per logged step, training accuracy per evaluation: None where it stopped at a wrong sequence)."""
 
     steps: int
     sequences: int
     converged: bool
     final_accuracy: float
     losses: list[tuple[int, float]] = field(default_factory=list)
-    accuracies: list[tuple[int, float]] = field(default_factory=list)
+    accuracies: list[tuple[int, Optional[float]]] = field(default_factory=list)
 
 
 @torch.no_grad()
-def accuracy(model: FactTransformer, batch: SSFRBatch, chunk: int = 4096) -> float:
-    """Fraction of sequences whose last-position argmax over the output vocabulary is the target."""
+def accuracy(model: FactTransformer, batch: SSFRBatch, chunk: int = 4096, *,
+             stop_at_miss: bool = False) -> Optional[float]:
+    """Fraction of sequences whose last-position argmax over the output vocabulary is the target,
+    scored ``chunk`` sequences at a time. stop_at_miss: None as soon as a chunk holds a wrong sequence
+    (a stop test that needs every sequence right learns all it needs there)."""
     device = model.embedding_table.device
     correct = 0
     for start in range(0, len(batch), chunk):
         tokens = batch.tokens[start:start + chunk].to(device)
         mask = batch.padding_mask[start:start + chunk].to(device)
         logits = model(tokens, mask, last_only=True)
-        correct += int((logits.argmax(-1).cpu() == batch.targets[start:start + chunk]).sum())
+        right = int((logits.argmax(-1).cpu() == batch.targets[start:start + chunk]).sum())
+        if stop_at_miss and right < tokens.shape[0]:
+            return None
+        correct += right
     return correct / max(len(batch), 1)
 
 
@@ -73,6 +79,9 @@ def train_ssfr(model: FactTransformer, task: SSFRTask, *, facts: Optional[torch.
     Each step draws ``batch_size`` training sequences (uniform keys and training junk pairs) and
     minimises the cross-entropy of the final value token. Every ``eval_every`` steps the accuracy
     on all training sequences is measured; training stops once it reaches ``target_accuracy``.
+    With the default target 1 an evaluation before the last step stops at its first chunk with a
+    wrong sequence and records None (at F = 4,096 the 65,536 training sequences took ~3/4 of the
+    training time when every evaluation scored them all); the steps trained are the same.
     """
     for name, value in (("steps", steps), ("batch_size", batch_size), ("eval_every", eval_every)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -115,13 +124,15 @@ def train_ssfr(model: FactTransformer, task: SSFRTask, *, facts: Optional[torch.
             if step % eval_every == 0 or step == steps:
                 result.losses.append((step, float(loss.detach())))
                 model.eval()
-                result.final_accuracy = accuracy(model, train_set)
+                scored = accuracy(model, train_set, stop_at_miss=target_accuracy == 1.0 and step < steps)
                 model.train()
-                result.accuracies.append((step, result.final_accuracy))
-                bar.set_postfix(loss=f"{float(loss.detach()):.3g}", acc=f"{result.final_accuracy:.3f}")
-                if result.final_accuracy >= target_accuracy:
-                    result.converged = True
-                    break
+                result.accuracies.append((step, scored))
+                bar.set_postfix(loss=f"{float(loss.detach()):.3g}", acc="<1" if scored is None else f"{scored:.3f}")
+                if scored is not None:
+                    result.final_accuracy = scored
+                    if scored >= target_accuracy:
+                        result.converged = True
+                        break
     model.eval()
     return result
 
