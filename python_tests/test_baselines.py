@@ -192,14 +192,14 @@ def test_decoding_radii_are_the_distance_to_the_nearest_decoding_boundary():
     values[1, 5] = values[1, 6] * 0.5  # v_5 = v_6 / 2 never wins its own argmax: radius < 0
     targets = torch.randint(0, 12, (2, 9), generator=generator)
     targets[1, :3] = torch.tensor([3, 5, 6])
-    radii = _decoding_radii(values, targets, chunk=4)
+    radii = _decoding_radii(values, targets)
     for b in range(2):
         for i, t in enumerate(targets[b].tolist()):
             v = values[b].double()
             others = [j for j in range(12) if j != t]
             expected = min(float(v[t] @ (v[t] - v[j]) / (v[t] - v[j]).norm()) if (v[t] - v[j]).norm() > 0 else 0.0
                            for j in others)
-            assert float(radii[b, i]) == pytest.approx(expected, abs=1e-12)
+            assert float(radii[b, i]) == pytest.approx(expected, abs=1e-5)
     assert float(radii[1, 0]) == 0.0 and float(radii[1, 1]) < 0 < float(radii[1, 2])
 
 

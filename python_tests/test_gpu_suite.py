@@ -1,4 +1,4 @@
-"""benchmarks/gpu_suite.py: without a CUDA device it says why and writes nothing."""
+"""benchmarks/: gpu_suite.py without a CUDA device says why and writes nothing; the CPU races of gd_batch.py and gd_stop.py run."""
 
 import importlib
 from pathlib import Path
@@ -31,3 +31,13 @@ def test_gd_batch_race_finds_one_size_both_ways_and_measures_step_costs(monkeypa
     assert [c["models"] for c in costs] == list(gd_batch.STEP_COST_BATCHES) and costs[0]["cost_vs_one"] == 1.0
     for c in costs:
         assert c["seconds_per_step"] > 0 and c["ceiling"] == pytest.approx(c["models"] / c["cost_vs_one"])
+
+
+def test_gd_stop_race_agrees_and_covers_far_to_near(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    gd_stop = importlib.import_module("gd_stop")
+    report = gd_stop.race(facts=128, d=16, repeats=1)  # raises if the two stop tests disagree anywhere
+    rows = report["rows"]
+    assert [r["noise"] for r in rows] == list(gd_stop.NOISE) and report["median_radius"] > 0
+    assert not rows[0]["all_decoded"] and rows[-1]["all_decoded"] and rows[-1]["rows_inside_radius"] == 1.0
+    assert all(r["full_seconds"] > 0 and r["speedup"] == r["full_seconds"] / r["radius_seconds"] for r in rows)

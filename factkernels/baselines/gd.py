@@ -293,24 +293,12 @@ def _all_decoded(outputs: torch.Tensor, values: torch.Tensor, targets: torch.Ten
 _RADIUS_SAFETY = 1 - 1e-3
 
 
-def _decoding_radii(values: torch.Tensor, targets: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+def _decoding_radii(values: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """How far an output may sit from its target value and still decode to it: values (B, |V|, d), targets
     (B, n) -> radii (B, n), r_bi = min over j ≠ t of <v_t, v_t − v_j> / ||v_t − v_j|| (t = targets_bi), the
-    distance from v_t to the nearest boundary <o, v_t − v_j> = 0 of the region argmax_j <o, v_j> = t; ≤ 0
-    when v_t itself does not decode (a duplicate value counts as a tie: 0). Float64, ``chunk`` rows at a time."""
-    radii = torch.empty(targets.shape, dtype=torch.float64, device=values.device)
-    for b in range(values.shape[0]):
-        table = values[b].double()
-        squares = table.square().sum(1)
-        for start in range(0, targets.shape[1], chunk):
-            wanted = targets[b, start:start + chunk]
-            gram = table[wanted] @ table.T  # (c, |V|)
-            ahead = squares[wanted, None] - gram  # <v_t, v_t − v_j>
-            apart = (squares[wanted, None] + squares[None, :] - 2 * gram).clamp_min(0).sqrt()  # ||v_t − v_j||
-            ratio = torch.nan_to_num(ahead / apart, nan=0.0, posinf=0.0, neginf=0.0)  # v_j = v_t: a tie
-            ratio[torch.arange(wanted.numel(), device=values.device), wanted] = math.inf  # j = t itself
-            radii[b, start:start + chunk] = ratio.amin(1)
-    return radii
+    distance from v_t to the nearest boundary <o, v_t − v_j> = 0 of the region argmax_j <o, v_j> = t: the
+    star score of v_t (:func:`_ops.star_topk`); ≤ 0 when v_t itself does not decode, 0 for a duplicate value."""
+    return torch.stack([_ops.star_topk(values[b], 1, rows=targets[b])[0][:, 0] for b in range(values.shape[0])])
 
 
 def _all_decoded_near(outputs: torch.Tensor, values: torch.Tensor, targets: torch.Tensor,
