@@ -173,8 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     report["largest_f"] = bench_largest_f(device, 16 if args.quick else args.largest_d, 256 if args.quick else 8192,
                                           1.0 if args.quick else args.max_seconds)
     report["u_star"] = bench_u_star(device, *((512, 32) if args.quick else (65536, 256)))
-    gd_facts = 16 if args.quick else 64
-    report["gd_batch"] = race_gd_searches(["gd", "gd+jl", "bin+gd", "gd+gd"], d=16, facts=gd_facts, seeds=3,
+    report["gd_batch"] = race_gd_searches(["gd", "gd+jl", "bin+gd", "gd+gd"], d=16, facts=16 if args.quick else 64, seeds=3,
                                           gd_steps=1000 if args.quick else 3000, repeats=1, device=str(device))
     # F = 64 even when quick: width 2 must store none of the facts for every model to train all steps
     report["gd_batch"]["step_cost"] = gd_step_costs(d=16, facts=64, steps=500, repeats=1, device=str(device))

@@ -19,18 +19,15 @@ def test_gpu_suite_exits_cleanly_without_cuda(tmp_path, monkeypatch, capsys):
 
 
 def test_gd_batch_race_finds_one_size_both_ways_and_measures_step_costs(monkeypatch):
-    # the race gpu_suite runs on a GPU, here on the CPU at a tiny setting
+    # the race gpu_suite runs on a GPU, here on the CPU at a tiny setting (its timings belong to the benchmark)
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     gd_batch = importlib.import_module("gd_batch")
     report = gd_batch.race(["gd"], d=8, facts=8, seeds=2, gd_steps=1000, repeats=1)
     (row,) = report["rows"]
     assert row["method"] == "gd" and row["same_size"] and row["batched"]["size"] is not None
     assert row["batched"]["sizes_tried"] == row["one_at_a_time"]["sizes_tried"]
-    assert row["speedup"] == pytest.approx(row["one_at_a_time"]["seconds"] / row["batched"]["seconds"])
     costs = gd_batch.step_costs(d=8, facts=32, steps=20, repeats=1)  # width 2 stores none of 32 facts
     assert [c["models"] for c in costs] == list(gd_batch.STEP_COST_BATCHES) and costs[0]["cost_vs_one"] == 1.0
-    for c in costs:
-        assert c["seconds_per_step"] > 0 and c["ceiling"] == pytest.approx(c["models"] / c["cost_vs_one"])
 
 
 def test_gd_stop_race_agrees_and_covers_far_to_near(monkeypatch):
@@ -40,4 +37,3 @@ def test_gd_stop_race_agrees_and_covers_far_to_near(monkeypatch):
     rows = report["rows"]
     assert [r["noise"] for r in rows] == list(gd_stop.NOISE) and report["median_radius"] > 0
     assert not rows[0]["all_decoded"] and rows[-1]["all_decoded"] and rows[-1]["rows_inside_radius"] == 1.0
-    assert all(r["full_seconds"] > 0 and r["speedup"] == r["full_seconds"] / r["radius_seconds"] for r in rows)
