@@ -469,6 +469,9 @@ LM_CLAIMS = (
 _LM_PAPER = "d = 256, GD (MSE) fact MLPs, up to 16,000 facts × 16 templates, 4.8M sequences"
 
 
+SWAP_POOL = 3  # extra fact experts in the training pool of the lm-facts cell that trains with swaps
+
+
 def _lm_sizes(scale: str) -> dict:
     return {"tiny": {"facts": 24, "dim": 16, "steps": 30, "batch_size": 16},
             "quick": {"facts": 256, "dim": 64, "steps": 1500, "batch_size": 128},
@@ -496,7 +499,10 @@ def _lm_grid(scale: str) -> list[dict]:
              for e in experts]
     # the GD expert once more with the router and language expert on the attention output (the authors' code)
     authors = [{**swaps[0], "mixer_input": "attention"}] if scale != "tiny" else []
-    return swaps + authors + _lm_scaling_grid(scale)
+    # and trained with SWAP_POOL other fact sets' experts swapped in (our protocol, not the seed's): the LM can then
+    # learn nothing from the expert's output but the facts, so a new expert leaves the rest of the LM as it was
+    pooled = [{**swaps[0], "pool": SWAP_POOL}]
+    return swaps + authors + pooled + _lm_scaling_grid(scale)
 
 
 def _mlp_summary(mlp) -> dict:
@@ -606,8 +612,10 @@ def _lm_scaling_finding(cells: list[engine.Cell]) -> tuple[list[dict], Finding]:
 
 
 def _run_label(run: dict) -> str:
-    """"gd", "constructed", or with ", router on attention output" for ``mixer_input="attention"``."""
-    return run["expert"] + (", router on attention output" if run.get("mixer_input") == "attention" else "")
+    """"gd", "constructed", with ", router on attention output" for ``mixer_input="attention"`` and
+    ", trained with N swapped-in experts" for a training pool."""
+    return (run["expert"] + (", router on attention output" if run.get("mixer_input") == "attention" else "")
+            + (f", trained with {run['pool']} swapped-in experts" if run.get("pool") else ""))
 
 
 def _word_position_text(run: dict) -> str:
@@ -622,6 +630,35 @@ def _word_position_text(run: dict) -> str:
             "off-key output there differs from the old one's")
 
 
+def _nonfact_ce_finding(gd: dict, other: list[dict], pooled: Optional[dict], text: str, setting: str) -> Finding:
+    """Fig. 9b's verdict: ``gd`` the least-rising GD run of the seed's protocol (its own expert while training),
+    ``other`` the rest of them, ``pooled`` the least-rising GD run trained with swapped-in experts (or None)."""
+    rise, rise_code = gd["nonfact_ce_rise"], gd["nonvalue_ce_rise"]
+    mixer = (f"; the GD run with the router {'on the attention output' if gd['mixer_input'] == 'attention' else 'on the normed input'} "
+             "rises least" + "".join(f" (the other: {100 * r['nonfact_ce_rise']:+.0f}% on words)" for r in other)
+             if other else "")
+    if rise < 0.1:
+        return Finding(text, setting, "reproduced", "GD expert within 10% on template words" + mixer)
+    why = ("the authors' released code (fact_editing/methods.py) counts every target but the author as non-fact, "
+           f"so the book token (CE about ln F) dominates the average; measured that way the GD expert's rise is "
+           f"{100 * rise_code:+.0f}% (words only {100 * rise:+.0f}%). Words only it stays large: "
+           + _word_position_text(gd)
+           + (mixer + " (the authors' router and language expert read the attention output before the frozen norm)"
+              if other else "; the authors' router and language expert read the attention output before the frozen "
+              "norm, ours the normed input")
+           + "; their F = 16,384 with a 512-wide expert, ours F = " + str(gd["facts"])
+           + f"; our GD expert stops once every fact decodes ({gd['fact_mlp']['gd_steps']} Adam steps, "
+           f"MSE {gd['fact_mlp']['mse']:.2f} per fact)")
+    if pooled is None:
+        return Finding(text, setting, "partly" if rise_code < 0.1 else "not reproduced", why)
+    fixed = pooled["nonfact_ce_rise"] < 0.1 and pooled["new_fact_accuracy"] > 0.99
+    why += (f". Trained with {pooled['pool']} other fact sets' experts swapped in (our protocol, not the seed's), "
+            f"so that the LM can learn nothing from the expert but the facts, the words rise "
+            f"{100 * pooled['nonfact_ce_rise']:+.0f}% and the new facts are recalled at "
+            f"{pooled['new_fact_accuracy']:.3f}")
+    return Finding(text, setting, "partly" if fixed or rise_code < 0.1 else "not reproduced", why)
+
+
 def _summarize_lm(cells: list[engine.Cell]) -> dict:
     scaling, claim_9a = _lm_scaling_finding([c for c in cells if c.config.get("part") == "scaling"])
     cells = [c for c in cells if c.config.get("part") != "scaling"]
@@ -629,8 +666,11 @@ def _summarize_lm(cells: list[engine.Cell]) -> dict:
         return {"runs": [], "scaling": scaling, "claims": {"000-fig9a-lm-w-vs-f": claim_9a}}
     runs = [{"expert": c.config["expert"], "facts": c.config["facts"], "pool": c.config["pool"],
              "mixer_input": c.config.get("mixer_input", "normed"), **c.result} for c in cells]
-    gd_runs = [r for r in runs if r["expert"] == "gd"]
-    # the seed does not say what the router reads: the GD run with the smaller rise speaks for the claim
+    # the seed trains the LM with its own expert only: those GD runs speak for the claims; the seed does not say
+    # what the router reads, so the one with the smaller rise does
+    gd_runs = [r for r in runs if r["expert"] == "gd" and not r["pool"]]
+    pooled = min((r for r in runs if r["expert"] == "gd" and r["pool"]), key=lambda r: r["nonfact_ce_rise"],
+                 default=None)
     gd = min(gd_runs, key=lambda r: r["nonfact_ce_rise"], default=None)
     text_acc = "; ".join(f"{_run_label(r)}: {r['new_fact_accuracy']:.3f}" for r in runs)
     def ce_text(r: dict) -> str:
@@ -650,32 +690,15 @@ def _summarize_lm(cells: list[engine.Cell]) -> dict:
         claims["000-fig9b-nonfact-ce"] = Finding(text_ce, setting, "not run", "the paper's GD expert did not run")
     else:
         acc = max(r["new_fact_accuracy"] for r in gd_runs)  # the best GD run for recall, the least-rising for CE
+        pooled_text = ("" if pooled is None else f"; trained with {pooled['pool']} swapped-in experts (our protocol, "
+                       f"not the seed's): {pooled['new_fact_accuracy']:.3f}")
         claims["000-fig9a-swap-accuracy"] = Finding(text_acc, setting, "reproduced" if acc > 0.99 else
                                                     "partly" if acc > 0.9 else "not reproduced",
-                                                    "GD expert (the paper's) above 0.99" if acc > 0.99 else
-                                                    "GD expert (the paper's) below 0.99; the GD expert stops as soon "
-                                                    "as every fact decodes, so its margins are small")
-        rise, rise_code = gd["nonfact_ce_rise"], gd["nonvalue_ce_rise"]
-        verdict = "reproduced" if rise < 0.1 else "partly" if rise_code < 0.1 else "not reproduced"
-        other = [r for r in gd_runs if r is not gd]
-        mixer = (f"; the GD run with the router {'on the attention output' if gd['mixer_input'] == 'attention' else 'on the normed input'} "
-                 "rises least" + "".join(f" (the other: {100 * r['nonfact_ce_rise']:+.0f}% on words)" for r in other)
-                 if other else "")
-        claims["000-fig9b-nonfact-ce"] = Finding(
-            text_ce, setting, verdict,
-            "GD expert within 10% on template words" + mixer if verdict == "reproduced" else
-            ("the authors' released code (fact_editing/methods.py) counts every target but the author as non-fact, "
-             f"so the book token (CE about ln F) dominates the average; measured that way the GD expert's rise is "
-             f"{100 * rise_code:+.0f}% (words only {100 * rise:+.0f}%). ")
-            + ("Words only it stays large: " + _word_position_text(gd)
-               + (mixer + " (the authors' router and language expert read the attention output before the frozen "
-                  "norm)" if other else "; the authors' router and language expert read the attention output before "
-                  "the frozen norm, ours the normed input")
-               + "; their F = 16,384 with a 512-wide expert, ours F = " + str(gd["facts"])
-               + f"; our GD expert stops once every fact decodes ({gd['fact_mlp']['gd_steps']} Adam steps, "
-               f"MSE {gd['fact_mlp']['mse']:.2f} per fact), so its outputs sit far from the author embeddings and "
-               "the LM leans on the rest of the model to decode them"
-               if rise >= 0.1 else ""))
+                                                    ("GD expert (the paper's) above 0.99" if acc > 0.99 else
+                                                     "GD expert (the paper's) below 0.99; the GD expert stops as soon "
+                                                     "as every fact decodes, so its margins are small") + pooled_text)
+        claims["000-fig9b-nonfact-ce"] = _nonfact_ce_finding(gd, [r for r in gd_runs if r is not gd], pooled,
+                                                            text_ce, setting)
     claims["000-fig9a-lm-w-vs-f"] = claim_9a
     return {"runs": runs, "scaling": scaling, "claims": claims}
 
