@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from factkernels import FactMLP, baselines
+from factkernels.baselines import gd as gd_module
 from factkernels.baselines.gd import _all_decoded, _all_decoded_near, _cross_entropy, _decoding_radii, fit
 from factkernels.baselines.ntk import hermite_coefficient, normalized_hermite
 from factkernels.embeddings import random_fact_set
@@ -237,6 +238,23 @@ def test_gd_mlp_mse_pulls_outputs_onto_the_values(tiny):
     assert accuracy(mlp, K, V, f) == 1.0 and mlp.fit_results["mlp"].solved
     start = baselines.gd_mlp(K, V, f, hidden=8, loss="mse", steps=1, progress=False)
     assert (mlp(K) - V[f]).norm() < 0.5 * (start(K) - V[f]).norm()
+
+
+def test_gd_mlp_trained_until_converged_runs_its_schedule_past_storage(tiny, monkeypatch):
+    K, V, f = tiny
+    stored = baselines.gd_mlp(K, V, f, hidden=8, loss="mse", progress=False, **FAST_GD)
+    converged = baselines.gd_mlp(K, V, f, hidden=8, loss="mse", until="converged", progress=False, **FAST_GD)
+    first, last = stored.fit_results["mlp"], converged.fit_results["mlp"]
+    assert first.steps < FAST_GD["steps"] and last.steps == FAST_GD["steps"]  # the loss never reaches 1e-7 here
+    assert last.solved and accuracy(converged, K, V, f) == 1.0  # "solved" still says: stores every fact
+    assert last.loss < 0.8 * first.loss  # width 8 cannot reach the values exactly, but gets closer
+    # a loss at or below the cutoff stops a model at once, and then it stores nothing: solved is False
+    monkeypatch.setattr(gd_module, "CONVERGED_LOSS", 1e9)
+    for loss in ("ce", "mse"):
+        stopped = baselines.gd_mlp(K, V, f, hidden=8, loss=loss, until="converged", progress=False, **FAST_GD)
+        assert stopped.fit_results["mlp"].steps == 0 and not stopped.fit_results["mlp"].solved
+    with pytest.raises(ValueError, match="until"):
+        baselines.gd_mlp(K, V, f, hidden=8, until="forever", progress=False)
 
 
 def test_gd_mlp_is_seeded_and_follows_the_input_dtype(tiny):

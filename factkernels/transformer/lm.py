@@ -13,7 +13,8 @@ frozen pre-MLP RMSNorm (projection onto the unit sphere), and in place of the ML
 mixture of two experts with an MLP router: the frozen fact-storing MLP and a trainable low-rank
 linear language expert. The fact expert is, as in the seed's LM experiments (App. A.3.2), a
 SwiGLU MLP trained by gradient descent with an MSE objective to output the author embedding on
-each book embedding (``expert="gd"``), or a FactMLP built by ``factkernels.construct``
+each book embedding (``expert="gd"``: stopped once every fact decodes; ``"gd_converged"``: trained
+through the authors' released schedule), or a FactMLP built by ``factkernels.construct``
 (``expert="constructed"``); both are decoded against the book and author embeddings.
 
     task = AuthorsBooks.build(256)
@@ -64,7 +65,11 @@ TEMPLATES: tuple[tuple[str, str], ...] = (
     ("Ask anyone : the book", "is by"),
 )
 
-EXPERTS = ("gd", "constructed")  # how the fact expert is made: GD with MSE (the seed's LM) or construct()
+# How the fact expert is made: GD with MSE (the seed's LM), stopped once every fact decodes ("gd") or trained
+# through the authors' released schedule (10,000 full-batch Adam steps, "gd_converged"), or construct().
+EXPERTS = ("gd", "gd_converged", "constructed")
+GD_EXPERTS = ("gd", "gd_converged")
+CONVERGED_EXPERT_STEPS = 10000  # the authors' GDMLPConfig.num_epochs
 # What the router and the language expert read: the frozen norm's unit-sphere output, as the fact expert
 # does ("normed", the seed is silent), or the attention output before it ("attention", the authors'
 # released fact-editing code: BinaryMoE(prev_x, new_x) routes on prev_x).
@@ -226,18 +231,20 @@ def fact_expert(fact_embeddings: torch.Tensor, task: AuthorsBooks, facts: torch.
 
 
 def gd_fact_expert(fact_embeddings: torch.Tensor, task: AuthorsBooks, facts: torch.Tensor, hidden: int, *,
-                   seed: int = 0, steps: int = 20000, lr: float = 1e-3, final_lr: float = 1e-6) -> FactMLP:
+                   seed: int = 0, steps: int = 20000, lr: float = 1e-3, final_lr: float = 1e-6,
+                   until: str = "stored") -> FactMLP:
     """A SwiGLU MLP of width ``hidden`` trained as in App. A.3.2: full-batch Adam on the MSE
     sum_i ||g(book_i) - author_f(i)||^2, stopping once argmax decoding over the books and
-    authors stores every fact. fact_embeddings: (2F, d) books then authors. Its
-    ``fit_results["mlp"]`` says whether it stored every fact."""
+    authors stores every fact (``until="converged"``: after all ``steps``, see :func:`gd_mlp`).
+    fact_embeddings: (2F, d) books then authors. Its ``fit_results["mlp"]`` says whether it stored
+    every fact."""
     facts = task._check_facts(facts)
     num = task.num_facts
     if fact_embeddings.shape[0] != 2 * num:
         raise ValueError(f"fact_embeddings must have {2 * num} rows (books then authors), "
                          f"got {tuple(fact_embeddings.shape)}")
     return gd_mlp(fact_embeddings[:num], fact_embeddings, facts + num, hidden, loss="mse", seed=seed, steps=steps,
-                  lr=lr, final_lr=final_lr, progress=False)
+                  lr=lr, final_lr=final_lr, until=until, progress=False)
 
 
 def _mlp(dim: int, hidden: int, out: int) -> nn.Sequential:
@@ -355,13 +362,16 @@ class AuthorsLM(nn.Module):
     def _make_fact_expert(self, task: AuthorsBooks, facts: torch.Tensor, *, seed: int, **construct_options) -> FactMLP:
         if self.expert == "gd":
             return gd_fact_expert(self.fact_embeddings, task, facts, self.expert_hidden, seed=seed)
+        if self.expert == "gd_converged":
+            return gd_fact_expert(self.fact_embeddings, task, facts, self.expert_hidden, seed=seed,
+                                  steps=CONVERGED_EXPERT_STEPS, until="converged")
         return fact_expert(self.fact_embeddings, task, facts, seed=seed, **construct_options)
 
     def matching_fact_expert(self, task: AuthorsBooks, facts: torch.Tensor, *, seed: int) -> FactMLP:
         """A fact expert for ``facts`` (F,) made the same way and of the same size as the current
         one (GD: same width; constructed: same code dimension m), ready for :meth:`swap_fact_expert`."""
         report = self.moe.fact.report
-        options = {} if self.expert == "gd" or report is None else {"m": report.m}
+        options = {} if self.expert in GD_EXPERTS or report is None else {"m": report.m}
         return self._make_fact_expert(task, facts, seed=seed, **options)
 
     @property
