@@ -367,8 +367,10 @@ def gd_mlp_batch(
         raise ValueError(f"until must be one of {GD_STOPS}, got {until!r}")
     cutoff = CONVERGED_LOSS * (1 if loss == "ce" else V.shape[2])  # the MSE below sums over the d_out coordinates
     targets = torch.gather(V, 1, facts.unsqueeze(2).expand(-1, -1, V.shape[2]))  # (B, F, d_out)
-    # MSE checks decoding only where an output is not already inside its target's decoding region
-    radii = _decoding_radii(V, facts) if loss == "mse" else torch.zeros(facts.shape, device=K.device)
+    # MSE checks decoding only where an output is not already inside its target's decoding region (a converged
+    # run never checks decoding while it trains, so it needs no radii)
+    radii = (_decoding_radii(V, facts) if loss == "mse" and until == "stored"
+             else torch.zeros(facts.shape, device=K.device))
     training = _ActiveRows(K, V, facts, targets, radii)
 
     def objective(params: list[torch.Tensor], active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
