@@ -207,7 +207,7 @@ def test_lm_and_editing_experiments_on_the_engine(tmp_path):
     # a second GD run with the router on the attention output: the run that rises least speaks for the claim
     (cell,) = [c for c in engine.load_cells(tmp_path, "lm-facts").values()
                if c.config.get("part") != "scaling" and not c.config["pool"]]
-    rising = {**cell.result, "nonfact_ce_rise": 2.0, "nonvalue_ce_rise": 0.5}
+    rising = {**cell.result, "nonfact_ce_rise": 2.0, "nonvalue_ce_rise": 0.5, "new_fact_accuracy": 0.95}
     cell = engine.Cell("own", cell.config, rising, 0.0)
     better = {**rising, "nonfact_ce_rise": 1.0}
     other = engine.Cell("authors", {**cell.config, "mixer_input": "attention"}, better, 0.0)
@@ -230,6 +230,17 @@ def test_lm_and_editing_experiments_on_the_engine(tmp_path):
         assert f"{accuracy:.3f}" in claims["000-fig9a-swap-accuracy"].reason
     within = engine.Cell("own", cell.config, {**rising, "nonfact_ce_rise": 0.05}, 0.0)
     assert texp._summarize_lm([within, pool_cell(0.5, 0.5)])["claims"]["000-fig9b-nonfact-ce"].verdict == "reproduced"
+    # an LM that keeps its facts outside the expert (few new facts after the swap) cannot speak for Fig. 9b, even
+    # when nothing rises; the runs that do take facts from their expert still do
+    bypassing = {**rising, "nonfact_ce_rise": 0.0, "new_fact_accuracy": texp.SWAP_RECALL / 10,
+                 "old_fact_accuracy_after_swap": 1.0}
+    bypass = engine.Cell("own", cell.config, bypassing, 0.0)
+    alone = texp._summarize_lm([bypass])["claims"]["000-fig9b-nonfact-ce"]
+    assert alone.verdict == "not reproduced" and "takes its facts from the expert" in alone.reason
+    assert "1.000 of the old" in alone.reason
+    beside = texp._summarize_lm([bypass, other])["claims"]["000-fig9b-nonfact-ce"]
+    assert beside.verdict == "not reproduced" and "(words only +100%)" in beside.reason  # the counted run speaks
+    assert texp._summarize_lm([bypass, within])["claims"]["000-fig9b-nonfact-ce"].verdict == "reproduced"
 
     edit = engine.run("editing", tmp_path, scale="tiny", quiet=True).summary
     assert [r["altered"] for r in edit["table"]] == [7, 3, 2]
