@@ -204,6 +204,8 @@ def test_lm_and_editing_experiments_on_the_engine(tmp_path):
     claim = lm_res["claims"]["000-fig9a-lm-w-vs-f"]
     assert claim["verdict"] == "not run" and "two F" in claim["reason"]  # one F has no slope
     assert (tmp_path / "lm-facts" / "lm_w_vs_f.png").stat().st_size > 0
+    assert point["size"] is not None and point["swap"]["train_facts"]["value_accuracy"] > 0.9  # Fig. 9b's LM swapped
+    assert (tmp_path / "lm-facts" / "lm_swap_vs_f.png").stat().st_size > 0
     # a second GD run with the router on the attention output: the run that rises least speaks for the claim
     (cell,) = [c for c in engine.load_cells(tmp_path, "lm-facts").values()
                if c.config.get("part") != "scaling" and not c.config["pool"]]
@@ -237,6 +239,23 @@ def test_lm_and_editing_experiments_on_the_engine(tmp_path):
     bypass = engine.Cell("own", cell.config, bypassing, 0.0)
     alone = texp._summarize_lm([bypass])["claims"]["000-fig9b-nonfact-ce"]
     assert alone.verdict == "not reproduced" and "takes its facts from the expert" in alone.reason
+    # Fig. 9b as the seed ran it: the experts of Fig. 9a's LMs swapped; with those, the better reading speaks
+    def point(facts: int, words: float, book: float, recall: float = 1.0) -> dict:
+        swap = {**bypassing, "nonfact_ce_rise": words, "nonvalue_ce_rise": book, "new_fact_accuracy": recall}
+        return {"num_facts": facts, "size": facts // 2, "swap": swap}
+    for points, verdict in (([point(8, 0.05, 0.01), point(16, 0.09, 0.02)], "reproduced"),
+                            ([point(8, 0.05, 0.01), point(16, 0.5, 0.05)], "partly"),
+                            ([point(8, 0.05, 0.01), point(16, 0.5, 0.2)], "not reproduced"),
+                            ([point(8, 0.5, 0.2), point(16, 0.0, 0.0, recall=0.1)], "not reproduced"),
+                            ([point(16, 0.0, 0.0, recall=0.1)], "not reproduced")):
+        ours, found, reason = texp._usable_swap_finding([{"num_facts": 4, "size": 2}] + points)
+        assert found == verdict and "Fig. 9a's LMs" in ours and ("not counted: F = [16]" in reason) == (
+            points[-1]["swap"]["new_fact_accuracy"] < texp.SWAP_RECALL)
+    assert texp._usable_swap_finding([{"num_facts": 4, "size": 2}]) is None
+    (searched,) = [c for c in engine.load_cells(tmp_path, "lm-facts").values() if c.config.get("part") == "scaling"]
+    scaling_cell = engine.Cell("w", searched.config, {**searched.result, "swap": point(8, 0.05, 0.01)["swap"]}, 0.0)
+    combined = texp._summarize_lm([bypass, scaling_cell])["claims"]["000-fig9b-nonfact-ce"]
+    assert combined.verdict == "reproduced" and "Expert of width F: no seed-protocol" in combined.reason
     assert "1.000 of the old" in alone.reason
     beside = texp._summarize_lm([bypass, other])["claims"]["000-fig9b-nonfact-ce"]
     assert beside.verdict == "not reproduced" and "(words only +100%)" in beside.reason  # the counted run speaks
@@ -322,3 +341,42 @@ def test_lm_usable_size_searches_the_gd_expert_width():
                              progress=False, done=point.trace[:2], on_trial=reported.append)
     assert resumed.to_dict() == point.to_dict()
     assert reported == point.trace[2:]
+
+
+def test_swap_report_leaves_the_model_as_it_was():
+    task = AuthorsBooks.build(8)
+    model, _ = lm.trained_lm(task, lm.LMTrainConfig(steps=60, batch_size=32, lr=1e-2), dim=16, quiet=True)
+    own = model.moe.fact
+    before = lm.evaluate(model, task, task.facts)
+    numbers, new_expert = lm.swap_report(model, task, lm.random_facts(8, seed=1), seed=1)
+    assert model.moe.fact is own and lm.evaluate(model, task, task.facts) == before
+    assert new_expert is not own and new_expert.hidden_size == own.hidden_size
+    assert numbers["train_facts"] == before
+    assert numbers["nonfact_ce_rise"] == pytest.approx(numbers["swapped"]["ce_nonfact"] / before["ce_nonfact"] - 1)
+    assert math.log(numbers["nonvalue_ppl_ratio"]) == pytest.approx(numbers["swapped"]["ce_nonvalue"]
+                                                                    - before["ce_nonvalue"])
+    model.swap_fact_expert(new_expert)  # the swapped numbers are the new expert's
+    assert lm.evaluate(model, task, lm.random_facts(8, seed=1)) == numbers["swapped"]
+
+
+def test_lm_usable_size_swaps_the_expert_of_the_smallest_usable_lm():
+    from factkernels.transformer.scaling import lm_usable_size
+
+    task = AuthorsBooks.build(8)
+    train = lm.LMTrainConfig(steps=60, batch_size=32, lr=1e-2)
+    search = dict(dim=16, seeds=[0, 1], train=train, start=2, max_size=16, resolution=2.0, target=0.5, progress=False)
+    point = lm_usable_size(task, swap_seed=1, **search)
+    assert point.size is not None
+    best = next(t for t in point.trace if t["size"] == point.size)
+    run = max((r for r in best["runs"] if r["value_accuracy"] is not None), key=lambda r: r["value_accuracy"])
+    assert point.swap == {"seed": run["seed"], **run["swap"]}
+    assert point.swap["train_facts"]["value_accuracy"] == run["value_accuracy"]
+    for t in point.trace:  # every LM that recalls its facts is swapped, no other
+        for r in t["runs"]:
+            assert ("swap" in r) == (r["value_accuracy"] is not None and r["value_accuracy"] > 0.5)
+    assert lm_usable_size(task, **search).swap is None  # without swap_seed nothing is swapped
+    # replayed from a search that did not swap: the best LM trains again, to the same model and numbers
+    plain = [{**t, "runs": [{k: v for k, v in r.items() if k != "swap"} for r in t["runs"]]} for t in point.trace]
+    again = lm_usable_size(task, swap_seed=1, done=plain, **search)
+    assert again.swap.pop("retrained") is True
+    assert again.swap == point.swap

@@ -25,7 +25,8 @@ from safetensors.torch import load_file, save_file
 from ..construct import construct
 from ..mlp import FactMLP
 from ..transformer.editing import SEED_SPLITS, compare_editors, make_split, scaled_split
-from ..transformer.lm import GD_EXPERTS, AuthorsBooks, AuthorsLM, LMTrainConfig, evaluate, random_facts, trained_lm
+from ..transformer.lm import (GD_EXPERTS, AuthorsBooks, AuthorsLM, LMTrainConfig, evaluate, random_facts,
+                               swap_report, trained_lm)
 from ..transformer.scaling import (SEED_DIM, SEED_FACTS, SEED_SEEDS, TARGET, lm_usable_size, rescored_trial,
                                    usable_size)
 from ..transformer.ssfr import SSFRTask
@@ -518,13 +519,6 @@ def _mlp_summary(mlp) -> dict:
     return {**summary, "gd_steps": fit.steps, "stored_all": fit.solved, "mse": fit.loss}
 
 
-def _silenced(mlp: FactMLP) -> FactMLP:
-    """``mlp`` with its down projection zeroed: the fact expert removed, the router untouched."""
-    down = torch.zeros_like(mlp.down_weight)
-    bias = None if mlp.down_bias is None else torch.zeros_like(mlp.down_bias)
-    return FactMLP(mlp.gate_weight, mlp.gate_bias, mlp.up_weight, mlp.up_bias, down, bias, activation=mlp.activation)
-
-
 def _trained(config: dict):
     """The cell's trained LM. Inside an experiment run the trained weights (and losses) are kept in the
     cell's partial files until the cell is written, so a resumed cell (hours of training at 4,096 facts)
@@ -561,22 +555,11 @@ def run_lm_cell(config: dict) -> dict:
         return lm_usable_size(AuthorsBooks.build(config["facts"]), dim=config["dim"], seeds=config["seeds"],
                               train=train, start=config["start"], max_size=config["max_size"],
                               resolution=config["resolution"], target=config["target"], progress=False,
-                              done=done, on_trial=on_trial).to_dict()
+                              done=done, on_trial=on_trial, swap_seed=NEW_FACT_SEED).to_dict()
     task, model, losses = _trained(config)
-    before = evaluate(model, task, task.facts)
-    new_facts = random_facts(config["facts"], seed=NEW_FACT_SEED)
-    new_mlp = model.matching_fact_expert(task, new_facts, seed=NEW_FACT_SEED)
-    own = model.swap_fact_expert(new_mlp)
-    after = evaluate(model, task, new_facts)
-    old_after = evaluate(model, task, task.facts)["value_accuracy"]
-    model.swap_fact_expert(_silenced(own))
-    silenced = evaluate(model, task, task.facts)["ce_nonfact"]
-    return {"train_facts": before, "swapped": after, "new_fact_accuracy": after["value_accuracy"],
-            "old_fact_accuracy_after_swap": old_after, "nonfact_ce_rise": after["ce_nonfact"] / before["ce_nonfact"] - 1,
-            "nonvalue_ce_rise": after["ce_nonvalue"] / before["ce_nonvalue"] - 1,
-            "nonvalue_ppl_ratio": math.exp(after["ce_nonvalue"] - before["ce_nonvalue"]),
-            "ce_nonfact_fact_expert_zeroed": silenced, "fact_mlp": _mlp_summary(own),
-            "new_fact_mlp": _mlp_summary(new_mlp), "loss_every_50": losses[::50]}
+    swap, new_mlp = swap_report(model, task, random_facts(config["facts"], seed=NEW_FACT_SEED), seed=NEW_FACT_SEED)
+    return {**swap, "fact_mlp": _mlp_summary(model.moe.fact), "new_fact_mlp": _mlp_summary(new_mlp),
+            "loss_every_50": losses[::50]}
 
 
 def _lm_setting(cells: list[engine.Cell]) -> str:
@@ -663,11 +646,40 @@ def _nonfact_ce_finding(gd: dict, other: list[dict], pooled: Optional[dict], tex
     return Finding(text, setting, "partly" if fixed or rise_code < 0.1 else "not reproduced", why)
 
 
+def _usable_swap_finding(points: list[dict]) -> Optional[tuple[str, str, str]]:
+    """Fig. 9b as the seed ran it: the fact expert of each Fig. 9a transformer (the smallest usable width per F)
+    swapped. Returns (ours, verdict, reason), or None when no W-vs-F point measured a swap. Reproduced when
+    template words rise < 10 % at every F, partly when words + book do."""
+    swapped = [p for p in points if p.get("swap")]
+    if not swapped:
+        return None
+    ours = "Fig. 9a's LMs (smallest usable width): " + "; ".join(
+        f"F={p['num_facts']} h={p['size']}: words {p['swap']['train_facts']['ce_nonfact']:.3f} → "
+        f"{p['swap']['swapped']['ce_nonfact']:.3f} ({100 * p['swap']['nonfact_ce_rise']:+.0f}%), words + book "
+        f"{100 * p['swap']['nonvalue_ce_rise']:+.0f}%, new facts {p['swap']['new_fact_accuracy']:.3f}" for p in swapped)
+    counted = [p for p in swapped if p["swap"]["new_fact_accuracy"] >= SWAP_RECALL]
+    skipped = [p["num_facts"] for p in swapped if p not in counted]
+    note = f" (not counted: F = {skipped}, below {SWAP_RECALL} of the new facts)" if skipped else ""
+    if not counted:
+        return ours, "not reproduced", "no Fig. 9a LM recalls the swapped-in facts" + note
+    words = max(p["swap"]["nonfact_ce_rise"] for p in counted)
+    code = max(p["swap"]["nonvalue_ce_rise"] for p in counted)
+    verdict = "reproduced" if words < 0.1 else "partly" if code < 0.1 else "not reproduced"
+    return ours, verdict, (f"swapping the experts of Fig. 9a's transformers (the seed's protocol for Fig. 9b): "
+                           f"template words rise at most {100 * words:+.0f}%, words + book at most {100 * code:+.0f}% "
+                           f"over F = {[p['num_facts'] for p in counted]}" + note)
+
+
 def _summarize_lm(cells: list[engine.Cell]) -> dict:
     scaling, claim_9a = _lm_scaling_finding([c for c in cells if c.config.get("part") == "scaling"])
+    usable_swaps = _usable_swap_finding(scaling)
     cells = [c for c in cells if c.config.get("part") != "scaling"]
     if not cells:
-        return {"runs": [], "scaling": scaling, "claims": {"000-fig9a-lm-w-vs-f": claim_9a}}
+        claims = {"000-fig9a-lm-w-vs-f": claim_9a}
+        if usable_swaps is not None:
+            ours, verdict, reason = usable_swaps
+            claims["000-fig9b-nonfact-ce"] = Finding(ours, claim_9a.setting, verdict, reason)
+        return {"runs": [], "scaling": scaling, "claims": claims}
     runs = [{"expert": c.config["expert"], "facts": c.config["facts"], "pool": c.config["pool"],
              "mixer_input": c.config.get("mixer_input", "normed"), **c.result} for c in cells]
     # the seed trains the LM with its own expert only: those GD runs speak for the claims; the seed does not say
@@ -708,8 +720,14 @@ def _summarize_lm(cells: list[engine.Cell]) -> dict:
                          "no seed-protocol GD run takes its facts from the expert: after the swap they recall "
                          + "; ".join(f"{_run_label(r)}: {r['new_fact_accuracy']:.3f} of the new facts and "
                                      f"{r['old_fact_accuracy_after_swap']:.3f} of the old" for r in gd_runs)
-                         + f" (below {SWAP_RECALL} of the new, the LM stores the facts outside the expert), so the "
-                         "swap changes nothing the claim is about"))
+                         + f" (below {SWAP_RECALL} of the new), so the swap changes nothing the claim is about"))
+    if usable_swaps is not None:  # both are the seed's protocol: the better reading speaks, both are reported
+        ours, verdict, reason = usable_swaps
+        cells_9b = claims["000-fig9b-nonfact-ce"]
+        best = min(verdict, cells_9b.verdict, key=engine.VERDICTS.index)  # VERDICTS: best first
+        claims["000-fig9b-nonfact-ce"] = Finding(f"{ours}; expert of width F: {cells_9b.ours}",
+                                                 f"{cells_9b.setting}; W-vs-F: {claim_9a.setting}", best,
+                                                 f"{reason}. Expert of width F: {cells_9b.reason}")
     claims["000-fig9a-lm-w-vs-f"] = claim_9a
     return {"runs": runs, "scaling": scaling, "claims": claims}
 
@@ -719,6 +737,17 @@ def _plot_lm(summary: dict, cells: list[engine.Cell]) -> dict:
 
     figures = {"lm_w_vs_f": _plot_w_vs_f(summary["scaling"], "LM: smallest usable GD expert")} \
         if summary.get("scaling") else {}
+    swapped = [p for p in summary.get("scaling", []) if p.get("swap")]
+    if swapped:  # Fig. 9b as the seed drew it: the swap on each Fig. 9a transformer
+        fig, (ax,) = panels(1, width=5, height=4)
+        facts = [p["num_facts"] for p in swapped]
+        ax.semilogx(facts, [100 * p["swap"]["nonfact_ce_rise"] for p in swapped], "o-", label="template words")
+        ax.semilogx(facts, [100 * p["swap"]["nonvalue_ce_rise"] for p in swapped], "s--", label="words + book")
+        ax.axhline(3, color="k", ls=":", lw=1, label="paper: ~3%")
+        ax.set_xticks(facts, [str(f) for f in facts])
+        ax.set(xlabel="facts F", ylabel="CE rise after the swap (%)", title="swap on the smallest usable LM")
+        ax.legend()
+        figures["lm_swap_vs_f"] = fig
     runs = summary["runs"]
     if not runs:
         return figures

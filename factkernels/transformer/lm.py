@@ -28,6 +28,7 @@ through the authors' released schedule), or a FactMLP built by ``factkernels.con
 from __future__ import annotations
 
 import csv
+import math
 import importlib.resources
 from dataclasses import dataclass, fields
 from typing import Optional, Sequence
@@ -514,3 +515,37 @@ def evaluate(model: AuthorsLM, task: AuthorsBooks, facts: torch.Tensor, *, batch
             "fact_norm_word": sums["fact_word"] / counts[WORD],
             "language_norm_word": sums["language_word"] / counts[WORD],
             "sentences": len(data), "nonfact_tokens": counts[WORD]}
+
+
+def swap_report(model: AuthorsLM, task: AuthorsBooks, new_facts: torch.Tensor, *, seed: int) -> tuple[dict, FactMLP]:
+    """Fig. 9's swap on a trained LM: its fact expert is replaced by one storing ``new_facts`` (F,) (made the same
+    way and size, from ``seed``), then zeroed; the model keeps its own expert afterwards.
+
+    Returns (numbers, the new expert). numbers: train_facts / swapped (:func:`evaluate` on the own facts with the
+    own expert, on the new facts with the new one), new_fact_accuracy, old_fact_accuracy_after_swap,
+    nonfact_ce_rise (template words, swapped / own − 1), nonvalue_ce_rise and nonvalue_ppl_ratio (words and
+    book), ce_nonfact_fact_expert_zeroed (template words with the expert's output zeroed, router untouched).
+    """
+    before = evaluate(model, task, task.facts)
+    new_expert = model.matching_fact_expert(task, new_facts, seed=seed)
+    own = model.swap_fact_expert(new_expert)
+    try:
+        after = evaluate(model, task, new_facts)
+        old_after = evaluate(model, task, task.facts)["value_accuracy"]
+        model.swap_fact_expert(_silenced(own))
+        zeroed = evaluate(model, task, task.facts)["ce_nonfact"]
+    finally:
+        model.swap_fact_expert(own)
+    return {"train_facts": before, "swapped": after, "new_fact_accuracy": after["value_accuracy"],
+            "old_fact_accuracy_after_swap": old_after,
+            "nonfact_ce_rise": after["ce_nonfact"] / before["ce_nonfact"] - 1,
+            "nonvalue_ce_rise": after["ce_nonvalue"] / before["ce_nonvalue"] - 1,
+            "nonvalue_ppl_ratio": math.exp(after["ce_nonvalue"] - before["ce_nonvalue"]),
+            "ce_nonfact_fact_expert_zeroed": zeroed}, new_expert
+
+
+def _silenced(mlp: FactMLP) -> FactMLP:
+    """``mlp`` with its down projection zeroed: the fact expert removed, the router untouched."""
+    down = torch.zeros_like(mlp.down_weight)
+    bias = None if mlp.down_bias is None else torch.zeros_like(mlp.down_bias)
+    return FactMLP(mlp.gate_weight, mlp.gate_bias, mlp.up_weight, mlp.up_bias, down, bias, activation=mlp.activation)

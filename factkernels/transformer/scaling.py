@@ -50,6 +50,7 @@ class ScalingPoint:
     parameters: Optional[int]
     accuracy: Optional[float]
     trace: list[dict] = field(default_factory=list)
+    swap: Optional[dict] = None  # LM only: Fig. 9b's swap on the best seed's LM at the smallest usable width
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -163,20 +164,32 @@ def smallest_size(usable: Callable[[int], bool], start: int, *, max_size: int, r
 def lm_usable_size(task: "AuthorsBooks", *, dim: int, seeds: Sequence[int], train: "LMTrainConfig",
                    start: Optional[int] = None, max_size: int = 8192, resolution: float = 1.25,
                    target: float = TARGET, progress: bool = True, done: Sequence[dict] = (),
-                   on_trial: Optional[Callable[[dict], None]] = None) -> ScalingPoint:
+                   on_trial: Optional[Callable[[dict], None]] = None,
+                   swap_seed: Optional[int] = None) -> ScalingPoint:
     """Smallest GD (MSE) fact-expert width whose authors/books LM recalls > ``target`` of its facts
     (seed 000 App. A.3.3, Fig. 9a): per width and seed, the LM of :func:`~factkernels.transformer.lm.trained_lm`
     with ``expert="gd"`` of that width, trained by ``train`` (its seed replaced); usable when the best
     seed's value accuracy (argmax over the vocabulary at the author position, every template) is
     above ``target``. A width whose expert alone decodes fewer than ``target`` of the facts is
     recorded as unusable without training the LM. start: default ⌈F/d⌉·8 (as for SSFR). done / on_trial:
-    trials of an interrupted search of the same settings, and a callback for new ones."""
+    trials of an interrupted search of the same settings, and a callback for new ones.
+
+    swap_seed: also run Fig. 9b's swap (:func:`~factkernels.transformer.lm.swap_report`, new facts and expert from
+    this seed) on every usable LM (the seed swaps the fact experts of Fig. 9a's transformers); the point's ``swap``
+    is the best seed's at the smallest usable width. A replayed trial without one trains that LM again."""
     from dataclasses import replace
 
-    from .lm import AuthorsLM, evaluate, train_lm
+    from .lm import AuthorsLM, evaluate, random_facts, swap_report, train_lm
 
     trace: list[dict] = []
     bar = progress_bar(desc=f"LM W vs F, F={task.num_facts}", unit="size", enabled=progress, leave=False)
+
+    def trained(model: "AuthorsLM", seed: int) -> "AuthorsLM":
+        train_lm(model, task, replace(train, seed=seed), quiet=True)
+        return model
+
+    def swapped(model: "AuthorsLM") -> dict:
+        return swap_report(model, task, random_facts(task.num_facts, seed=swap_seed), seed=swap_seed)[0]
 
     def measure(width: int) -> dict:
         runs = []
@@ -188,8 +201,10 @@ def lm_usable_size(task: "AuthorsBooks", *, dim: int, seeds: Sequence[int], trai
             capacity = float((decoded == task.facts + task.num_facts).double().mean())
             run = {"seed": seed, "capacity": capacity, "value_accuracy": None}
             if capacity >= target:
-                train_lm(model, task, replace(train, seed=seed), quiet=True)
+                trained(model, seed)
                 run["value_accuracy"] = evaluate(model, task, task.facts)["value_accuracy"]
+                if swap_seed is not None and run["value_accuracy"] > target:
+                    run["swap"] = swapped(model)
             runs.append(run)
         accuracies = [r["value_accuracy"] for r in runs if r["value_accuracy"] is not None]
         best = max(accuracies) if accuracies else None
@@ -205,5 +220,14 @@ def lm_usable_size(task: "AuthorsBooks", *, dim: int, seeds: Sequence[int], trai
     if storing is None:
         return ScalingPoint(task.num_facts, dim, "gd", None, None, None, trace)
     best = next(t for t in trace if t["size"] == storing)
-    return ScalingPoint(task.num_facts, dim, "gd", storing, best["parameters"], best["value_accuracy"], trace)
+    swap = None
+    if swap_seed is not None:
+        run = max((r for r in best["runs"] if r["value_accuracy"] is not None), key=lambda r: r["value_accuracy"])
+        swap = run.get("swap")
+        if swap is None:  # a trial replayed from a search that did not swap: the same seed trains the same LM
+            seed = run["seed"]
+            model = trained(AuthorsLM(task, expert="gd", expert_hidden=storing, dim=dim, seed=seed), seed)
+            swap = {**swapped(model), "retrained": True}
+        swap = {"seed": run["seed"], **swap}
+    return ScalingPoint(task.num_facts, dim, "gd", storing, best["parameters"], best["value_accuracy"], trace, swap)
 
