@@ -51,6 +51,33 @@ def test_memit_small_lambda_recovers_least_squares_and_large_lambda_keeps_weight
     assert torch.allclose(kept, weight, atol=1e-6)
 
 
+def test_memit_with_rank_deficient_cov_is_the_minimum_norm_edit_and_stable():
+    # C from 6 keys in h = 24 and 3 edited keys: λC + KᵀK is singular, as with key statistics of a few texts
+    gen = torch.Generator().manual_seed(7)
+    h, d_out = 24, 8
+    weight = torch.randn(d_out, h, generator=gen)
+    seen = torch.randn(6, h, generator=gen)
+    keys = torch.randn(3, h, generator=gen)
+    values = torch.randn(3, d_out, generator=gen)
+    cov = seen.T @ seen / 6
+    new = editing.memit_update(weight, keys, values, cov, lam=1.0)
+    # the minimum-norm minimiser Δ = Rᵀ K S⁺, S = λC + KᵀK, from float64 inputs (S's null space exact there)
+    seen64, keys64, weight64 = seen.double(), keys.double(), weight.double()
+    system = seen64.T @ seen64 / 6 + keys64.T @ keys64
+    residual = values.double() - keys64 @ weight64.T
+    expected = weight64 + residual.T @ keys64 @ torch.linalg.pinv(system, hermitian=True)
+    assert torch.allclose(new.double(), expected, atol=1e-3)
+    # directions neither C nor the edited keys reach are left alone
+    span = torch.cat([seen, keys]).double()
+    outside = torch.randn(5, h, generator=gen, dtype=torch.float64)
+    outside -= outside @ torch.linalg.pinv(span) @ span
+    assert ((new.double() - weight.double()) @ outside.T).abs().max() < 1e-4
+    # and rounding-size changes of C (another thread count) move the edit by rounding size, not by 1/rounding
+    jitter = 1e-7 * cov.abs().max() * torch.randn(h, h, generator=gen)
+    moved = editing.memit_update(weight, keys, values, cov + (jitter + jitter.T) / 2, lam=1.0)
+    assert (moved - new).abs().max() < 1e-3 * (new - weight).abs().max()
+
+
 def test_memit_rejects_mismatched_shapes():
     weight, keys, values, cov = _problem()
     with pytest.raises(ValueError, match="values must be"):

@@ -88,14 +88,22 @@ def memit_update(weight: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
     It minimises λ tr(Δ C Δᵀ) + ||(W + Δ) K − V*||²: λ → 0 gives the minimum-(C-)norm exact
     least-squares fit of the edits, large λ keeps W close to the old map on the keys C stands for.
+    When C comes from fewer keys than h, λC + K Kᵀ is singular: directions that neither C nor the
+    edited keys reach leave the objective unchanged, and a plain solve fills them with rounding noise
+    divided by rounding noise (the edit then depends on the thread count). Eigen-directions of the
+    system below h·eps of its largest eigenvalue (eps of the weight's dtype) count as exactly null, and
+    Δ is the minimum-norm minimiser, zero along them.
     weight (d_out, h), keys (n, h), values (n, d_out), cov (h, h) -> (d_out, h).
     """
     _check_edit(weight, keys, values)
     if not lam >= 0:
         raise ValueError(f"lam must be >= 0, got {lam!r}")
     residual = values - keys @ weight.T  # (n, d_out)
-    system = lam * cov + keys.T @ keys  # (h, h), symmetric
-    return weight + torch.linalg.solve(system, keys.T @ residual).T
+    eigenvalues, vectors = torch.linalg.eigh(lam * cov + keys.T @ keys)  # (h,), (h, h)
+    floor = eigenvalues[-1].clamp_min(0) * weight.shape[1] * torch.finfo(weight.dtype).eps
+    kept = eigenvalues > floor
+    basis = vectors[:, kept]  # (h, r)
+    return weight + (basis @ ((basis.T @ keys.T @ residual) / eigenvalues[kept, None])).T
 
 
 def null_space_projector(cov: torch.Tensor, tol: float) -> torch.Tensor:
