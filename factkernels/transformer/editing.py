@@ -26,6 +26,7 @@ templates; score = their harmonic mean.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -90,20 +91,24 @@ def memit_update(weight: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     least-squares fit of the edits, large λ keeps W close to the old map on the keys C stands for.
     When C comes from fewer keys than h, λC + K Kᵀ is singular: directions that neither C nor the
     edited keys reach leave the objective unchanged, and a plain solve fills them with rounding noise
-    divided by rounding noise (the edit then depends on the thread count). Eigen-directions of the
-    system below h·eps of its largest eigenvalue (eps of the weight's dtype) count as exactly null, and
-    Δ is the minimum-norm minimiser, zero along them.
+    divided by rounding noise (the edit then depends on the thread count). The system is solved in
+    float64 (as MEMIT's released code does); eigen-directions below √h·eps of its largest eigenvalue
+    (eps of the weight's dtype: the norm of rounding errors of that size in an h × h matrix) count as
+    exactly null, and Δ is the minimum-norm minimiser, zero along them; a well-conditioned system is
+    solved as before.
     weight (d_out, h), keys (n, h), values (n, d_out), cov (h, h) -> (d_out, h).
     """
     _check_edit(weight, keys, values)
     if not lam >= 0:
         raise ValueError(f"lam must be >= 0, got {lam!r}")
     residual = values - keys @ weight.T  # (n, d_out)
-    eigenvalues, vectors = torch.linalg.eigh(lam * cov + keys.T @ keys)  # (h,), (h, h)
-    floor = eigenvalues[-1].clamp_min(0) * weight.shape[1] * torch.finfo(weight.dtype).eps
+    keys64 = keys.double()
+    eigenvalues, vectors = torch.linalg.eigh(lam * cov.double() + keys64.T @ keys64)  # (h,), (h, h)
+    floor = eigenvalues[-1].clamp_min(0) * math.sqrt(weight.shape[1]) * torch.finfo(weight.dtype).eps
     kept = eigenvalues > floor
     basis = vectors[:, kept]  # (h, r)
-    return weight + (basis @ ((basis.T @ keys.T @ residual) / eigenvalues[kept, None])).T
+    delta = basis @ ((basis.T @ keys64.T @ residual.double()) / eigenvalues[kept, None])  # (h, d_out)
+    return weight + delta.T.to(weight.dtype)
 
 
 def null_space_projector(cov: torch.Tensor, tol: float) -> torch.Tensor:
