@@ -169,3 +169,20 @@ def test_ntk_ustar_verdict_weighs_both_halves_of_the_claim(costs, verdict):
                          {"parameters": p, "rho": 0.5, "best_min_accuracy": 1.0 if p else 0.5}, 0.0)
              for fam, pair in costs.items() for m, p in zip(("ntk", "ntk_u*"), pair)]
     assert _summarize_ntk_ustar(cells)["claims"]["000-fig5-ntk-ustar"].verdict == verdict
+
+
+@pytest.mark.cuda
+def test_gd_cost_cells_run_on_the_gpu(tmp_path):
+    """GD cells of the cost experiments on cuda: the fact sets and models live there, the searches find what
+    the CPU finds (up to one size: the trajectories differ by float rounding), the cells say where they ran."""
+    grid = [cost_cell("gd", "spherical", 16, 8, 2, gd_steps=1000),
+            cost_cell("gd+jl", "spherical", 16, 8, 1, encoder_width_search=True)]
+    found = {}
+    for device in ("cpu", "cuda"):
+        out = tmp_path / device
+        engine.run("hybrids", out, grid=grid, quiet=True, device=device)
+        cells = [json.loads(p.read_text()) for p in (out / "hybrids" / "cells").glob("*.json")]
+        assert len(cells) == 2 and all(c["device"].startswith(device) for c in cells)
+        found[device] = {c["config"]["method"]: c["result"]["size"] for c in cells}
+    for method, size in found["cpu"].items():
+        assert size is not None and abs(found["cuda"][method] - size) <= 1

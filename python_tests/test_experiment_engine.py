@@ -3,11 +3,13 @@
 import json
 
 import pytest
+import torch
 
 from factkernels.experiments import engine
 
 CLAIM = engine.Claim("toy-sum", "000", "Fig. 0", "x + y is even for even x, y", "always")
 calls = []
+devices = []  # engine.cell_device() as each cell saw it
 
 
 def _grid(scale):
@@ -17,6 +19,7 @@ def _grid(scale):
 
 def _run_cell(config):
     calls.append(config)
+    devices.append(engine.cell_device())
     return {"sum": config["x"] + config["y"]}
 
 
@@ -113,6 +116,26 @@ def test_bad_arguments(toy, tmp_path):
         engine.run("nope", tmp_path)
     with pytest.raises(ValueError, match="verdict"):
         engine.Finding("1", "x", "maybe")
+
+
+def test_cells_run_on_the_device_asked_for_and_record_it(toy, tmp_path):
+    devices.clear()
+    engine.run("toy", tmp_path, scale="tiny", quiet=True, device="cpu")
+    assert devices == [torch.device("cpu")] * 4 and engine.cell_device() == torch.device("cpu")  # reset after
+    assert {json.loads(p.read_text())["device"] for p in (tmp_path / "toy" / "cells").glob("*.json")} == {"cpu"}
+    with pytest.raises(ValueError, match=r"runs its cells on \['cpu'\], not cuda"):
+        engine.run("toy", tmp_path, scale="tiny", quiet=True, device="cuda")
+    gpu_toy = engine.register(engine.Experiment("toy-gpu", "toy on any device", (CLAIM,), _grid, _run_cell, _summarize,
+                                                devices=("cpu", "cuda")))
+    try:
+        if not torch.cuda.is_available():
+            with pytest.raises(ValueError, match="torch sees no CUDA device"):
+                engine.run("toy-gpu", tmp_path, scale="tiny", quiet=True, device="cuda")
+        with pytest.raises(RuntimeError):
+            engine.run("toy-gpu", tmp_path, scale="tiny", quiet=True, device="gpu")  # not a torch device
+    finally:
+        del engine.REGISTRY[gpu_toy.name]
+    assert not (tmp_path / "toy-gpu").exists()
 
 
 def test_cell_keys_are_stable_and_distinct():

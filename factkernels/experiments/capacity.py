@@ -18,7 +18,7 @@ import argparse
 import functools
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import math
 
@@ -28,7 +28,7 @@ import torch
 from .. import geometry
 from ..capacity import encoder_width_method, methods, sampled_storage_cost
 from ..decoder import jl_bound
-from ..embeddings import FAMILIES, family_fact_set, random_fact_set
+from ..embeddings import FAMILIES, FactSet, family_fact_set, random_fact_set
 from ..encoder import two_hot_keys
 from ..twohot import construct_two_hot
 from ..environment import environment
@@ -38,6 +38,9 @@ from .engine import Claim, Finding
 DEFAULT_MULTIPLIER = 1.5  # construct()'s width_multiplier
 MULTIPLIERS = (1.0, 1.25, DEFAULT_MULTIPLIER)
 GD_METHODS = ("gd",)  # methods whose step cap is the cell's gd_steps
+# The cost-search experiments also run on a GPU (--device cuda): the GD MLPs' logits (models x F x |V| per
+# step) make the seed's larger GD cells days of CPU time.
+COST_DEVICES = ("cpu", "cuda")
 SLOPE_PREDICTED = -2.0  # Thm B.5.3: m ~ log|V| / rho^2 at fixed F, d, so parameters ~ rho^-2
 
 
@@ -62,8 +65,18 @@ def cost_cell(method: str, family: str, facts: int, dim: int, seeds: int, *, max
     return config
 
 
+def _sampler(config: dict) -> Callable[..., FactSet]:
+    """Seed -> the cell's fact set of that seed, on the device the cell runs on (:func:`engine.cell_device`)."""
+    device = engine.cell_device()
+
+    def sample(seed: int) -> FactSet:
+        return FactSet(*(t.to(device) for t in family_fact_set(config["family"], config["facts"], config["d"],
+                                                                seed=seed)))
+    return sample
+
+
 def _search(config: dict, **extra) -> dict:
-    sample = functools.partial(family_fact_set, config["family"], config["facts"], config["d"])
+    sample = _sampler(config)
     options = {"whiten": config["whiten"]} if config.get("whiten") else {}
     if config["method"] in GD_METHODS:
         options["steps"] = config["gd_steps"]
@@ -115,8 +128,7 @@ def _encoder_width_search(config: dict, m: int) -> dict:
     """The seed's second search for the GD-encoder hybrids (Fig. 2c): at the m found, the smallest GD
     encoder width that stores, from the default ⌈mF/d⌉ down (or up to multiplier 2)."""
     default = math.ceil(m * config["facts"] / config["d"])
-    sample = functools.partial(family_fact_set, config["family"], config["facts"], config["d"])
-    cost = sampled_storage_cost(encoder_width_method(config["method"], m), sample, seeds=config["seeds"],
+    cost = sampled_storage_cost(encoder_width_method(config["method"], m), _sampler(config), seeds=config["seeds"],
                                 start=default, max_size=2 * default, progress=False, checkpoint=engine.partial_path())
     return {"m": m, "default_width": default, "width": cost.size, "parameters": cost.parameters,
             "trace": [[t.size, t.stored, min(t.accuracies)] for t in cost.trace]}
@@ -283,7 +295,7 @@ def _plot_rho(summary: dict, cells: list[engine.Cell]) -> dict:
 
 engine.register(engine.Experiment(
     "rho-vs-cost", "cost of ours (and GD at seed scale) across embedding families against decodability rho (Fig. 2a)",
-    RHO_CLAIMS, _rho_grid, run_cost_cell, _summarize_rho, _plot_rho))
+    RHO_CLAIMS, _rho_grid, run_cost_cell, _summarize_rho, _plot_rho, devices=COST_DEVICES))
 
 
 # ----------------------------------------------------------------------------- whitening (§3.3)
@@ -348,7 +360,7 @@ def _plot_whitening(summary: dict, cells: list[engine.Cell]) -> dict:
 
 engine.register(engine.Experiment(
     "whitening", "cost of ours against whitening strength alpha on anisotropic values (Sec. 3.3)",
-    WHITENING_CLAIMS, _whitening_grid, run_cost_cell, _summarize_whitening, _plot_whitening))
+    WHITENING_CLAIMS, _whitening_grid, run_cost_cell, _summarize_whitening, _plot_whitening, devices=COST_DEVICES))
 
 
 # ----------------------------------------------------------------------------- scaling (Fig. 2b-c)
@@ -477,7 +489,7 @@ def _plot_scaling(summary: dict, cells: list[engine.Cell]) -> dict:
 
 engine.register(engine.Experiment(
     "scaling", "ours vs NTK (vs GD at seed scale) over d and F = alpha d^2 on spherical embeddings (Fig. 2b-c)",
-    SCALING_CLAIMS, _scaling_grid, run_cost_cell, _summarize_scaling, _plot_scaling))
+    SCALING_CLAIMS, _scaling_grid, run_cost_cell, _summarize_scaling, _plot_scaling, devices=COST_DEVICES))
 
 
 # ----------------------------------------------------------------------------- hybrids (§4.4, Fig. 2c)
@@ -592,7 +604,7 @@ def _plot_hybrids(summary: dict, cells: list[engine.Cell]) -> dict:
 
 engine.register(engine.Experiment(
     "hybrids", "encoder/decoder ablation: Bin+JL (ours), GD+JL, Bin+GD, GD+GD, GD MLP (Sec. 4.4, Fig. 2c)",
-    HYBRID_CLAIMS, _hybrids_grid, run_cost_cell, _summarize_hybrids, _plot_hybrids))
+    HYBRID_CLAIMS, _hybrids_grid, run_cost_cell, _summarize_hybrids, _plot_hybrids, devices=COST_DEVICES))
 
 
 # ----------------------------------------------------------------------------- NTK with U* (Fig. 5)
@@ -671,7 +683,7 @@ def _plot_ntk_ustar(summary: dict, cells: list[engine.Cell]) -> dict:
 
 engine.register(engine.Experiment(
     "ntk-ustar", "NTK MLPs on V vs on the margin-optimal outputs U* over anisotropic values (App. A.1.4, Fig. 5)",
-    NTK_USTAR_CLAIMS, _ntk_ustar_grid, run_cost_cell, _summarize_ntk_ustar, _plot_ntk_ustar))
+    NTK_USTAR_CLAIMS, _ntk_ustar_grid, run_cost_cell, _summarize_ntk_ustar, _plot_ntk_ustar, devices=COST_DEVICES))
 
 
 # ----------------------------------------------------------------------------- gating, two-hot, Hebbian

@@ -1,7 +1,7 @@
 """``factkernels experiment ...``: run any registered experiment, list the claims, merge shards.
 
     factkernels experiment list                                   # every claim: where, setting, command, status
-    factkernels experiment NAME --out runs/ [--scale tiny|quick|seed] [--shard i/N] [--resume] [--only KEY=VALUE] [--set KEY=VALUE]
+    factkernels experiment NAME --out runs/ [--scale tiny|quick|seed] [--shard i/N] [--resume] [--only KEY=VALUE] [--set KEY=VALUE] [--device cuda]
     factkernels experiment merge runs/a runs/b --out runs/all      # cell files of several shards into one folder
     factkernels experiment report runs/ --out CLAIMS.md            # markdown claims table from every summary.json
 """
@@ -18,7 +18,7 @@ def _run(args: argparse.Namespace) -> int:
     scale = "quick" if args.quick else args.scale
     result = engine.run(args.experiment, args.out, scale=scale, shard=engine.parse_shard(args.shard),
                         resume=args.resume, threads=args.threads, quiet=args.quiet, only=engine.parse_fields(args.only),
-                        overrides=engine.parse_fields(args.set, "--set"))
+                        overrides=engine.parse_fields(args.set, "--set"), device=args.device)
     print(f"{result.experiment} ({scale}): {result.total} cells, ran {result.ran}, kept {result.kept}, "
           f"missing {result.missing}")
     if result.summary is None:
@@ -81,6 +81,8 @@ def add_commands(experiment_subparsers) -> None:
         p.add_argument("--resume", action="store_true", help="keep finished cells, run the rest")
         p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the experiment's)")
         p.add_argument("--quiet", action="store_true", help="no progress bars")
+        p.add_argument("--device", default="cpu", help=f"where the cells compute: one of {list(experiment.devices)} "
+                       "(e.g. cuda, cuda:1); recorded in each cell, not part of its key")
         p.set_defaults(handler=_run)
 
 

@@ -13,7 +13,7 @@ can be stopped and resumed (``resume=True`` keeps finished cells), split across 
 folder, or :func:`merge`). When every cell of the grid is present, :func:`summarize_dir` writes
 ``OUT/NAME/summary.json`` and the PNGs.
 
-Cell file: {"experiment", "key", "config", "result", "seconds", "environment"}.
+Cell file: {"experiment", "key", "config", "result", "seconds", "device", "environment"}.
 
 A cell that takes hours may keep partial progress in ``OUT/NAME/partial/KEY.json`` (:func:`partial_path`,
 e.g. the trials of a cost search): a resumed run continues from it, and it is deleted once the cell is
@@ -117,6 +117,8 @@ class Experiment:
     threads: Optional[int] = 1
     """torch threads for the run (None: torch's default). Small cells run fastest on one thread."""
     tags: tuple[str, ...] = field(default=())
+    devices: tuple[str, ...] = ("cpu",)
+    """Device types its cells can put their work on (:func:`run`'s ``device``, read with :func:`cell_device`)."""
 
 
 REGISTRY: dict[str, Experiment] = {}
@@ -202,6 +204,23 @@ def other_cell(config: dict) -> tuple[Optional[dict], Optional[Path]]:
     return (json.loads(cell.read_text())["result"] if cell.exists() else None), partial.parent / f"{key}.json"
 
 
+_DEVICE: ContextVar[torch.device] = ContextVar("factkernels_cell_device", default=torch.device("cpu"))
+
+
+def cell_device() -> torch.device:
+    """Where the cell :func:`run` is running puts its tensors (its ``device``; the CPU outside a run)."""
+    return _DEVICE.get()
+
+
+def _check_device(experiment: Experiment, device: Union[str, torch.device, None]) -> torch.device:
+    target = torch.device("cpu" if device is None else device)
+    if target.type not in experiment.devices:
+        raise ValueError(f"experiment {experiment.name!r} runs its cells on {list(experiment.devices)}, not {target}")
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {target} asked for, but torch sees no CUDA device (torch.cuda.is_available() is False)")
+    return target
+
+
 def _drop_partial(partial: Path) -> None:
     for path in partial.parent.glob(partial.stem + ".*"):  # keys hold only [A-Za-z0-9._-]
         path.unlink()
@@ -219,7 +238,7 @@ def load_cells(out: PathLike, name: str) -> dict[str, Cell]:
 def _write_cell(out: PathLike, name: str, key: str, config: dict, result: dict, seconds: float) -> Path:
     path = cells_dir(out, name) / f"{key}.json"
     payload = {"experiment": name, "key": key, "config": config, "result": result, "seconds": seconds,
-               "environment": environment()}
+               "device": str(cell_device()), "environment": environment()}
     write_json(path, payload, indent=1)
     return path
 
@@ -281,17 +300,21 @@ def with_overrides(configs: list[dict], overrides: dict) -> list[dict]:
 def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple[int, int]] = None,
         resume: bool = False, threads: Optional[int] = None, quiet: bool = False,
         grid: Optional[list[dict]] = None, only: Optional[dict] = None,
-        overrides: Optional[dict] = None) -> RunResult:
+        overrides: Optional[dict] = None, device: Union[str, torch.device, None] = None) -> RunResult:
     """Run experiment ``name`` at ``scale`` into ``out`` (see the module docstring).
 
     resume: keep cells already on disk (default: recompute them). shard: (i, N) runs every N-th cell.
     grid: run these configs instead of ``experiment.grid(scale)``. only: run the sub-grid of cells
     whose config has these field values (e.g. {"n_facts": 100}); its summary covers every cell of
     the full grid present on disk. overrides: replace these config fields in every cell of the grid
-    before filtering (:func:`with_overrides`); the cells' keys, hence their files, change with them. Returns a :class:`RunResult`; the summary is written once every
-    cell of the (sub-)grid is on disk.
+    before filtering (:func:`with_overrides`); the cells' keys, hence their files, change with them.
+    device: where the cells put their work (default the CPU; one of the experiment's ``devices``). It is
+    recorded in each cell file but is not part of the key: a cell is the same protocol on any device (its
+    numbers differ by float rounding), so a run on a GPU resumes, or completes, a grid begun on a CPU.
+    Returns a :class:`RunResult`; the summary is written once every cell of the (sub-)grid is on disk.
     """
     experiment = get(name)
+    target = _check_device(experiment, device)
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     configs = experiment.grid(scale) if grid is None else grid
@@ -315,13 +338,14 @@ def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple
         partial = Path(out) / name / "partial" / f"{key}.json"
         if not resume:
             _drop_partial(partial)  # a fresh run recomputes everything
-        token = _PARTIAL.set(partial)
+        token, device_token = _PARTIAL.set(partial), _DEVICE.set(target)
         start = time.perf_counter()
         try:
             result = experiment.run_cell(dict(config))
+            _write_cell(out, name, key, config, result, time.perf_counter() - start)
         finally:
             _PARTIAL.reset(token)
-        _write_cell(out, name, key, config, result, time.perf_counter() - start)
+            _DEVICE.reset(device_token)
         _drop_partial(partial)
     present = load_cells(out, name)
     missing = [k for k in keys if k not in present]
@@ -372,6 +396,7 @@ def merge(sources: Iterable[PathLike], out: PathLike) -> int:
     return copied
 
 
-__all__ = ["Cell", "Claim", "Experiment", "Finding", "REGISTRY", "RunResult", "SCALES", "VERDICTS", "cell_key", "clean_json", "get",
+__all__ = ["Cell", "Claim", "Experiment", "Finding", "REGISTRY", "RunResult", "SCALES", "VERDICTS", "cell_device", "cell_key",
+           "clean_json", "get",
            "load_cells", "matches", "merge", "other_cell", "parse_fields", "parse_shard", "partial_path", "register", "run", "set_threads",
            "shared_partial_path", "summarize_dir", "write_json"]

@@ -1,9 +1,11 @@
-"""Copy finished base-model cells of some (m, d_model) pairs from rgr-budget into another experiment's folder
-(identical configs, so identical cells; the file names the experiment it now belongs to)."""
+"""Copy finished base-model cells of some (m, d_model) pairs from OUT/rgr-budget into another experiment's folder
+(identical configs, so identical cells; the file names the experiment it now belongs to).
+
+    python share_cells.py OUT TARGET m:d,m:d [DEST]   # into DEST/TARGET/cells (default DEST: OUT)"""
 import json, sys
 from pathlib import Path
 out, target, pairs = Path(sys.argv[1]), sys.argv[2], {tuple(int(x) for x in p.split(":")) for p in sys.argv[3].split(",")}
-dest = out / target / "cells"
+dest = (Path(sys.argv[4]) if len(sys.argv) > 4 else out) / target / "cells"
 dest.mkdir(parents=True, exist_ok=True)
 n = 0
 for path in sorted((out / "rgr-budget" / "cells").glob("*.json")):

@@ -1,0 +1,20 @@
+#!/bin/bash
+# Fig. 2b's GD cells that one CPU core cannot reach (a search round trains 9 MLPs for up to 20,000 steps on
+# models x F x |V| logits: about 3.4 hours a round at d = 64, F = 2,048): d = 64, F = 2,048 / 4,096 and
+# d = 128, F = 2,048 ... 16,384 on a GPU (--device cuda), cheapest first. Each cell gets at most CELL_SECONDS
+# (default 240), so a lent GPU's time limit leaves every finished cell, and every finished size of a cut-off
+# cell (its partial file), behind; run it again to resume.
+#   bash benchmarks/runs/scaling/gd_gpu.sh [COPY_TO]
+# With COPY_TO, the scaling results are copied there after every cell (a device machine returns only $OUT).
+ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
+COPY_TO="${1:-}"
+RESULTS="$ROOT/benchmarks/results/experiments-seed"
+cd /tmp
+for cell in "d=64 facts=2048" "d=128 facts=2048" "d=64 facts=4096" "d=128 facts=4096" "d=128 facts=8192" \
+            "d=128 facts=16384"; do
+  set -- $cell
+  timeout "${CELL_SECONDS:-240}" python -m factkernels experiment scaling --scale seed --only method=gd --only "$1" \
+    --only "$2" --device cuda --out "$RESULTS" --resume --quiet
+  echo "$cell: exit $? at $(date +%T)"
+  if [ -n "$COPY_TO" ]; then mkdir -p "$COPY_TO" && cp -r "$RESULTS/scaling" "$COPY_TO/"; fi
+done
