@@ -141,6 +141,12 @@ def bench_kernels(device: torch.device, quick: bool) -> list[dict]:
         rows.append(race("decode", {"n": n, "nv": nv, "d": d}, device,
                          lambda: _ops.decode(y, v, t, backend="kernels"),
                          lambda: _ops.decode(y, v, t, backend="torch")))
+    # the GD loss on a step's logits: 3 models x F = |V| = 2,048 (quick: 512 x 256)
+    for n, c in ([(6144, 2048)] if not quick else [(512, 256)]):
+        logits, t = r(n, c) * 30, torch.randint(c, (n,), generator=gen).to(device)
+        rows.append(race("softmax_cross_entropy", {"n": n, "c": c}, device,
+                         lambda: _ops.softmax_cross_entropy(logits, t, backend="kernels"),
+                         lambda: _ops.softmax_cross_entropy(logits, t, backend="torch")))
     return rows
 
 

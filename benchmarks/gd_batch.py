@@ -16,6 +16,13 @@ rather than as a speedup.
 "step_cost" measures what a batch can save at most: seconds per Adam step of B GD MLPs trained as
 one batch (B = 1, 3, 9, 21; a width that stores no fact set here, so no model stops early), its
 ratio to one model's step, and the ceiling B / ratio on the speedup of training B models at once.
+"step_cost_by_size" measures the same for B = 1 and 3 at larger fact sets (F = |V| = 256, 1,024 and 2,048):
+where the ratio nears or passes 3, a batch saves nothing on this device, which is where the searches'
+``batch="auto"`` trains one model at a time (``capacity.SERIAL_LOGITS``).
+
+"loss_kernel" races the GD MLP's cross-entropy through the compiled kernel (``_ops.softmax_cross_entropy``)
+against its torch twin: seconds per step of gd_mlp_batch with ``backend="kernels"`` and ``"torch"``, at the
+three sizes of "step_cost_by_size" (B = 3, 3 and 1 models).
 """
 
 from __future__ import annotations
@@ -52,15 +59,17 @@ def _every_seed_seconds(method: str, sample, seeds: int, sizes: list[int], optio
 
 
 STEP_COST_BATCHES = (1, 3, 9, 21)
+STEP_COST_SIZES = ((256, 32, 100), (1024, 32, 40), (2048, 64, 20))  # (F, d, steps timed)
 
 
-def step_costs(*, d: int, facts: int, steps: int, repeats: int, device: str = "cpu", hidden: int = 2) -> list[dict]:
+def step_costs(*, d: int, facts: int, steps: int, repeats: int, device: str = "cpu", hidden: int = 2,
+               batches: tuple[int, ...] = STEP_COST_BATCHES) -> list[dict]:
     """Seconds per step of B GD MLPs (width ``hidden``) trained as one batch for ``steps`` steps, for B in
-    STEP_COST_BATCHES (fastest of ``repeats``), with the ratio to B = 1 and the ceiling B / ratio."""
+    ``batches`` (fastest of ``repeats``), with the ratio to B = 1 and the ceiling B / ratio."""
     fact_sets = [tuple(t.to(device) for t in family_fact_set("spherical", facts, d, seed=seed))
-                 for seed in range(max(STEP_COST_BATCHES))]
+                 for seed in range(max(batches))]
     rows = []
-    for models in STEP_COST_BATCHES:
+    for models in batches:
         runs = []
         for _ in range(repeats):
             start = time.perf_counter()
@@ -73,6 +82,36 @@ def step_costs(*, d: int, facts: int, steps: int, repeats: int, device: str = "c
         row["cost_vs_one"] = row["seconds_per_step"] / rows[0]["seconds_per_step"]
         row["ceiling"] = row["models"] / row["cost_vs_one"]
     return rows
+
+
+LOSS_RACE_MODELS = (3, 3, 1)  # models per batch at each size of STEP_COST_SIZES
+
+
+def loss_kernel_race(*, repeats: int, device: str = "cpu") -> list[dict]:
+    """Seconds per GD step (width 2: no model stops early) with the loss kernel and with its torch twin,
+    the modes taking turns, fastest of ``repeats``; speedup = torch / kernels."""
+    rows = []
+    for (facts, d, steps), models in zip(STEP_COST_SIZES, LOSS_RACE_MODELS):
+        fact_sets = [tuple(t.to(device) for t in family_fact_set("spherical", facts, d, seed=seed))
+                     for seed in range(models)]
+        row = {"facts": facts, "d": d, "models": models, "steps": steps}
+        for _ in range(repeats):
+            for backend in ("kernels", "torch"):
+                start = time.perf_counter()
+                gd_mlp_batch(fact_sets, 2, list(range(models)), steps=steps, progress=False, backend=backend)
+                runs = row.setdefault(backend, {"runs": []})["runs"]
+                runs.append((time.perf_counter() - start) / steps)  # fit reads the loss back every step
+                row[backend]["seconds_per_step"] = min(runs)
+        row["speedup"] = row["torch"]["seconds_per_step"] / row["kernels"]["seconds_per_step"]
+        rows.append(row)
+    return rows
+
+
+def step_costs_by_size(*, repeats: int, device: str = "cpu") -> list[dict]:
+    """:func:`step_costs` for B = 1 and 3 at each (F, d) of STEP_COST_SIZES."""
+    return [{"facts": facts, "d": d, "rows": step_costs(d=d, facts=facts, steps=steps, repeats=repeats, device=device,
+                                                        batches=(1, 3))}
+            for facts, d, steps in STEP_COST_SIZES]
 
 
 def race(methods: list[str], *, d: int, facts: int, seeds: int, gd_steps: int, repeats: int,
@@ -124,6 +163,8 @@ def main() -> None:
                    repeats=args.repeats, device=args.device)
     payload["step_cost"] = step_costs(d=args.d, facts=args.facts, steps=min(args.gd_steps, 500), repeats=args.repeats,
                                       device=args.device)
+    payload["step_cost_by_size"] = step_costs_by_size(repeats=args.repeats, device=args.device)
+    payload["loss_kernel"] = loss_kernel_race(repeats=args.repeats, device=args.device)
     payload["setting"]["threads"] = 1
     payload.update(loadavg_before=load_before, loadavg_after=os.getloadavg(), environment=environment())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

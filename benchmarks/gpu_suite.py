@@ -15,7 +15,8 @@ What it runs (all on --device, default cuda):
   u_star     margin_optimal_outputs at |V| = 65,536, d = 256: time, rho and peak GPU memory
   gd_batch   GD cost searches with every seed (and, for the GD MLP, the sizes ahead) as one batch vs one
              model at a time (gd_batch.py's race at its CPU setting, d = 16, F = 64, 3 seeds, one run each),
-             and the cost of one step of 1, 3, 9, 21 GD MLPs as one batch
+             and the cost of one step of 1, 3, 9, 21 GD MLPs as one batch (and of 1 and 3 at F = 256 ... 2,048),
+             and a GD step with the cross-entropy kernel against its torch twin
 
 Without a usable CUDA device it prints why and exits with status 2, writing nothing.
 """
@@ -39,6 +40,8 @@ from factkernels.embeddings import random_fact_set
 from bench import bench_attention, bench_construct, bench_kernels, device_info, sync, timeit
 from gd_batch import race as race_gd_searches
 from gd_batch import step_costs as gd_step_costs
+from gd_batch import loss_kernel_race as gd_loss_kernel_race
+from gd_batch import step_costs_by_size as gd_step_costs_by_size
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_DEVICE_STATUS = 2
@@ -177,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                                           gd_steps=1000 if args.quick else 3000, repeats=1, device=str(device))
     # F = 64 even when quick: width 2 must store none of the facts for every model to train all steps
     report["gd_batch"]["step_cost"] = gd_step_costs(d=16, facts=64, steps=500, repeats=1, device=str(device))
+    if not args.quick:  # does a batch of 3 still cost less than 3 models at F = |V| = 2,048? (capacity.SERIAL_LOGITS)
+        report["gd_batch"]["step_cost_by_size"] = gd_step_costs_by_size(repeats=1, device=str(device))
+        report["gd_batch"]["loss_kernel"] = gd_loss_kernel_race(repeats=1, device=str(device))
 
     out = Path(args.out)
     if out.suffix != ".json":

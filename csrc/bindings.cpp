@@ -185,6 +185,20 @@ PYBIND11_MODULE(_C, m) {
           });
         });
 
+  m.def("softmax_xent",
+        [](const std::string& device, const std::string& dtype, uintptr_t s, int64_t lds, uintptr_t target,
+           uintptr_t loss, uintptr_t hit, uintptr_t prob, int64_t ldp, int64_t n, int64_t c, double floor,
+           uintptr_t stream) {
+          const int dev = device_index(device);
+          dispatch_dtype(dtype, [&](auto tag) {
+            using T = decltype(tag);
+            SoftmaxXentArgs<T> a{cptr<T>(s), lds, reinterpret_cast<const int64_t*>(target), mptr<T>(loss),
+                                 reinterpret_cast<uint8_t*>(hit), mptr<T>(prob), ldp, n, c, static_cast<T>(floor)};
+            py::gil_scoped_release nogil;
+            FK_LAUNCH(softmax_xent, a, dev, stream);
+          });
+        });
+
   m.def("build_info", []() {
     py::dict info;
 #ifdef FACTKERNELS_CUDA

@@ -136,7 +136,26 @@ struct MaxHeadScoresArgs {
   int64_t batch, h, lq, lk, dk;
 };
 
+// Row-wise softmax cross-entropy (the GD baselines' loss), one read of each row of scores:
+//   top[i]     = max_j s[i, j]
+//   loss[i]    = log(sum_j e[i, j]) + top[i] - s[i, t],   e[i, j] = exp(max(s[i, j] - top[i], -floor)), t = target[i]
+//   hit[i]     = s[i, t] >= top[i]   (uint8 0/1; a tie for the top counts as a hit)
+//   prob[i, j] = e[i, j] / sum_j e[i, j]   (the softmax, what the gradient needs; prob may equal s)
+//   s: (n, c), target: (n,) int64 in [0, c), loss: (n,), hit: (n,), prob: (n, c).
+// A row holding a NaN gets loss NaN, hit 0 and prob NaN (as torch's amax propagates it).
+template <typename T>
+struct SoftmaxXentArgs {
+  const T* s; int64_t lds;
+  const int64_t* target;
+  T* loss;
+  uint8_t* hit;
+  T* prob; int64_t ldp;
+  int64_t n, c;
+  T floor;
+};
+
 namespace cpu {
+template <typename T> void softmax_xent(const SoftmaxXentArgs<T>& a);
 template <typename T> void gate_features(const GateFeaturesArgs<T>& a);
 template <typename T> void hadamard_gram(const HadamardGramArgs<T>& a);
 template <typename T> void gadget_matvec(const GadgetProductArgs<T>& a);
@@ -150,6 +169,7 @@ int num_threads();
 
 #ifdef FACTKERNELS_CUDA
 namespace cuda {
+template <typename T> void softmax_xent(const SoftmaxXentArgs<T>& a, uintptr_t stream);
 template <typename T> void gate_features(const GateFeaturesArgs<T>& a, uintptr_t stream);
 template <typename T> void hadamard_gram(const HadamardGramArgs<T>& a, uintptr_t stream);
 template <typename T> void gadget_matvec(const GadgetProductArgs<T>& a, uintptr_t stream);

@@ -385,6 +385,48 @@ def decode(
     return _registered(_decode_op, _decode_kernel)(y, values, target)
 
 
+# Scores more than this far below their row's max count as exactly this far below in the softmax
+# cross-entropy: torch's CPU exp leaves its vectorized path for arguments below about −87 (6–10× slower
+# per element), trained GD logits go far below that, and a weight e^−80 ≈ 2e−35 beside a row total ≥ 1
+# changes neither the loss nor any gradient a float32 or float64 update can see.
+XENT_EXP_FLOOR = 80.0
+
+
+def softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
+                          backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row-wise softmax cross-entropy with its hit test and softmax, one read of each row (the GD loss).
+
+    logits: (n, c), target: (n,) integer in [0, c)  ->  (loss (n,), hit (n,) bool, prob (n, c))
+    loss_i = log Σ_j e_ij + top_i − logits[i, t] with top_i = max_j logits[i, j], t = target[i] and
+    e_ij = exp(max(logits[i, j] − top_i, −XENT_EXP_FLOOR)); hit_i = logits[i, t] ≥ top_i (a tie for the
+    top counts as a hit); prob = e / Σ_j e_ij, the softmax, from which the gradient is prob − one-hot.
+    A row holding a NaN gets loss NaN, hit False and prob NaN (kernels and twin alike). Not differentiable
+    itself: the caller's autograd Function uses prob (see ``baselines.gd``).
+    """
+    _matrix("logits", logits)
+    if logits.shape[1] == 0:
+        raise ValueError("logits must have at least one column (class)")
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
+        raise TypeError(f"target must hold integer indices, got dtype {target.dtype}")
+    if target.shape != (logits.shape[0],):
+        raise ValueError(f"target must have shape ({logits.shape[0]},), got {tuple(target.shape)}")
+    if target.device != logits.device:
+        raise ValueError(f"target is on {target.device} but logits is on {logits.device}")
+    target = target.to(torch.int64)
+    if target.numel() and (int(target.min()) < 0 or int(target.max()) >= logits.shape[1]):
+        raise ValueError(f"target entries must lie in [0, {logits.shape[1]}) (the columns of logits), "
+                         f"got range [{int(target.min())}, {int(target.max())}]")
+    if not _use_kernel(backend, logits):
+        top = logits.amax(1, keepdim=True)
+        weights = (logits - top).clamp_(min=-XENT_EXP_FLOOR).exp_()
+        total = weights.sum(1, keepdim=True)
+        own = logits.gather(1, target.unsqueeze(1))
+        return (total.log() + top - own).squeeze(1), (own >= top).squeeze(1), weights.div_(total)
+    return _registered(_softmax_xent_op, _softmax_xent_kernel)(logits, target)
+
+
 def _value_splits(n: int, nv: int, device: torch.device) -> int:
     """How many ranges of the values the CUDA decode and star_topk split into (1 on CPU, which splits
     on its own).
@@ -544,6 +586,28 @@ _decode_op = torch.library.custom_op("factkernels::decode", mutates_args=())(_de
 @_decode_op.register_fake
 def _(y, values, target):
     return (y.new_empty(y.shape[0], dtype=torch.int64), y.new_empty(y.shape[0]))
+
+
+def _softmax_xent_kernel(logits: torch.Tensor,
+                         target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The compiled softmax_cross_entropy on validated tensors."""
+    logits, target = _rowmajor(logits), target.contiguous()
+    n, c = logits.shape
+    loss = torch.empty(n, dtype=logits.dtype, device=logits.device)
+    hit = torch.empty(n, dtype=torch.bool, device=logits.device)  # one byte: the kernel writes 0 / 1
+    prob = torch.empty(n, c, dtype=logits.dtype, device=logits.device)
+    _C.softmax_xent(*_launch_args(logits), _ptr(logits), _ld(logits), _ptr(target), _ptr(loss), _ptr(hit),
+                    _ptr(prob), _ld(prob), n, c, XENT_EXP_FLOOR, _stream(logits))
+    return loss, hit, prob
+
+
+_softmax_xent_op = torch.library.custom_op("factkernels::softmax_xent", mutates_args=())(_softmax_xent_kernel)
+
+
+@_softmax_xent_op.register_fake
+def _(logits, target):
+    n = logits.shape[0]
+    return logits.new_empty(n), logits.new_empty(n, dtype=torch.bool), logits.new_empty(logits.shape)
 
 
 # ----------------------------------------------------------------------------- attention scores

@@ -297,6 +297,25 @@ def _check_search(start: int, max_size: int, eps_acc: float) -> None:
         raise ValueError(f"eps_acc must be in [0, 1), got {eps_acc!r}")
 
 
+# batch="auto" trains one model at a time on the CPU from this many logits per model (F · |V|) up. A batch
+# amortizes the per-step overhead of small models; from here a model's own arithmetic fills the step: one
+# Adam step of 3 GD MLPs as a batch cost 2.0x one model's at F = |V| = 256, 2.5x at 1,024 and 4.8x at 2,048
+# (the logits outgrow the cache; benchmarks/results/gd_batch.json, step_cost_by_size), so a batch saves
+# little or nothing, and the serial search's stop at the first failing seed and its lack of lookahead save
+# whole 20,000-step trainings.
+SERIAL_LOGITS = 1 << 19
+
+
+def _batches(batch: Union[bool, str], K: torch.Tensor, V: torch.Tensor) -> bool:
+    """Whether a search trains its models as batches: ``batch`` itself, or for "auto" unless they train on the
+    CPU with at least SERIAL_LOGITS logits each (K (F, d) and V (|V|, d) of one fact set)."""
+    if batch == "auto":
+        return K.device.type != "cpu" or K.shape[0] * V.shape[0] < SERIAL_LOGITS
+    if not isinstance(batch, bool):
+        raise ValueError(f"batch must be True, False or 'auto', got {batch!r}")
+    return batch
+
+
 # A batched search trains the sizes a few search steps ahead in the same batch: every size left
 # between the bracketing sizes when at most this many remain, else the next two bisection levels.
 LOOKAHEAD_SIZES = 8
@@ -414,7 +433,7 @@ def fact_storage_cost(
     max_size: int = 1 << 20,
     eps_acc: float = 0.0,
     progress: bool = True,
-    batch: bool = True,
+    batch: Union[bool, str] = "auto",
     checkpoint: Union[str, Path, None] = None,
     **options,
 ) -> StorageCost:
@@ -430,7 +449,9 @@ def fact_storage_cost(
         start: first size tried (default: the method's); max_size: the search gives up above it.
         eps_acc: a size stores the facts when at most ⌊eps_acc·F⌋ facts fail for every seed.
         batch: train every seed of a size as one batched model when the method has
-            ``build_batch`` (the GD methods); False builds them one at a time.
+            ``build_batch`` (the GD methods); False builds them one at a time; "auto" batches except on
+            the CPU at F · |V| ≥ SERIAL_LOGITS, where a model's arithmetic outweighs what a batch saves.
+            Both visit the same sizes and find the same cost.
         checkpoint: a JSON file (:class:`TrialLog`) where every finished trial is written at once; a
             search started again with it reuses those trials (for one fact set: K, V and f are not keyed).
         options: passed to the method's builder (e.g. ``degree=4`` for "ntk", ``steps=5000`` for "gd").
@@ -448,8 +469,8 @@ def fact_storage_cost(
         return ((FactSet(K, V, facts), seed, prepared) for seed in seed_list)
 
     log = None if checkpoint is None else TrialLog(checkpoint)
-    return _search(spec, cases, seed_list, facts.shape[0], start, max_size, eps_acc, progress, batch, log,
-                   _search_key(spec, seed_list, facts.shape[0], eps_acc, options))
+    return _search(spec, cases, seed_list, facts.shape[0], start, max_size, eps_acc, progress, _batches(batch, K, V),
+                   log, _search_key(spec, seed_list, facts.shape[0], eps_acc, options))
 
 
 def sampled_storage_cost(
@@ -461,7 +482,7 @@ def sampled_storage_cost(
     max_size: int = 1 << 20,
     eps_acc: float = 0.0,
     progress: bool = True,
-    batch: bool = True,
+    batch: Union[bool, str] = "auto",
     checkpoint: Union[str, Path, None] = None,
     **options,
 ) -> StorageCost:
@@ -486,5 +507,6 @@ def sampled_storage_cost(
         raise ValueError(f"sample must return fact sets of one size F, got sizes {sorted(sizes)}")
     num_facts = sizes.pop()
     log = None if checkpoint is None else TrialLog(checkpoint)
-    return _search(spec, lambda: iter(fact_sets), seed_list, num_facts, start, max_size, eps_acc, progress, batch,
-                   log, _search_key(spec, seed_list, num_facts, eps_acc, options))
+    first = fact_sets[0][0]
+    return _search(spec, lambda: iter(fact_sets), seed_list, num_facts, start, max_size, eps_acc, progress,
+                   _batches(batch, first.K, first.V), log, _search_key(spec, seed_list, num_facts, eps_acc, options))

@@ -173,7 +173,7 @@ def test_cross_entropy_matches_torch_in_value_gradient_and_hit_test():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_cross_entropy_of_far_apart_logits_matches_torch(dtype):
-    # trained logits sit hundreds apart; below EXP_FLOOR under the row max ours counts them at the floor
+    # trained logits sit hundreds apart; below _ops.XENT_EXP_FLOOR under the row max ours counts them at the floor
     generator = torch.Generator().manual_seed(1)
     logits = (torch.randn(4, 6, 9, generator=generator, dtype=dtype) * 200).requires_grad_(True)
     targets = torch.randint(0, 9, (4, 6), generator=generator)
@@ -230,6 +230,18 @@ def test_gd_mlp_stores_and_stops_early(tiny):
     d = K.shape[1]
     assert mlp.num_parameters == 3 * 8 * d + 2 * 8 + d
     assert not any(p.requires_grad for p in mlp.parameters())
+
+
+def test_gd_mlp_loss_kernel_trains_the_twins_model(tiny):
+    # the compiled cross-entropy and its torch twin differ by exp rounding: the same steps, nearly the same weights
+    K, V, f = tiny
+    kernel, twin = (baselines.gd_mlp(K, V, f, hidden=6, steps=300, lr=1e-2, seed=0, progress=False, backend=b)
+                    for b in ("kernels", "torch"))
+    assert kernel.fit_results["mlp"].steps == twin.fit_results["mlp"].steps
+    for a, b in zip(kernel.parameters(), twin.parameters()):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-4)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        baselines.gd_mlp(K, V, f, hidden=6, steps=3, progress=False, backend="cuda")
 
 
 def test_gd_mlp_mse_pulls_outputs_onto_the_values(tiny):

@@ -262,6 +262,25 @@ def test_batched_search_trains_the_sizes_ahead_in_few_rounds(tiny):
     assert batches == [[2, 4, 8], [16, 32, 64], [9, 10, 11, 12, 13, 14, 15]]  # 3 rounds for 7 sizes
 
 
+def test_auto_batches_small_models_and_trains_large_ones_one_at_a_time(tiny, monkeypatch):
+    import factkernels.capacity as capacity_module
+
+    K, V, f = tiny
+    batches = []
+    searched = fact_storage_cost(threshold_method(f, batches), K, V, f, seeds=2, progress=False)  # batch="auto"
+    assert searched.size == 13 and len(batches) == 3  # F·|V| = 24·24: batched, with lookahead
+    monkeypatch.setattr(capacity_module, "SERIAL_LOGITS", K.shape[0] * V.shape[0])  # as if these were large
+    batches.clear()
+    serial = fact_storage_cost(threshold_method(f, batches), K, V, f, seeds=2, progress=False)
+    assert batches == [] and [t.size for t in serial.trace] == [t.size for t in searched.trace]
+    assert [len(t.accuracies) for t in serial.trace if not t.stored] == [1, 1, 1, 1]  # stops at the first failing seed
+    sampled = sampled_storage_cost(threshold_method(f, batches), lambda seed: (K, V, f), seeds=2, progress=False)
+    assert sampled.size == 13 and batches == [] and len(sampled.trace[0].accuracies) == 1
+    with pytest.raises(ValueError, match="batch must be True, False or 'auto'"):
+        fact_storage_cost("gd", K, V, f, seeds=1, progress=False, batch="yes")
+    assert capacity_module._batches("auto", K.to("meta"), V.to("meta"))  # on a GPU (any device but the CPU): batched
+
+
 def test_batched_search_without_lookahead_trains_only_the_sizes_it_asks_for(tiny):
     K, V, f = tiny
     batches = []

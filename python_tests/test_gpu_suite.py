@@ -28,6 +28,10 @@ def test_gd_batch_race_finds_one_size_both_ways_and_measures_step_costs(monkeypa
     assert row["batched"]["sizes_tried"] == row["one_at_a_time"]["sizes_tried"]
     costs = gd_batch.step_costs(d=8, facts=32, steps=20, repeats=1)  # width 2 stores none of 32 facts
     assert [c["models"] for c in costs] == list(gd_batch.STEP_COST_BATCHES) and costs[0]["cost_vs_one"] == 1.0
+    monkeypatch.setattr(gd_batch, "STEP_COST_SIZES", ((32, 8, 10), (64, 8, 10), (64, 16, 5)))
+    loss = gd_batch.loss_kernel_race(repeats=1)
+    assert [(r["facts"], r["models"]) for r in loss] == [(32, 3), (64, 3), (64, 1)]
+    assert all(r["speedup"] == r["torch"]["seconds_per_step"] / r["kernels"]["seconds_per_step"] for r in loss)
 
 
 def test_gd_stop_race_agrees_and_covers_far_to_near(monkeypatch):

@@ -253,6 +253,48 @@ def test_decode_nan_scores_match_twin(device, dtype):
     assert bool((k_index[:10] == 17).all()) and int(k_index[12]) == 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 40), c=st.integers(1, 300), spread=st.sampled_from([1.0, 30.0, 400.0]), dtype=dtypes,
+       seed=st.integers(0, 2**16))
+def test_softmax_cross_entropy(device, n, c, spread, dtype, seed):
+    # spread 400: most logits fall more than XENT_EXP_FLOOR below their row's max and count at the floor
+    gen = torch.Generator().manual_seed(seed)
+    logits = _rand(gen, n, c, dtype=dtype, device=device) * spread
+    target = torch.randint(c, (n,), generator=gen).to(device)
+    target[: n // 2] = logits[: n // 2].argmax(1)  # rows that hit
+    loss, hit, prob = _ops.softmax_cross_entropy(_wide(logits), target, backend="kernels")
+    ref_loss, ref_hit, ref_prob = _ops.softmax_cross_entropy(logits.double(), target, backend="torch")
+    assert loss.dtype == prob.dtype == dtype and hit.dtype == torch.bool
+    _close(loss, ref_loss, dtype)
+    _close(prob, ref_prob, dtype)
+    assert torch.equal(hit, ref_hit) and bool(hit[: n // 2].all())
+    exact = torch.nn.functional.cross_entropy(logits.double(), target, reduction="none")
+    assert torch.allclose(ref_loss, exact, rtol=1e-12, atol=1e-12)  # the floor changes nothing torch can see
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_cross_entropy_ties_nans_and_bad_targets(device, dtype):
+    logits = torch.tensor([[1.0, 3.0, 3.0, -2.0], [0.0, math.nan, 1.0, 2.0], [-math.inf, 0.0, 5.0, 5.0]],
+                          dtype=dtype, device=device)
+    target = torch.tensor([2, 3, 0], device=device)
+    (k_loss, k_hit, k_prob), (t_loss, t_hit, t_prob) = (
+        _ops.softmax_cross_entropy(logits, target, backend=b) for b in ("kernels", "torch"))
+    assert k_hit.tolist() == t_hit.tolist() == [True, False, False]  # a tie for the top is a hit
+    for k, t in ((k_loss, t_loss), (k_prob, t_prob)):
+        assert torch.equal(torch.isnan(k), torch.isnan(t))  # the NaN row, and only it
+        assert torch.allclose(k[~torch.isnan(t)], t[~torch.isnan(t)], rtol=1e-6, atol=1e-30)
+    assert bool(torch.isnan(k_prob[1]).all()) and not bool(torch.isnan(k_prob[[0, 2]]).any())
+    assert float(k_loss[0]) == pytest.approx(math.log(2 + math.exp(-2.0) + math.exp(-5.0)), rel=1e-6)
+    assert float(k_loss[2]) == math.inf  # the target's logit is -inf; the -inf logit still weighs e^-80
+    assert float(k_prob[2, 0]) == pytest.approx(math.exp(-80.0) / (2 + math.exp(-5.0)), rel=1e-5)
+    for bad, error in ((torch.tensor([0, 4, 1]), "lie in"), (torch.tensor([0.0, 1.0, 2.0]), "integer"),
+                       (torch.tensor([0, 1]), "shape")):
+        with pytest.raises((ValueError, TypeError), match=error):
+            _ops.softmax_cross_entropy(logits, bad.to(device), backend="kernels")
+
+
 def test_cuda_kernels_fall_back_when_unusable():
     built = {"cuda": True, "cuda_runtime_version": 13000, "cuda_driver_version": 12040, "cuda_devices": 0}
     reason = _ops._cuda_unusable_reason

@@ -220,46 +220,34 @@ def _stack_fact_sets(fact_sets: Sequence[FactSet]) -> tuple[torch.Tensor, torch.
             torch.stack([f for _, _, f in checked]))
 
 
-EXP_FLOOR = 80.0  # see _CrossEntropy
-
-
 class _CrossEntropy(torch.autograd.Function):
     """Row-wise cross-entropy of logits (N, C) against targets (N,) -> (loss (N,), hit (N,) bool), where
     hit says the target's logit is the row's largest (an exact tie with another class counts as a hit).
 
-    One max pass and one exp pass forward; backward is softmax − one-hot from the saved softmax.
-    F.cross_entropy's log-softmax, NLL and their backward (a zero fill, a scatter, another exp pass)
-    plus a separate argmax take about twice as long on the (models·F, |V|) logits of a GD step; the
-    hit test reuses the row max instead of an argmax (max-with-index is ~9× slower than amax on CPU).
-    Logits more than EXP_FLOOR below their row's max count as exactly EXP_FLOOR below: torch's CPU exp
-    leaves its vectorized path for arguments below about −87 (6–10× slower per element), trained
-    logits go far below that, and a weight e^−80 ≈ 2e−35 beside a row total ≥ 1 changes neither the
-    loss nor any gradient a float32 or float64 update can see."""
+    Forward is :func:`_ops.softmax_cross_entropy` (a compiled kernel: one read of each row, where
+    F.cross_entropy's log-softmax, NLL and a separate argmax make several passes over the (models·F, |V|)
+    logits of a GD step); backward is softmax − one-hot from the saved softmax. Logits more than
+    ``_ops.XENT_EXP_FLOOR`` below their row's max count as that far below (see there)."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        top = logits.amax(1, keepdim=True)
-        # the softmax times its row's total (the backward divides)
-        weights = (logits - top).clamp_(min=-EXP_FLOOR).exp_()
-        total = weights.sum(1, keepdim=True)
-        target_logit = logits.gather(1, targets.unsqueeze(1))
-        loss = (total.log() + top - target_logit).squeeze(1)
-        ctx.save_for_backward(weights, total, targets)
-        hit = (target_logit >= top).squeeze(1)
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, hit, prob = _ops.softmax_cross_entropy(logits, targets, backend=backend)
+        ctx.save_for_backward(prob, targets)
         ctx.mark_non_differentiable(hit)
         return loss, hit
 
     @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor, _grad_hit: torch.Tensor) -> tuple[torch.Tensor, None]:
-        weights, total, targets = ctx.saved_tensors
-        grad = weights * (grad_loss.unsqueeze(1) / total)
-        return grad.scatter_add_(1, targets.unsqueeze(1), -grad_loss.unsqueeze(1)), None
+    def backward(ctx, grad_loss: torch.Tensor, _grad_hit: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        prob, targets = ctx.saved_tensors
+        grad = prob * grad_loss.unsqueeze(1)
+        return grad.scatter_add_(1, targets.unsqueeze(1), -grad_loss.unsqueeze(1)), None, None
 
 
-def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
+                   backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row cross-entropy and hit test: logits (B, n, C), targets (B, n) -> (loss (B, n), hit (B, n) bool)."""
     batch, rows, classes = logits.shape
-    loss, hit = _CrossEntropy.apply(logits.reshape(batch * rows, classes), targets.reshape(-1))
+    loss, hit = _CrossEntropy.apply(logits.reshape(batch * rows, classes), targets.reshape(-1), backend)
     return loss.view(batch, rows), hit.view(batch, rows)
 
 
@@ -348,6 +336,7 @@ def gd_mlp_batch(
     loss: str = "ce",
     until: str = "stored",
     progress: bool = True,
+    backend: str = "auto",
 ) -> list[FactMLP]:
     """B SwiGLU MLPs trained as one batch: model b stores fact set b with width hiddens[b] from seed seeds[b].
 
@@ -365,6 +354,8 @@ def gd_mlp_batch(
         raise ValueError(f"loss must be one of {GD_LOSSES}, got {loss!r}")
     if until not in GD_STOPS:
         raise ValueError(f"until must be one of {GD_STOPS}, got {until!r}")
+    if backend not in _ops.BACKENDS:
+        raise ValueError(f"backend must be one of {_ops.BACKENDS}, got {backend!r}")
     cutoff = CONVERGED_LOSS * (1 if loss == "ce" else V.shape[2])  # the MSE below sums over the d_out coordinates
     targets = torch.gather(V, 1, facts.unsqueeze(2).expand(-1, -1, V.shape[2]))  # (B, F, d_out)
     # MSE checks decoding only where an output is not already inside its target's decoding region (a converged
@@ -377,7 +368,7 @@ def gd_mlp_batch(
         keys, values, rows, wanted, radius = training(active)
         outputs = _gated_apply(params, keys, activation)  # (b, F, d_out)
         if loss == "ce":
-            value, hit = _cross_entropy(torch.bmm(outputs, values.transpose(1, 2)), rows)  # logits (b, F, |V|)
+            value, hit = _cross_entropy(torch.bmm(outputs, values.transpose(1, 2)), rows, backend)  # (b, F, |V|)
             value = value.mean(1)
             return value, (hit.all(1) if until == "stored" else value.detach() <= cutoff)
         errors = (outputs - wanted).square().sum(2)
@@ -412,6 +403,7 @@ def gd_mlp(
     until: str = "stored",
     seed: int = 0,
     progress: bool = True,
+    backend: str = "auto",
 ) -> FactMLP:
     """A SwiGLU MLP of width ``hidden`` trained to store f with full-batch Adam.
 
@@ -419,12 +411,13 @@ def gd_mlp(
     (the fact experts of the seed's language model, App. A.3.2).
     K: (F, d_in), V: (|V|, d_out), f: (F,). ``until`` (one of :data:`GD_STOPS`): "stored" stops early once
     every fact is stored; "converged" trains through the schedule unless the loss reaches :data:`CONVERGED_LOSS`.
+    backend: the cross-entropy's (:func:`_ops.softmax_cross_entropy`): "auto", "kernels" or "torch".
     Returns a FactMLP with biases (gate/up (hidden, d_in), down (d_out, hidden)); its
     ``fit_results`` attribute holds {"mlp": :class:`FitResult`}.
     """
     _check_count("hidden", hidden)
     return gd_mlp_batch([FactSet(K, V, f)], [hidden], [seed], steps=steps, lr=lr, final_lr=final_lr,
-                        activation=activation, loss=loss, until=until, progress=progress)[0]
+                        activation=activation, loss=loss, until=until, progress=progress, backend=backend)[0]
 
 
 # ----------------------------------------------------------------------------- GD encoder / decoder

@@ -1,9 +1,8 @@
 #!/bin/bash
-# Fig. 2b's GD cells that one CPU core cannot reach (a search round trains 9 MLPs for up to 20,000 steps on
-# models x F x |V| logits: about 3.4 hours a round at d = 64, F = 2,048): d = 64, F = 2,048 / 4,096 and
-# d = 128, F = 2,048 ... 16,384 on a GPU (--device cuda), cheapest first. Each cell gets at most CELL_SECONDS
-# (default 240), so a lent GPU's time limit leaves every finished cell, and every finished size of a cut-off
-# cell (its partial file), behind; run it again to resume.
+# Fig. 2b's GD cells on a GPU (--device cuda), cheapest first: d = 64, F = 2,048 / 4,096 (also in gd.sh, for a
+# CPU core) and d = 128, F = 2,048 ... 16,384, whose F x |V| logits per model and step put the larger ones out
+# of a CPU's reach. Each cell gets at most CELL_SECONDS (default 240), so a lent GPU's time limit leaves every
+# finished cell, and every finished size of a cut-off cell (its partial file), behind; run it again to resume.
 #   bash benchmarks/runs/scaling/gd_gpu.sh [COPY_TO]
 # With COPY_TO, the scaling results are copied there after every cell (a device machine returns only $OUT).
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
