@@ -176,6 +176,24 @@ def _same(ref_name: str, ref: torch.Tensor, **others: Optional[torch.Tensor]) ->
             raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}; use one device")
 
 
+def _indices(name: str, t: torch.Tensor, ref: torch.Tensor, size: int, what: str) -> torch.Tensor:
+    """``t`` as int64 after checking it holds one integer index in [0, size) per row of ``ref`` (2-D), on ref's
+    device; ``what`` names what the indices point into (in the range error). The kernels read whatever the
+    indices point at, so the range is checked (one pass over the n indices)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer indices, got dtype {t.dtype}")
+    if t.shape != (ref.shape[0],):
+        raise ValueError(f"{name} must have shape ({ref.shape[0]},), got {tuple(t.shape)}")
+    if t.device != ref.device:
+        raise ValueError(f"{name} is on {t.device} but the scores' operand is on {ref.device}")
+    t = t.to(torch.int64)
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= size):
+        raise ValueError(f"{name} entries must lie in [0, {size}) ({what}), got range [{int(t.min())}, {int(t.max())}]")
+    return t
+
+
 def _use_kernel(backend: str, *tensors: Optional[torch.Tensor]) -> bool:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -357,18 +375,7 @@ def decode(
     if values.shape[0] == 0:
         raise ValueError("values must have at least one row: there is nothing to decode to")
     if target is not None:
-        if not isinstance(target, torch.Tensor):
-            raise TypeError(f"target must be a torch.Tensor or None, got {type(target).__name__}")
-        if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
-            raise TypeError(f"target must hold integer indices, got dtype {target.dtype}")
-        if target.dim() != 1 or target.shape[0] != y.shape[0]:
-            raise ValueError(f"target must have shape ({y.shape[0]},), got {tuple(target.shape)}")
-        if target.device != y.device:
-            raise ValueError(f"target is on {target.device} but y is on {y.device}")
-        target = target.to(torch.int64)
-        if target.numel() and (int(target.min()) < 0 or int(target.max()) >= values.shape[0]):
-            raise ValueError(f"target entries must lie in [0, {values.shape[0]}) (the rows of values), "
-                             f"got range [{int(target.min())}, {int(target.max())}]")
+        target = _indices("target", target, y, values.shape[0], "the rows of values")
     n, nv = y.shape[0], values.shape[0]
     if not _use_kernel(backend, y, values):
         index = torch.empty(n, dtype=torch.int64, device=y.device)
@@ -406,18 +413,7 @@ def softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
     _matrix("logits", logits)
     if logits.shape[1] == 0:
         raise ValueError("logits must have at least one column (class)")
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
-    if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
-        raise TypeError(f"target must hold integer indices, got dtype {target.dtype}")
-    if target.shape != (logits.shape[0],):
-        raise ValueError(f"target must have shape ({logits.shape[0]},), got {tuple(target.shape)}")
-    if target.device != logits.device:
-        raise ValueError(f"target is on {target.device} but logits is on {logits.device}")
-    target = target.to(torch.int64)
-    if target.numel() and (int(target.min()) < 0 or int(target.max()) >= logits.shape[1]):
-        raise ValueError(f"target entries must lie in [0, {logits.shape[1]}) (the columns of logits), "
-                         f"got range [{int(target.min())}, {int(target.max())}]")
+    target = _indices("target", target, logits, logits.shape[1], "the columns of logits")
     if not _use_kernel(backend, logits):
         top = logits.amax(1, keepdim=True)
         weights = (logits - top).clamp_(min=-XENT_EXP_FLOOR).exp_()
