@@ -170,7 +170,7 @@ def _summarize_ssfr(cells: list[engine.Cell]) -> dict:
     on_j = [c for c in searches if c.config.get("split") == "train"]  # the seed's J speaks when it ran
     points, all_tuples = (_by_facts(on_j), _by_facts([c for c in searches if c not in on_j])) if on_j else \
         (_by_facts(searches), [])
-    c0 = cells[0].config
+    c0 = next(iter(head.values()), cells[0]).config  # the headline's F, whatever order the cells come in
     paper = "d = 128, F = 2^8..2^14, 4 seeds, 4.8M sequences at lr 2e-4, target 0.99"
     setting = f"F = {c0['facts']}, {_train_text(c0)}, {block}, constructed m = 4× its storage threshold; paper: {paper}"
 
@@ -250,8 +250,8 @@ def _all_tuples_text(points: list[dict]) -> str:
             + ("" if slope is None else f" (slope {slope:.2f})"))
 
 
-_LIMIT_TEXT = {"usability": "usability (the next smaller size tried stores every fact, but the transformer does "
-                             "not use it well enough)",
+_LIMIT_TEXT = {"usability": "usability (the next smaller size tried stores at least the target share of the facts, "
+                             "but the transformer does not use it well enough)",
                "storage": "storage (the next smaller size tried does not store the facts)",
                "floor": "the search floor (no smaller size tried; half the storage threshold m is assumed unusable)"}
 
