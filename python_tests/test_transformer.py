@@ -1,6 +1,7 @@
 """Transformer building blocks, the SSFR task, the FactTransformer slot, fact-adaptive accuracy,
 the W-vs-F search, usability/Lipschitz and the two experiment commands (tiny sizes)."""
 
+import json
 
 import pytest
 import torch
@@ -318,6 +319,23 @@ def test_experiment_ssfr_cells_and_claims(tmp_path):
     assert "without the final RMSNorm (our earlier block) 0.123" in both["claims"]["000-sec5.1-fact-adaptive"].reason
     alone = texp._summarize_ssfr([earlier])  # only the earlier block: it speaks, and says so
     assert not alone["output_norm"] and "without GPT-2's final RMSNorm" in alone["claims"]["000-sec5.1-fact-adaptive"].setting
+
+
+@pytest.mark.cuda
+def test_ssfr_and_usability_cells_train_on_the_gpu(tmp_path):
+    """--device cuda: the SSFR transformers train there, the cells say where they ran, and the accuracies
+    match the CPU's up to float rounding in 20 steps of training."""
+    accuracies = {}
+    for device in ("cpu", "cuda"):
+        for name in ("ssfr", "usability"):
+            engine.run(name, tmp_path / device, scale="tiny", quiet=True, device=device)
+            cells = list((tmp_path / device / name / "cells").glob("*.json"))
+            assert cells and all(json.loads(p.read_text())["device"].startswith(device) for p in cells)
+        headline = engine.load_cells(tmp_path / device, "ssfr").values()
+        accuracies[device] = {c.config["variant"]: c.result["fact_adaptive_accuracy"] for c in headline
+                              if c.config["part"] == "headline"}
+    for variant, accuracy in accuracies["cpu"].items():
+        assert abs(accuracies["cuda"][variant] - accuracy) <= 0.1
 
 
 def test_ssfr_w_vs_f_speaks_from_the_seeds_j_and_cites_the_stricter_search():

@@ -38,6 +38,10 @@ from .engine import Claim, Finding
 VANILLA = {"tie_embeddings": False, "residual": True, "freeze_mlp_norm": False, "identity_value_output": False}
 NEW_FACT_SEED = 1  # the swapped-in fact set and its MLP (never in a training pool)
 _SEED_TRAIN = {"steps": SEED_SEQUENCES // 256, "batch_size": 256, "lrs": [SEED_LR]}
+# The SSFR transformers train on a GPU too (--device cuda): at d = 128 the seed's 4.8M sequences are about an
+# hour of one CPU core per transformer (the vanilla headline cell: 4 x 384,000 sequences in 1,127 s), and a
+# W-vs-F search trains 4 per size, so the CPU runs here train 6,000 x 64 sequences.
+TRANSFORMER_DEVICES = ("cpu", "cuda")
 _QUICK_TRAIN = {"steps": 1500, "batch_size": 64, "lrs": [1e-2]}
 _TINY_TRAIN = {"steps": 20, "batch_size": 16, "lrs": [1e-2]}
 
@@ -134,7 +138,7 @@ def _other_split_trials(config: dict, task: SSFRTask) -> list[dict]:
 
 def run_ssfr_cell(config: dict) -> dict:
     task = SSFRTask(config["facts"], config["dim"], seed=0)
-    train = {"steps": config["steps"], "batch_size": config["batch_size"]}
+    train = {"steps": config["steps"], "batch_size": config["batch_size"], "device": str(engine.cell_device())}
     if config["part"] == "scaling":
         done, on_trial = _search_trials()
         done = _other_split_trials(config, task) + done  # a size this search measured itself wins
@@ -300,7 +304,7 @@ def _plot_ssfr(summary: dict, cells: list[engine.Cell]) -> dict:
 
 engine.register(engine.Experiment(
     "ssfr", "SSFR: fact-adaptive accuracy by MLP swap, seed modifications vs vanilla, W vs F (Sec. 5.1, Fig. 3a)",
-    SSFR_CLAIMS, _ssfr_grid, run_ssfr_cell, _summarize_ssfr, _plot_ssfr, threads=1))
+    SSFR_CLAIMS, _ssfr_grid, run_ssfr_cell, _summarize_ssfr, _plot_ssfr, threads=1, devices=TRANSFORMER_DEVICES))
 
 
 # ----------------------------------------------------------------------------- usability (§5.2–5.3)
@@ -335,7 +339,7 @@ def run_usability_cell(config: dict) -> dict:
     (row,) = run_usability(num_keys=config["facts"], dim=config["dim"], size=config["size"], kind=config["mlp"],
                            kappas=[config["kappa"]], alphas=[config["alpha"]], lrs=config["lrs"], seeds=config["seeds"],
                            gd_steps=config["gd_steps"], lipschitz_samples=config["lipschitz_samples"],
-                           switches=_block_switches(config), progress=False,
+                           switches=_block_switches(config), progress=False, device=str(engine.cell_device()),
                            steps=config["steps"], batch_size=config["batch_size"])
     return row
 
@@ -454,7 +458,8 @@ def _plot_usability(summary: dict, cells: list[engine.Cell]) -> dict:
 
 engine.register(engine.Experiment(
     "usability", "capacity vs usability over whitening alpha and condition number kappa, Lipschitz (Sec. 5.2-5.3)",
-    USABILITY_CLAIMS, _usability_grid, run_usability_cell, _summarize_usability, _plot_usability, threads=1))
+    USABILITY_CLAIMS, _usability_grid, run_usability_cell, _summarize_usability, _plot_usability, threads=1,
+    devices=TRANSFORMER_DEVICES))
 
 
 # ----------------------------------------------------------------------------- lm-facts (§5.4, Fig. 9)
