@@ -204,6 +204,10 @@ RHO_CLAIMS = (
           "(δ = 0.1): the searched m lies below the bound", "sufficient bound (no number)"),
 )
 COHERENCE_PAPER = {"ours": 0.44, "gd": 0.10}
+RHO_PAPER_R2 = 0.97  # Fig. 2a: R² > 0.97
+# Below the paper's bar but with ρ still explaining nine tenths of the variance of log cost, the claim that
+# ρ predicts the cost holds in part; below this it does not hold.
+RHO_PARTLY_R2 = 0.9
 
 
 def _rho_grid(scale: str) -> list[dict]:
@@ -229,13 +233,15 @@ def _summarize_rho(cells: list[engine.Cell]) -> dict:
             continue
         ours = f"R² = {fit['r2']:.3f}, slope {fit['slope']:.2f} over {fit['points']} families"
         setting = _setting(mine, "d=32, F=256, 7 families (spherical, anisotropic, tokens), 3 seeds")
-        if fit["r2"] < 0.97:
-            verdict, reason = "not reproduced", f"R² {fit['r2']:.3f} < 0.97"
-        elif method == "ours" and abs(fit["slope"] - SLOPE_PREDICTED) > 0.3:
-            verdict, reason = "partly", (f"R² reproduces, but the slope {fit['slope']:.2f} is not the −2 of the bound "
-                                         "(the bound is loose in ρ)")
+        if fit["r2"] < RHO_PARTLY_R2:
+            verdict, reason = "not reproduced", f"R² {fit['r2']:.3f} < {RHO_PARTLY_R2}: ρ does not predict the cost"
         else:
-            verdict, reason = "reproduced", "R² ≥ 0.97"
+            shortfalls = ([f"R² {fit['r2']:.3f} is below the paper's {RHO_PAPER_R2} (ρ still predicts the cost: "
+                           f"R² ≥ {RHO_PARTLY_R2})"] if fit["r2"] < RHO_PAPER_R2 else []) + \
+                         ([f"the slope {fit['slope']:.2f} is not the −2 of the bound (the bound is loose in ρ)"]
+                          if method == "ours" and abs(fit["slope"] - SLOPE_PREDICTED) > 0.3 else [])
+            verdict = "partly" if shortfalls else "reproduced"
+            reason = "; ".join(shortfalls) if shortfalls else f"R² ≥ {RHO_PAPER_R2}"
         claims[claim] = Finding(ours, setting, verdict, reason)
     coherence_fits = {}
     for method, paper_r2 in COHERENCE_PAPER.items():
