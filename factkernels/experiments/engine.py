@@ -121,6 +121,9 @@ class Experiment:
     """Device types its cells can put their work on (:func:`run`'s ``device``, read with :func:`cell_device`)."""
 
 
+CPU_OR_CUDA = ("cpu", "cuda")
+"""``devices`` of an experiment whose cells run on either (the cost searches, the SSFR transformers)."""
+
 REGISTRY: dict[str, Experiment] = {}
 
 

@@ -41,7 +41,7 @@ _SEED_TRAIN = {"steps": SEED_SEQUENCES // 256, "batch_size": 256, "lrs": [SEED_L
 # The SSFR transformers train on a GPU too (--device cuda): at d = 128 the seed's 4.8M sequences are about an
 # hour of one CPU core per transformer (the vanilla headline cell: 4 x 384,000 sequences in 1,127 s), and a
 # W-vs-F search trains 4 per size, so the CPU runs here train 6,000 x 64 sequences.
-TRANSFORMER_DEVICES = ("cpu", "cuda")
+TRANSFORMER_DEVICES = engine.CPU_OR_CUDA
 _QUICK_TRAIN = {"steps": 1500, "batch_size": 64, "lrs": [1e-2]}
 _TINY_TRAIN = {"steps": 20, "batch_size": 16, "lrs": [1e-2]}
 
