@@ -395,6 +395,40 @@ def test_experiment_ssfr_search_resumes_from_its_finished_sizes(tmp_path, monkey
     assert not partial.exists()  # removed once the cell is written
 
 
+def test_experiment_ssfr_headline_resumes_from_its_finished_runs(tmp_path, monkeypatch):
+    import json
+
+    from factkernels.transformer import training
+
+    (cell,) = [c for c in engine.get("ssfr").grid("tiny") if c["part"] == "headline"][:1]
+    grid = [{**cell, "seeds": [0, 1, 2]}]
+    fresh = engine.run("ssfr", tmp_path / "fresh", scale="tiny", grid=grid, quiet=True)
+    (fresh_cell,) = engine.load_cells(tmp_path / "fresh", "ssfr").values()
+    assert [r["seed"] for r in fresh_cell.result["runs"]] == [0, 1, 2]
+    real = training.train_ssfr
+    seeds_trained = []
+
+    def train_then_stop(model, task, **kwargs):
+        seeds_trained.append(kwargs["seed"])
+        if len(seeds_trained) == 3:
+            raise KeyboardInterrupt  # the run is killed while it trains the third transformer
+        return real(model, task, **kwargs)
+
+    monkeypatch.setattr(training, "train_ssfr", train_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        engine.run("ssfr", tmp_path / "run", scale="tiny", grid=grid, resume=True, quiet=True)
+    (partial,) = (tmp_path / "run" / "ssfr" / "partial").iterdir()
+    assert [r["seed"] for r in json.loads(partial.read_text())["runs"]] == [0, 1]
+    seeds_trained.clear()
+    monkeypatch.setattr(training, "train_ssfr", lambda model, task, **k: seeds_trained.append(k["seed"]) or
+                        real(model, task, **k))
+    engine.run("ssfr", tmp_path / "run", scale="tiny", grid=grid, resume=True, quiet=True)
+    (resumed,) = engine.load_cells(tmp_path / "run", "ssfr").values()
+    assert seeds_trained == [2]  # seeds 0 and 1 are read back from the partial file
+    assert resumed.result == fresh_cell.result
+    assert not partial.exists()
+
+
 def test_experiment_ssfr_search_replays_the_sizes_the_other_split_measured(tmp_path, monkeypatch):
     from factkernels.transformer import scaling
 

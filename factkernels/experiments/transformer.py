@@ -105,19 +105,20 @@ def _seed_block(cells: list[engine.Cell]) -> tuple[bool, list[engine.Cell], str]
     return faithful, chosen, label
 
 
-def _search_trials() -> tuple[list[dict], Optional[Callable[[dict], None]]]:
-    """The sizes an interrupted W-vs-F search of the running cell finished (kept in its partial file: at
-    d = 128 one size trains 4 transformers for an hour) and a callback that adds each new one there;
-    ([], None) outside an experiment run."""
+def _kept_progress(field: str) -> tuple[list[dict], Optional[Callable[[dict], None]]]:
+    """The records (``field``: "trials", the sizes of a W-vs-F search; "runs", the transformers of a headline
+    cell) an interrupted run of the running cell finished, kept in its partial file (at d = 128 one transformer
+    is up to an hour of a CPU core, a size of a search four of them), and a callback that adds each new one
+    there; ([], None) outside an experiment run."""
     partial = engine.partial_path()
     if partial is None:
         return [], None
-    done = json.loads(partial.read_text())["trials"] if partial.exists() else []
-    trials = list(done)
+    done = json.loads(partial.read_text())[field] if partial.exists() else []
+    records = list(done)
 
-    def keep(trial: dict) -> None:
-        trials.append(trial)
-        engine.write_json(partial, {"trials": trials})
+    def keep(record: dict) -> None:
+        records.append(record)
+        engine.write_json(partial, {field: records})
     return done, keep
 
 
@@ -140,7 +141,7 @@ def run_ssfr_cell(config: dict) -> dict:
     task = SSFRTask(config["facts"], config["dim"], seed=0)
     train = {"steps": config["steps"], "batch_size": config["batch_size"], "device": str(engine.cell_device())}
     if config["part"] == "scaling":
-        done, on_trial = _search_trials()
+        done, on_trial = _kept_progress("trials")
         done = _other_split_trials(config, task) + done  # a size this search measured itself wins
         point = usable_size(task, config["mlp"], seeds=config["seeds"], lrs=config["lrs"], target=config["target"],
                             resolution=config["resolution"], max_size=config["max_size"], progress=False,
@@ -149,10 +150,11 @@ def run_ssfr_cell(config: dict) -> dict:
         return point.to_dict()
     keys, values = task.mlp_keys, task.mlp_values
     m = 4 * construct(keys, values, task.facts, progress=False).report.m  # comfortably above the storage threshold
+    done, on_run = _kept_progress("runs")
     result = run_fact_adaptive(task, lambda f: build_fact_mlp(config["mlp"], keys, values, f, m),
                                new_facts=task.new_facts(NEW_FACT_SEED), seeds=config["seeds"], lrs=config["lrs"],
                                switches=_block_switches(config), split=config.get("split", "all"), progress=False,
-                               **train)
+                               done=done, on_run=on_run, **train)
     return {"m": m, "fact_adaptive_accuracy": result.fact_adaptive_accuracy, "capacity": result.capacity_new,
             "parameters": result.new_mlp.num_parameters, "runs": result.runs}
 
@@ -556,7 +558,7 @@ def _trained(config: dict):
 def run_lm_cell(config: dict) -> dict:
     if config.get("part") == "scaling":
         train = LMTrainConfig(steps=config["steps"], batch_size=config["batch_size"], lr=config["lr"])
-        done, on_trial = _search_trials()
+        done, on_trial = _kept_progress("trials")
         return lm_usable_size(AuthorsBooks.build(config["facts"]), dim=config["dim"], seeds=config["seeds"],
                               train=train, start=config["start"], max_size=config["max_size"],
                               resolution=config["resolution"], target=config["target"], progress=False,

@@ -233,7 +233,8 @@ def rescored_runs(runs: Sequence[dict], source: str, split: str, *, junk_pairs: 
 def run_fact_adaptive(task: SSFRTask, make_mlp: Callable[[torch.Tensor], nn.Module], *, new_facts: torch.Tensor,
                       seeds: Sequence[int] = (0,), lrs: Sequence[float] = (SEED_LR,), device: str = "cpu",
                       split: str = "all", min_capacity: float = 0.0, switches: Optional[dict] = None,
-                      progress: bool = True, **train_options) -> FactAdaptiveResult:
+                      progress: bool = True, done: Sequence[dict] = (),
+                      on_run: Optional[Callable[[dict], None]] = None, **train_options) -> FactAdaptiveResult:
     """The seed's protocol (§5.1): build MLP A for ``task.facts`` and MLP B for ``new_facts`` (same
     embeddings) with ``make_mlp(facts)``; for every seed and learning rate train a transformer
     with A, swap in B and measure the accuracy on B's sequences of ``split`` (the seed's J: "train";
@@ -241,7 +242,9 @@ def run_fact_adaptive(task: SSFRTask, make_mlp: Callable[[torch.Tensor], nn.Modu
     the held-out junk tuples alone (``fact_adaptive_test_accuracy``, None without them).
     No transformer is trained (accuracy None) when B stores fewer than ``min_capacity`` of its facts.
     switches go to :class:`FactTransformer` (default: the seed's modifications), train_options to
-    :func:`train_ssfr`.
+    :func:`train_ssfr`. ``done`` holds runs an interrupted call finished (their seed and lr are not
+    trained again: at d = 128 and the seed's length one run is an hour of a CPU core); ``on_run`` is
+    called with each new run as it finishes, so a caller can keep it.
     """
     keys, values = task.mlp_keys, task.mlp_values
     mlp_new = make_mlp(new_facts)
@@ -249,9 +252,13 @@ def run_fact_adaptive(task: SSFRTask, make_mlp: Callable[[torch.Tensor], nn.Modu
     if capacity_new < min_capacity:
         return FactAdaptiveResult(None, float("nan"), capacity_new, [], mlp_new)
     mlp_train = make_mlp(task.facts)
+    finished = {(run["seed"], run["lr"]): run for run in done}
     runs = []
     for seed in seeds:
         for lr in lrs:
+            if (seed, lr) in finished:
+                runs.append(finished[seed, lr])
+                continue
             model = build_model(task, mlp_train.cpu(), seed=seed, **(switches or {})).to(device)
             result = train_ssfr(model, task, lr=lr, seed=seed, progress=progress, **train_options)
             test = accuracy(model, task.sequences(split="test")) if task.num_test_pairs else None
@@ -262,6 +269,8 @@ def run_fact_adaptive(task: SSFRTask, make_mlp: Callable[[torch.Tensor], nn.Modu
                          "fact_adaptive_test_accuracy": fact_adaptive_accuracy(model, task, mlp_new, new_facts,
                                                                                split="test")
                          if task.num_test_pairs else None})
+            if on_run is not None:
+                on_run(runs[-1])
     # the MLPs are shared between runs: give them back to the CPU, where the task's embeddings live
     mlp_train.cpu()
     mlp_new.cpu()
