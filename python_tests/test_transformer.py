@@ -362,6 +362,25 @@ def test_ssfr_w_vs_f_speaks_from_the_seeds_j_and_cites_the_stricter_search():
     assert "training + held-out junk tuples" in alone["claims"]["000-fig3a-w-vs-f"].setting
 
 
+@pytest.mark.parametrize("steps, train_accuracy, length, blames_training", [
+    (18_750, 0.51, "at the paper's training length", True),
+    (6_000, 1.0, "with a fraction of the paper's training sequences", False)])
+def test_ssfr_fact_adaptive_shortfall_says_how_long_it_trained_and_whether_training_fit(
+        steps, train_accuracy, length, blames_training):
+    from factkernels.experiments import transformer as texp
+
+    config = {"dim": 128, "seeds": [0, 1], "steps": steps, "batch_size": 256 if steps == 18_750 else 64,
+              "lrs": [2e-4], "facts": 256, "target": 0.99, "resolution": 1.25, "max_size": 4096,
+              "mlp": "constructed", "output_norm": True, "part": "headline", "variant": "seed_modifications",
+              "split": "train"}
+    runs = [{"seed": s, "lr": 2e-4, "train_accuracy": train_accuracy, "fact_adaptive_accuracy": 0.5,
+             "fact_adaptive_test_accuracy": 0.1} for s in (0, 1)]
+    cell = engine.Cell("head", config, {"fact_adaptive_accuracy": 0.5, "runs": runs}, 0.0)
+    claim = texp._summarize_ssfr([cell])["claims"]["000-sec5.1-fact-adaptive"]
+    assert claim.verdict == "not reproduced" and length in claim.reason
+    assert ("training, not the swap, is what falls short" in claim.reason) == blames_training
+
+
 def test_experiment_ssfr_search_resumes_from_its_finished_sizes(tmp_path, monkeypatch):
     import json
 
