@@ -157,6 +157,23 @@ def test_residual_targets_run_the_later_blocks_only_as_the_full_forward(llama, m
     assert float(tail.delta.abs().max()) > 0
 
 
+def test_checkpoint_fingerprint_ignores_where_the_model_was_loaded_from(llama):
+    from factkernels.hf.checkpoint import fingerprint
+
+    model, _ = llama
+    ids = torch.arange(6).reshape(2, 3)
+    before = fingerprint(model, 1, (ids,), {"steps": 5})
+    path, version = model.config._name_or_path, model.config.transformers_version
+    try:
+        model.config._name_or_path, model.config.transformers_version = "/elsewhere/model", "0.0.1"
+        assert fingerprint(model, 1, (ids,), {"steps": 5}) == before  # a reinstall keeps checkpoints readable
+    finally:
+        model.config._name_or_path, model.config.transformers_version = path, version
+    assert fingerprint(model, 1, (ids,), {"steps": 6}) != before
+    assert fingerprint(model, 0, (ids,), {"steps": 5}) != before
+    assert fingerprint(model, 1, (ids + 1,), {"steps": 5}) != before
+
+
 def test_residual_targets_resume_from_a_chunk_checkpoint(llama, tmp_path, monkeypatch):
     """Each finished chunk is written at once: a run stopped after its first chunk resumes there, gives the same
     δ as one run, counts the stored chunk's seconds, and the file is refused for other settings."""

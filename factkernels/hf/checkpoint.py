@@ -21,11 +21,17 @@ import torch
 from .layout import mlp_module
 
 
+# Config fields that say where the model was loaded from and by which transformers, not what it computes: a
+# checkpoint made before a reinstall (another path or version) stays readable.
+LOAD_METADATA = ("_name_or_path", "transformers_version")
+
+
 def fingerprint(model: Any, layer: int, tensors: Sequence[torch.Tensor], settings: dict) -> str:
-    """A digest of the model (config and ``layer``'s down projection), ``tensors`` (token ids, positions)
+    """A digest of the model (config less :data:`LOAD_METADATA`, and ``layer``'s down projection), ``tensors`` (token ids, positions)
     and ``settings`` (JSON-able)."""
     digest = hashlib.sha1()
-    digest.update(json.dumps({"config": model.config.to_dict(), "layer": layer, "settings": settings},
+    config = {k: v for k, v in model.config.to_dict().items() if k not in LOAD_METADATA}
+    digest.update(json.dumps({"config": config, "layer": layer, "settings": settings},
                              sort_keys=True, default=str).encode())
     for t in (*tensors, mlp_module(model, layer).down_proj.weight):
         digest.update(t.detach().cpu().contiguous().numpy().tobytes())
