@@ -157,6 +157,14 @@ def test_residual_targets_run_the_later_blocks_only_as_the_full_forward(llama, m
     assert float(tail.delta.abs().max()) > 0
 
 
+def test_environment_records_the_real_model_packages_once_imported(llama):
+    import transformers
+
+    from factkernels.environment import environment
+
+    assert environment()["transformers"] == transformers.__version__
+
+
 def test_checkpoint_fingerprint_ignores_where_the_model_was_loaded_from(llama):
     from factkernels.hf.checkpoint import fingerprint
 
