@@ -8,7 +8,7 @@
 # gets at most CELL_SECONDS (default 300), so a lent GPU's time limit leaves every finished transformer of a
 # headline cell, and every finished size of a search, behind in the cell's partial file; run it again to resume.
 #   bash benchmarks/runs/ssfr/seed_length.sh [COPY_TO]             # on a GPU (DEVICE=cuda, the default)
-#   DEVICE=cpu CELL_SECONDS=36000 bash benchmarks/runs/ssfr/seed_length.sh   # on a CPU: about 1 h per transformer
+#   DEVICE=cpu CELL_SECONDS=36000 bash benchmarks/runs/ssfr/seed_length.sh   # on a CPU: ~35 min per transformer
 # With COPY_TO, the results are copied there after every command (a device machine returns only $OUT).
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 COPY_TO="${1:-}"
