@@ -38,9 +38,9 @@ from .engine import Claim, Finding
 VANILLA = {"tie_embeddings": False, "residual": True, "freeze_mlp_norm": False, "identity_value_output": False}
 NEW_FACT_SEED = 1  # the swapped-in fact set and its MLP (never in a training pool)
 _SEED_TRAIN = {"steps": SEED_SEQUENCES // 256, "batch_size": 256, "lrs": [SEED_LR]}
-# The SSFR transformers train on a GPU too (--device cuda): at d = 128 the seed's 4.8M sequences are about an
-# hour of one CPU core per transformer (the vanilla headline cell: 4 x 384,000 sequences in 1,127 s), and a
-# W-vs-F search trains 4 per size, so the CPU runs here train 6,000 x 64 sequences.
+# The SSFR transformers train on a GPU too (--device cuda): at d = 128 the seed's 4.8M sequences take ~35 min
+# of one CPU core per transformer (the seed-length headline cell: 4 in 8,223 s), and a W-vs-F search trains 4
+# per size, so the shortened CPU runs train 6,000 x 64 sequences.
 TRANSFORMER_DEVICES = engine.CPU_OR_CUDA
 _QUICK_TRAIN = {"steps": 1500, "batch_size": 64, "lrs": [1e-2]}
 _TINY_TRAIN = {"steps": 20, "batch_size": 16, "lrs": [1e-2]}
@@ -107,9 +107,9 @@ def _seed_block(cells: list[engine.Cell]) -> tuple[bool, list[engine.Cell], str]
 
 def _kept_progress(field: str) -> tuple[list[dict], Optional[Callable[[dict], None]]]:
     """The records (``field``: "trials", the sizes of a W-vs-F search; "runs", the transformers of a headline
-    cell) an interrupted run of the running cell finished, kept in its partial file (at d = 128 one transformer
-    is up to an hour of a CPU core, a size of a search four of them), and a callback that adds each new one
-    there; ([], None) outside an experiment run."""
+    cell) an interrupted run of the running cell finished, kept in its partial file (at d = 128 and the seed's
+    length one transformer is ~35 min of a CPU core, a size of a search four of them), and a callback that
+    adds each new one there; ([], None) outside an experiment run."""
     partial = engine.partial_path()
     if partial is None:
         return [], None

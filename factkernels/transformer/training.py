@@ -243,7 +243,7 @@ def run_fact_adaptive(task: SSFRTask, make_mlp: Callable[[torch.Tensor], nn.Modu
     No transformer is trained (accuracy None) when B stores fewer than ``min_capacity`` of its facts.
     switches go to :class:`FactTransformer` (default: the seed's modifications), train_options to
     :func:`train_ssfr`. ``done`` holds runs an interrupted call finished (their seed and lr are not
-    trained again: at d = 128 and the seed's length one run is an hour of a CPU core); ``on_run`` is
+    trained again: at d = 128 and the seed's length one run is ~35 min of a CPU core); ``on_run`` is
     called with each new run as it finishes, so a caller can keep it.
     """
     keys, values = task.mlp_keys, task.mlp_values
