@@ -38,6 +38,11 @@ MODEL = "smollm2-135m"
 SPECTRUM_ONLY_FROM = 1000  # facts from which δ is not trained here (hours at 1,000): the spectrum is checked alone
 
 
+def _null_floor(eigenvalues: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """memit_update's floor: √h·eps (of the weight's dtype) times the largest eigenvalue of λC + KᵀK."""
+    return eigenvalues[-1].clamp_min(0) * weight.shape[1] ** 0.5 * torch.finfo(weight.dtype).eps
+
+
 def _plain_solve(weight, keys, values, cov, lam):
     """The rule before 06cf390: (λC + KᵀK) Δᵀ = Kᵀ R solved as it stands, in float64. -> Δ (d_out, h)."""
     residual = (values - keys @ weight.T).double()
@@ -51,7 +56,7 @@ def _recording_update(log: list):
     def update(weight, keys, values, cov, lam):
         keys64 = keys.double()
         eigenvalues = torch.linalg.eigvalsh(lam * cov.double() + keys64.T @ keys64)
-        floor = eigenvalues[-1].clamp_min(0) * weight.shape[1] ** 0.5 * torch.finfo(weight.dtype).eps
+        floor = _null_floor(eigenvalues, weight)
         new = real(weight, keys, values, cov, lam)
         ours = (new.double() - weight.double())
         plain = _plain_solve(weight, keys, values, cov, lam)
@@ -73,7 +78,7 @@ def _unedited_spectrum(model, tok, facts, layers, lam) -> list:
         keys, _ = editors._keys_and_state(model, batch, layer, layer)
         keys64 = keys.double()
         eigenvalues = torch.linalg.eigvalsh(lam * covs[layer].double() + keys64.T @ keys64)
-        floor = eigenvalues[-1] * keys.shape[1] ** 0.5 * torch.finfo(torch.float32).eps
+        floor = _null_floor(eigenvalues, covs[layer])
         out.append({"layer": layer, "keys": keys.shape[0], "nulled_directions": int((eigenvalues <= floor).sum()),
                     "smallest_over_largest_eigenvalue": float(eigenvalues[0] / eigenvalues[-1]),
                     "floor_over_largest_eigenvalue": float(floor / eigenvalues[-1])})

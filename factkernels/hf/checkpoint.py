@@ -27,8 +27,8 @@ LOAD_METADATA = ("_name_or_path", "transformers_version")
 
 
 def fingerprint(model: Any, layer: int, tensors: Sequence[torch.Tensor], settings: dict) -> str:
-    """A digest of the model (config less :data:`LOAD_METADATA`, and ``layer``'s down projection), ``tensors`` (token ids, positions)
-    and ``settings`` (JSON-able)."""
+    """A digest of the model (config less :data:`LOAD_METADATA`, and ``layer``'s down projection),
+    ``tensors`` (token ids, positions) and ``settings`` (JSON-able)."""
     digest = hashlib.sha1()
     config = {k: v for k, v in model.config.to_dict().items() if k not in LOAD_METADATA}
     digest.update(json.dumps({"config": config, "layer": layer, "settings": settings},
