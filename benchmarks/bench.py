@@ -149,6 +149,12 @@ def bench_kernels(device: torch.device, quick: bool) -> list[dict]:
         rows.append(race("softmax_cross_entropy", {"n": n, "c": c}, device,
                          lambda: _ops.softmax_cross_entropy(logits, t, backend="kernels"),
                          lambda: _ops.softmax_cross_entropy(logits, t, backend="torch")))
+    # star scores, the constraint search of U* (margin_optimal_outputs): k = 8 lowest per value, all values
+    for nv, d in ([(4096, 64), (16384, 128)] if not quick else [(512, 32)]):
+        v = torch.nn.functional.normalize(r(nv, d), dim=1)
+        rows.append(race("star_topk", {"nv": nv, "d": d, "k": 8}, device,
+                         lambda: _ops.star_topk(v, 8, backend="kernels"),
+                         lambda: _ops.star_topk(v, 8, backend="torch")))
     return rows
 
 

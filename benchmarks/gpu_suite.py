@@ -2,22 +2,25 @@
 
     python benchmarks/gpu_suite.py --out benchmarks/results/          # writes gpu_suite-<gpu>.json there
     python benchmarks/gpu_suite.py --out r.json --skip-tests          # benchmarks only
+    python benchmarks/gpu_suite.py --out r.json --only tests,kernels  # some sections
     python benchmarks/gpu_suite.py --device cpu --quick --skip-tests  # smoke run of the script itself, tiny sizes
 
 What it runs (all on --device, default cuda):
-  tests      pytest -m cuda in a subprocess; its summary line and exit status
+  tests      pytest -m cuda in a subprocess; its summary line, exit status and the end of its output
   kernels    every compiled kernel against its torch twin (bench.py's races; on CUDA they include
              decode of 65,536 x 65,536 at d = 256) and the fused max-over-heads scores
   construct  d = 128, F = |V| = 4,096: outputs="values" with the Cholesky solve (bench.py's race),
              and the default construct (margin-optimal outputs)
-  largest_f  cg builds at --largest-d (default 128), F = |V| doubling from 8,192 until one runs out of
-             memory or takes longer than --max-seconds: the largest F that fits, with its time
   u_star     margin_optimal_outputs at |V| = 65,536, d = 256: time, rho and peak GPU memory
   gd_batch   GD cost searches with every seed (and, for the GD MLP, the sizes ahead) as one batch vs one
              model at a time (gd_batch.py's race at its CPU setting, d = 16, F = 64, 3 seeds, one run each),
              and the cost of one step of 1, 3, 9, 21 GD MLPs as one batch (and of 1 and 3 at F = 256 ... 2,048),
              and a GD step with the cross-entropy kernel against its torch twin
+  largest_f  cg builds at --largest-d (default 128), F = |V| doubling from 8,192 until one runs out of
+             memory or takes longer than --max-seconds: the largest F that fits, with its time
 
+The JSON is rewritten after every section (in the order above, largest_f last), so a run cut off keeps what
+finished; a section that raises records its traceback and the rest still run (exit status 1).
 Without a usable CUDA device it prints why and exits with status 2, writing nothing.
 """
 
@@ -29,6 +32,7 @@ import re
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -45,6 +49,7 @@ from gd_batch import step_costs_by_size as gd_step_costs_by_size
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_DEVICE_STATUS = 2
+SECTIONS = ("tests", "kernels", "attention", "construct", "u_star", "gd_batch", "largest_f")
 
 
 def cuda_unavailable_reason(device: torch.device) -> str | None:
@@ -59,19 +64,27 @@ def cuda_unavailable_reason(device: torch.device) -> str | None:
     return None
 
 
-def run_cuda_tests() -> dict:
-    """pytest -m cuda in a fresh process; the summary line and counts."""
+def run_cuda_tests(timeout_seconds: float) -> dict:
+    """pytest -m cuda in a fresh process: the summary line, counts, failures and the end of its output.
+
+    -I keeps the repo root (whose factkernels/ has no compiled _C) off sys.path, so the tests import the
+    installed package, as the console script would."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"], cwd=ROOT,
-                          capture_output=True, text=True)
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
-    summary = lines[-1].strip("= ") if lines else done.stderr.strip()[-500:]
+    command = [sys.executable, "-I", "-m", "pytest", "-m", "cuda", "-q", "-rfE", "--tb=short", "-p",
+               "no:cacheprovider"]
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_seconds)
+        stdout, stderr, returncode = done.stdout, done.stderr, done.returncode
+    except subprocess.TimeoutExpired as err:
+        stdout, stderr, returncode = (err.stdout or b"").decode(), f"timed out after {timeout_seconds:.0f} s", None
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    summary = lines[-1].strip("= ") if lines else stderr.strip()[-500:]
     counts = {word: int(number) for number, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)",
                                                                 summary)}
     failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
     print(f"cuda tests: {summary}", flush=True)
-    return {"returncode": done.returncode, "summary": summary, "counts": counts, "failures": failures,
-            "seconds": time.perf_counter() - start}
+    return {"returncode": returncode, "summary": summary, "counts": counts, "failures": failures,
+            "output_tail": stdout[-20000:], "stderr_tail": stderr[-4000:], "seconds": time.perf_counter() - start}
 
 
 def bench_default_construct(device: torch.device, d: int, num_facts: int) -> dict:
@@ -153,9 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script, measures nothing")
     parser.add_argument("--skip-tests", action="store_true", help="benchmarks only")
+    parser.add_argument("--only", type=lambda text: set(text.split(",")), default=None,
+                        help=f"comma-separated sections to run, of {','.join(SECTIONS)} (default: all)")
     parser.add_argument("--largest-d", type=int, default=128, help="d of the largest-F search")
     parser.add_argument("--max-seconds", type=float, default=120.0, help="stop the largest-F search past this")
+    parser.add_argument("--tests-timeout", type=float, default=600.0, help="seconds the CUDA tests may take")
     args = parser.parse_args(argv)
+    if args.only and not args.only <= set(SECTIONS):
+        parser.error(f"--only takes sections of {','.join(SECTIONS)}, got {','.join(sorted(args.only))}")
     device = torch.device(args.device)
     reason = cuda_unavailable_reason(device)
     if reason is not None:
@@ -164,35 +182,56 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu" and not args.quick:
         parser.error("--device cpu is a smoke run of this script: add --quick")
 
-    report = {"environment": device_info(device), "quick": args.quick, "command": sys.argv}
-    if not args.skip_tests:
-        report["tests"] = run_cuda_tests()
-    report["kernels"] = bench_kernels(device, args.quick)
-    report["attention"] = bench_attention(device, args.quick)
-    d, num_facts = (32, 256) if args.quick else (128, 4096)
-    report["construct"] = {"values_cholesky": bench_construct(device, [(d, num_facts, 64 if args.quick else 96)],
-                                                              per_gadget_max_f=0),
-                           "default": bench_default_construct(device, d, num_facts)}
-    report["largest_f"] = bench_largest_f(device, 16 if args.quick else args.largest_d, 256 if args.quick else 8192,
-                                          1.0 if args.quick else args.max_seconds)
-    report["u_star"] = bench_u_star(device, *((512, 32) if args.quick else (65536, 256)))
-    report["gd_batch"] = race_gd_searches(["gd", "gd+jl", "bin+gd", "gd+gd"], d=16, facts=16 if args.quick else 64, seeds=3,
-                                          gd_steps=1000 if args.quick else 3000, repeats=1, device=str(device))
-    # F = 64 even when quick: width 2 must store none of the facts for every model to train all steps
-    report["gd_batch"]["step_cost"] = gd_step_costs(d=16, facts=64, steps=500, repeats=1, device=str(device))
-    if not args.quick:  # does a batch of 3 still cost less than 3 models at F = |V| = 2,048? (capacity.SERIAL_LOGITS)
-        report["gd_batch"]["step_cost_by_size"] = gd_step_costs_by_size(repeats=1, device=str(device))
-        report["gd_batch"]["loss_kernel"] = gd_loss_kernel_race(repeats=1, device=str(device))
-
     out = Path(args.out)
     if out.suffix != ".json":
         name = torch.cuda.get_device_name(device).replace(" ", "_") if device.type == "cuda" else "cpu"
         out = out / f"gpu_suite-{name}{'-quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2, default=str))
+    report = {"environment": device_info(device), "quick": args.quick, "command": sys.argv}
+
+    def section(name: str, measure) -> None:
+        """Run one section and rewrite the JSON at once: a run cut off by a lent machine's time limit keeps
+        every finished section, and one that fails records its error and lets the others run."""
+        if args.only and name not in args.only:
+            return
+        begin = time.perf_counter()
+        try:
+            report[name] = measure()
+        except Exception:  # noqa: BLE001 - recorded in the report; the other sections still measure
+            report[name] = {"error": traceback.format_exc()[-4000:]}
+            print(f"{name}: failed\n{report[name]['error']}", file=sys.stderr, flush=True)
+        report.setdefault("section_seconds", {})[name] = time.perf_counter() - begin
+        out.write_text(json.dumps(report, indent=2, default=str))
+
+    if not args.skip_tests:
+        section("tests", lambda: run_cuda_tests(args.tests_timeout))
+    section("kernels", lambda: bench_kernels(device, args.quick))
+    section("attention", lambda: bench_attention(device, args.quick))
+    d, num_facts = (32, 256) if args.quick else (128, 4096)
+    section("construct", lambda: {
+        "values_cholesky": bench_construct(device, [(d, num_facts, 64 if args.quick else 96)], per_gadget_max_f=0),
+        "default": bench_default_construct(device, d, num_facts)})
+    section("u_star", lambda: bench_u_star(device, *((512, 32) if args.quick else (65536, 256))))
+
+    def gd_batch() -> dict:
+        result = race_gd_searches(["gd", "gd+jl", "bin+gd", "gd+gd"], d=16, facts=16 if args.quick else 64,
+                                  seeds=3, gd_steps=1000 if args.quick else 3000, repeats=1, device=str(device))
+        # F = 64 even when quick: width 2 must store none of the facts for every model to train all steps
+        result["step_cost"] = gd_step_costs(d=16, facts=64, steps=500, repeats=1, device=str(device))
+        # does a batch of 3 still cost less than 3 models at F = |V| = 2,048? (capacity.SERIAL_LOGITS)
+        if not args.quick:
+            result["step_cost_by_size"] = gd_step_costs_by_size(repeats=1, device=str(device))
+            result["loss_kernel"] = gd_loss_kernel_race(repeats=1, device=str(device))
+        return result
+
+    section("gd_batch", gd_batch)
+    # last: open-ended, it doubles F until memory or --max-seconds runs out
+    section("largest_f", lambda: bench_largest_f(device, 16 if args.quick else args.largest_d,
+                                                 256 if args.quick else 8192, 1.0 if args.quick else args.max_seconds))
     print(f"wrote {out}")
     tests_failed = report.get("tests", {}).get("returncode", 0) not in (0, 5)  # 5: no test collected
-    return 1 if tests_failed else 0
+    failed_sections = [name for name, value in report.items() if isinstance(value, dict) and "error" in value]
+    return 1 if tests_failed or failed_sections else 0
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ shapes and the current CUDA stream, or runs its pure-torch twin. The twins are
 the reference the tests compare against and what the benchmarks race.
 
 ``backend`` (every op, and ``construct``) is one of
-  "auto"     compiled kernel when one exists for the device and dtype, else torch;
+  "auto"     compiled kernel when one exists for the device and dtype and, on CUDA, when it beat its
+             twin on a GPU (``CUDA_AUTO_KERNELS``), else torch;
   "kernels"  compiled kernel, error if unavailable;
   "torch"    the pure-torch twin.
 """
@@ -194,7 +195,27 @@ def _indices(name: str, t: torch.Tensor, ref: torch.Tensor, size: int, what: str
     return t
 
 
-def _use_kernel(backend: str, *tensors: Optional[torch.Tensor]) -> bool:
+# The ops whose CUDA kernel backend="auto" runs. On an H200 (benchmarks/results/gpu_suite-NVIDIA_H200.json) torch's
+# cuBLAS-backed twins ran the GEMM-shaped ops faster than these shared-memory float32 kernels: gate_features
+# 0.73-1.02x, gadget products 0.26-0.64x, gated_forward 0.42-0.60x, decode 0.34-0.87x (kernel speed over
+# twin's), so there "auto" runs their twins; decode's twin streams in chunks, so it never holds n x |V| scores
+# either. Kept: the two that won (hadamard_gram 1.10-1.13x, softmax_cross_entropy 1.83x), max_head_scores
+# (0.50-0.87x, but h times less memory than the twin's per-head scores) and star_topk (not in that run's
+# races, which bench.py has had since; its twin sorts whole rows of scores). backend="kernels" runs every
+# kernel on any device.
+KERNEL_OPS = ("gate_features", "hadamard_gram", "gadget_matvec", "gadget_rmatvec", "gated_forward", "decode",
+              "softmax_cross_entropy", "max_head_scores", "star_topk")
+CUDA_AUTO_KERNELS = frozenset({"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk"})
+
+
+def auto_runs_kernel(op: str, device_type: str) -> bool:
+    """Whether backend="auto" picks ``op``'s compiled kernel on ``device_type`` ("cpu" or "cuda"), given one."""
+    if op not in KERNEL_OPS:
+        raise ValueError(f"op must be one of {KERNEL_OPS}, got {op!r}")
+    return device_type != "cuda" or op in CUDA_AUTO_KERNELS
+
+
+def _use_kernel(backend: str, op: str, *tensors: Optional[torch.Tensor]) -> bool:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "torch":
@@ -211,7 +232,7 @@ def _use_kernel(backend: str, *tensors: Optional[torch.Tensor]) -> bool:
             f"backend='kernels' but no compiled kernel serves dtype={ref.dtype} on {ref.device} "
             f"(build_info: {_build()}); use backend='auto' or 'torch'"
         )
-    return ok
+    return ok and (backend == "kernels" or auto_runs_kernel(op, ref.device.type))
 
 
 def _rowmajor(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -258,7 +279,7 @@ def gate_features(
     _vector("bias", bias, weight.shape[0])
     _same("x", x, weight=weight, bias=bias)
     check_activation(activation)
-    if not _use_kernel(backend, x, weight, bias):
+    if not _use_kernel(backend, "gate_features", x, weight, bias):
         pre = x @ weight.T
         return activate(pre + bias if bias is not None else pre, activation)
     return _registered(_gate_features_op, _gate_features_kernel)(x, weight, bias, activation)
@@ -272,7 +293,7 @@ def hadamard_gram(s: torch.Tensor, p: torch.Tensor, *, backend: str = "auto") ->
     _matrix("s", s)
     _matrix("p", p, rows=s.shape[0])
     _same("s", s, p=p)
-    if not _use_kernel(backend, s, p):
+    if not _use_kernel(backend, "hadamard_gram", s, p):
         return (s @ s.T) * (p @ p.T)
     return _registered(_hadamard_gram_op, _hadamard_gram_kernel)(s, p)
 
@@ -289,7 +310,7 @@ def gadget_matvec(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor, *, backe
     if coef.dim() != 3 or coef.shape[1:] != (s.shape[1], p.shape[1]):
         raise ValueError(f"coef must have shape (m, {s.shape[1]}, {p.shape[1]}), got {tuple(coef.shape)}")
     _same("s", s, p=p, coef=coef)
-    if not _use_kernel(backend, s, p, coef):
+    if not _use_kernel(backend, "gadget_matvec", s, p, coef):
         m, h, q = coef.shape
         # (n, q) @ (q, m*h) then reduce over r against s: two GEMM-shaped steps.
         t = (p @ coef.permute(2, 0, 1).reshape(q, m * h)).view(s.shape[0], m, h)
@@ -306,7 +327,7 @@ def gadget_rmatvec(s: torch.Tensor, p: torch.Tensor, y: torch.Tensor, *, backend
     _matrix("p", p, rows=s.shape[0])
     _matrix("y", y, rows=s.shape[0])
     _same("s", s, p=p, y=y)
-    if not _use_kernel(backend, s, p, y):
+    if not _use_kernel(backend, "gadget_rmatvec", s, p, y):
         n, h = s.shape
         w = (y.unsqueeze(2) * s.unsqueeze(1)).reshape(n, y.shape[1] * h)  # (n, m*h)
         return (w.T @ p).view(y.shape[1], h, p.shape[1])
@@ -345,7 +366,8 @@ def gated_forward(
     _same("x", x, gate_weight=gate_weight, gate_bias=gate_bias, up_weight=up_weight, up_bias=up_bias,
           down_weight=down_weight, down_bias=down_bias)
     check_activation(activation)
-    if not _use_kernel(backend, x, gate_weight, gate_bias, up_weight, up_bias, down_weight, down_bias):
+    if not _use_kernel(backend, "gated_forward", x, gate_weight, gate_bias, up_weight, up_bias, down_weight,
+                       down_bias):
         gate = torch.nn.functional.linear(x, gate_weight, gate_bias)
         gate = activate(gate, activation)
         if hg != h:
@@ -377,7 +399,7 @@ def decode(
     if target is not None:
         target = _indices("target", target, y, values.shape[0], "the rows of values")
     n, nv = y.shape[0], values.shape[0]
-    if not _use_kernel(backend, y, values):
+    if not _use_kernel(backend, "decode", y, values):
         index = torch.empty(n, dtype=torch.int64, device=y.device)
         margin = torch.empty(n, dtype=y.dtype, device=y.device)
         for lo in range(0, n, chunk):
@@ -414,7 +436,7 @@ def softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
     if logits.shape[1] == 0:
         raise ValueError("logits must have at least one column (class)")
     target = _indices("target", target, logits, logits.shape[1], "the columns of logits")
-    if not _use_kernel(backend, logits):
+    if not _use_kernel(backend, "softmax_cross_entropy", logits):
         top = logits.amax(1, keepdim=True)
         weights = (logits - top).clamp_(min=-XENT_EXP_FLOOR).exp_()
         total = weights.sum(1, keepdim=True)
@@ -664,7 +686,7 @@ def max_head_scores(queries: torch.Tensor, keys: torch.Tensor, tau=None, *, deci
     batch, h, lq, dk = queries.shape
     lk = keys.shape[2]
     thresholds = None if tau is None else batch_thresholds(tau, batch, queries)
-    use_kernel = _use_kernel(backend, queries, keys)
+    use_kernel = _use_kernel(backend, "max_head_scores", queries, keys)
     kernel = getattr(_C, "max_head_scores", None)  # absent from builds older than this op
     if use_kernel and kernel is None:
         if backend == "kernels":
@@ -725,7 +747,7 @@ def star_topk(
         _same("values", values, outputs=outputs)
     r = rows.shape[0]
     sq = (values * values).sum(dim=1)
-    if not _use_kernel(backend, values, outputs):
+    if not _use_kernel(backend, "star_topk", values, outputs):
         close = STAR_CLOSE_REL.get(values.dtype, 1e-6)
         scores = torch.full((r, k), math.inf, dtype=values.dtype, device=values.device)
         index = torch.full((r, k), -1, dtype=torch.int64, device=values.device)

@@ -42,7 +42,8 @@ def _memory_guard(num_facts: int, values: torch.Tensor, d_in: int, m: int, width
                   verify, hidden: Optional[int], max_memory: Optional[int], backend: str) -> str:
     """Check that the build fits before allocating it and resolve solver="auto" from the same
     estimate; returns the solver. Raises MemoryBudgetError naming the argument to change."""
-    fused = backend != "torch" and _ops.build_info()["compiled"]
+    fused = backend == "kernels" or (backend == "auto" and _ops.build_info()["compiled"]
+                                     and _ops.auto_runs_kernel("gated_forward", values.device.type))
     kwargs = dict(m=m, gadget_width=width, dtype=values.dtype, verify=verify is not False, fused_forward=fused,
                   outputs=outputs if isinstance(outputs, str) else "given",
                   width_argument="width_multiplier" if hidden is None else "hidden")

@@ -1,9 +1,12 @@
 """Helpers shared by test modules (conftest holds the fixtures)."""
 
+import pytest
 import torch
 
-# Kernel tests run on every device present; CUDA ones are simply absent without a GPU.
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# Kernel tests run on every device present; CUDA ones are simply absent without a GPU. The cuda mark puts
+# them in `pytest -m cuda`, the GPU suite's selection (without it the suite's first GPU run compared no
+# CUDA kernel with its twin in these tests).
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.cuda)] if torch.cuda.is_available() else [])
 
 
 def gloo_construct_worker(rank: int, world_size: int, port: int, out: str, sizes: tuple) -> None:

@@ -306,6 +306,27 @@ def test_cuda_kernels_fall_back_when_unusable():
     assert reason({"cuda": False}, None, False) is None
 
 
+def test_auto_backend_runs_on_cuda_only_the_kernels_that_beat_their_twins():
+    # CPU: every kernel. CUDA: the two that won their race on an H200 and the two kept for memory or unraced
+    # (CUDA_AUTO_KERNELS' comment); the GEMM-shaped rest run their cuBLAS-backed twins.
+    assert all(_ops.auto_runs_kernel(op, "cpu") for op in _ops.KERNEL_OPS)
+    on_cuda = {op for op in _ops.KERNEL_OPS if _ops.auto_runs_kernel(op, "cuda")}
+    assert on_cuda == {"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk"}
+    assert all(hasattr(_ops, op) for op in _ops.KERNEL_OPS)
+    with pytest.raises(ValueError, match="op must be one of"):
+        _ops.auto_runs_kernel("decoder", "cuda")
+
+
+@pytest.mark.cuda
+def test_auto_backend_on_cuda_runs_the_twin_or_the_kernel_as_chosen():
+    gen = torch.Generator().manual_seed(0)
+    x, w = _rand(gen, 300, 16, device="cuda"), _rand(gen, 40, 16, device="cuda")
+    assert torch.equal(_ops.gate_features(x, w, None, "silu"), _ops.gate_features(x, w, None, "silu", backend="torch"))
+    logits, target = _rand(gen, 300, 50, device="cuda"), torch.randint(50, (300,), generator=gen).cuda()
+    chosen, kernel = (_ops.softmax_cross_entropy(logits, target, backend=b) for b in ("auto", "kernels"))
+    assert all(torch.equal(a, b) for a, b in zip(chosen, kernel))
+
+
 def test_build_info_is_read_once():
     # cpu_threads is read live by build_info(); what the ops decide on (compiled, cuda) is fixed
     assert _ops._build() is _ops._build()

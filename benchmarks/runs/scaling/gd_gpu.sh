@@ -4,7 +4,10 @@
 # of a CPU's reach. Each cell gets at most CELL_SECONDS (default 240), so a lent GPU's time limit leaves every
 # finished cell, and every finished size of a cut-off cell (its partial file), behind; run it again to resume.
 #   bash benchmarks/runs/scaling/gd_gpu.sh [COPY_TO]
-# With COPY_TO, the scaling results are copied there after every cell (a device machine returns only $OUT).
+# With COPY_TO, the results are packed into COPY_TO/scaling.tgz after every cell (a device machine returns only
+# $OUT, at most 8 files); unpack with tar xzf scaling.tgz -C benchmarks/results/experiments-seed.
+# Bound a device call with CELL_SECONDS, not with timeout around this script: a killed script leaves its
+# python running, holding the call open past its limit.
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 COPY_TO="${1:-}"
 RESULTS="$ROOT/benchmarks/results/experiments-seed"
@@ -15,5 +18,5 @@ for cell in "d=64 facts=2048" "d=128 facts=2048" "d=64 facts=4096" "d=128 facts=
   timeout "${CELL_SECONDS:-240}" python -m factkernels experiment scaling --scale seed --only method=gd --only "$1" \
     --only "$2" --device cuda --out "$RESULTS" --resume --quiet
   echo "$cell: exit $? at $(date +%T)"
-  if [ -n "$COPY_TO" ]; then mkdir -p "$COPY_TO" && cp -r "$RESULTS/scaling" "$COPY_TO/"; fi
+  if [ -n "$COPY_TO" ]; then mkdir -p "$COPY_TO" && tar czf "$COPY_TO/scaling.tgz" -C "$RESULTS" scaling; fi
 done

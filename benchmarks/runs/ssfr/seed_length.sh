@@ -9,7 +9,10 @@
 # headline cell, and every finished size of a search, behind in the cell's partial file; run it again to resume.
 #   bash benchmarks/runs/ssfr/seed_length.sh [COPY_TO]             # on a GPU (DEVICE=cuda, the default)
 #   DEVICE=cpu CELL_SECONDS=36000 bash benchmarks/runs/ssfr/seed_length.sh   # on a CPU: ~35 min per transformer
-# With COPY_TO, the results are copied there after every command (a device machine returns only $OUT).
+# With COPY_TO, the results are packed into COPY_TO/ssfr.tgz after every cell (a device machine returns only
+# $OUT, at most 8 files); unpack with tar xzf ssfr.tgz -C benchmarks/results/experiments-seed-length.
+# Bound a device call with CELL_SECONDS, not with timeout around this script: a killed script leaves its
+# python running, holding the call open past its limit.
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 COPY_TO="${1:-}"
 RESULTS="$ROOT/benchmarks/results/experiments-seed-length"
@@ -19,5 +22,5 @@ for only in "part=headline" "facts=256" "facts=512" "facts=1024" "facts=2048" "f
   timeout "${CELL_SECONDS:-300}" python -m factkernels experiment ssfr --scale seed --only "$only" \
     --device "${DEVICE:-cuda}" --out "$RESULTS" --resume --quiet
   echo "$only: exit $? at $(date +%T)"
-  if [ -n "$COPY_TO" ]; then mkdir -p "$COPY_TO" && cp -r "$RESULTS/ssfr" "$COPY_TO/"; fi
+  if [ -n "$COPY_TO" ]; then mkdir -p "$COPY_TO" && tar czf "$COPY_TO/ssfr.tgz" -C "$RESULTS" ssfr; fi
 done

@@ -1,0 +1,26 @@
+#!/bin/bash
+# One call on a lent GPU machine (the device tool): build with the CUDA kernels (sm_90), then gpu_suite.py (the
+# CUDA tests and every GPU benchmark). Everything lands in OUT, which the device tool brings back:
+#   machine.txt (nvidia-smi, python, torch, nvcc)  build.log  suite.log  gpu_suite-<gpu>.json
+#   OUT=/some/folder bash benchmarks/runs/gpu/device_check.sh
+# SUITE_SECONDS (default 420) bounds the suite so that the call ends inside the device's 10-minute limit; the
+# JSON keeps every section that finished before it. SUITE_ARGS go to gpu_suite.py (e.g. --only tests,kernels).
+# First run (H200, 2026-11-26): build 19 s, CUDA tests 37 s, the whole suite 374 s (gd_batch 217 s of it).
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
+OUT="${OUT:?set OUT to the folder for the logs and the JSON}"
+export PYTHONUNBUFFERED=1
+cd "$ROOT"
+{ nvidia-smi; python3 -c "import sys, torch; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  nvcc --version; nproc; } >"$OUT/machine.txt" 2>&1
+begin=$SECONDS
+# --no-build-isolation --no-deps: the machine reaches no package index; its torch, pybind11 and
+# scikit-build-core build and run the extension
+FACTKERNELS_CUDA=ON CUDAARCHS=90 CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+  python3 -m pip install --no-build-isolation --no-deps -v . >"$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+echo "build: $((SECONDS - begin)) s"
+(cd /tmp && python3 -c "from factkernels import _ops; print(_ops.build_info())")
+timeout "${SUITE_SECONDS:-420}" python3 benchmarks/gpu_suite.py --out "$OUT" --max-seconds 30 --tests-timeout 240 \
+  ${SUITE_ARGS:-} 2>&1 \
+  | tee "$OUT/suite.log"
+echo "suite: exit ${PIPESTATUS[0]} after $((SECONDS - begin)) s"
