@@ -201,6 +201,29 @@ def test_report_shows_one_row_per_folder_that_ran_a_claim(toy, tmp_path):
     assert f"Verdicts of the {claims} claims" in table
 
 
+def test_a_run_logged_to_a_file_says_when_each_cell_starts_and_is_written(tmp_path, capsys):
+    # stderr is captured (no terminal, as under nohup): no bar, a timestamped line per cell and per note
+    def run_cell(config):
+        engine.note(f"half of {config['x']}")
+        return {"sum": config["x"] + config["y"]}
+
+    engine.register(engine.Experiment("toy-log", "toy", (CLAIM,), _grid, run_cell, _summarize))
+    try:
+        engine.run("toy-log", tmp_path, scale="tiny", only={"y": 0})
+        lines = capsys.readouterr().err.splitlines()
+        key = engine.cell_key({"x": 2, "y": 0})
+        assert [line[11:] for line in lines if "cell 2/2" in line] == [
+            f"toy-log cell 2/2 {key}: started on cpu", "toy-log cell 2/2: half of 2",
+            "toy-log cell 2/2: written after 0 s"]
+        assert all(line[0] == "[" and line[9] == "]" for line in lines) and len(lines) == 6
+        engine.run("toy-log", tmp_path, scale="tiny", quiet=True)
+        assert capsys.readouterr().err == ""  # quiet: nothing; a note outside a run says nothing either
+        engine.note("outside")
+        assert capsys.readouterr().err == ""
+    finally:
+        del engine.REGISTRY["toy-log"]
+
+
 def test_a_cell_keeps_partial_progress_until_it_is_written(toy, tmp_path):
     # The running cell sees OUT/NAME/partial/KEY.json; a resumed run sees what the stopped one left there,
     # a fresh run starts clean, and the file is gone once the cell is written.

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
-from ..progress import progress_bar
+from ..progress import log_line, progress_bar
 
 from ..environment import environment
 
@@ -208,6 +208,15 @@ def other_cell(config: dict) -> tuple[Optional[dict], Optional[Path]]:
 
 
 _DEVICE: ContextVar[torch.device] = ContextVar("factkernels_cell_device", default=torch.device("cpu"))
+_LOG_LABEL: ContextVar[Optional[str]] = ContextVar("factkernels_cell_log", default=None)
+
+
+def note(text: str) -> None:
+    """One line in the log of the cell :func:`run` is running (progress inside a cell that takes hours), when
+    the run logs: not quiet, and stderr is no terminal (a terminal shows the bar instead); else nothing."""
+    label = _LOG_LABEL.get()
+    if label is not None:
+        log_line(f"{label}: {text}")
 
 
 def cell_device() -> torch.device:
@@ -336,19 +345,26 @@ def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple
     todo = [(k, c) for k, c in mine if k not in done]
     set_threads(threads if threads is not None else experiment.threads)
     bar = progress_bar(todo, desc=name, enabled=not quiet, unit="cell")
-    for key, config in bar:
+    logs = not quiet and bar.disable  # stderr is a log file: a line per cell instead of a bar
+    for index, (key, config) in enumerate(bar, 1):
         bar.set_postfix_str(key[:40])
         partial = Path(out) / name / "partial" / f"{key}.json"
         if not resume:
             _drop_partial(partial)  # a fresh run recomputes everything
-        token, device_token = _PARTIAL.set(partial), _DEVICE.set(target)
+        label = f"{name} cell {index}/{len(todo)}"
+        if logs:
+            resuming = " (resuming its partial file)" if partial.exists() else ""
+            log_line(f"{label} {key}: started on {target}{resuming}")
+        tokens = _PARTIAL.set(partial), _DEVICE.set(target), _LOG_LABEL.set(label if logs else None)
         start = time.perf_counter()
         try:
             result = experiment.run_cell(dict(config))
             _write_cell(out, name, key, config, result, time.perf_counter() - start)
         finally:
-            _PARTIAL.reset(token)
-            _DEVICE.reset(device_token)
+            for var, token in zip((_PARTIAL, _DEVICE, _LOG_LABEL), tokens):
+                var.reset(token)
+        if logs:
+            log_line(f"{label}: written after {time.perf_counter() - start:.0f} s")
         _drop_partial(partial)
     present = load_cells(out, name)
     missing = [k for k in keys if k not in present]

@@ -119,6 +119,7 @@ def _kept_progress(field: str) -> tuple[list[dict], Optional[Callable[[dict], No
     def keep(record: dict) -> None:
         records.append(record)
         engine.write_json(partial, {field: records})
+        engine.note(f"{len(records)} {field} finished and kept in {partial.name}")
     return done, keep
 
 
@@ -852,6 +853,7 @@ def run_editing_cell(config: dict) -> dict:
                        "best": best, "grid_points": {m: len(r["runs"]) for m, r in results.items()}})
         if partial is not None:
             engine.write_json(partial, {"splits": splits})
+            engine.note(f"{len(splits)} of {len(SEED_SPLITS)} editing splits finished and kept in {partial.name}")
     return {"lm": base, "splits": splits}
 
 
