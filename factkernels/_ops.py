@@ -190,8 +190,10 @@ def _indices(name: str, t: torch.Tensor, ref: torch.Tensor, size: int, what: str
     if t.device != ref.device:
         raise ValueError(f"{name} is on {t.device} but the scores' operand is on {ref.device}")
     t = t.to(torch.int64)
-    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= size):
-        raise ValueError(f"{name} entries must lie in [0, {size}) ({what}), got range [{int(t.min())}, {int(t.max())}]")
+    if t.numel():
+        low, high = torch.stack(torch.aminmax(t)).tolist()  # one read back from a GPU, not two
+        if low < 0 or high >= size:
+            raise ValueError(f"{name} entries must lie in [0, {size}) ({what}), got range [{low}, {high}]")
     return t
 
 

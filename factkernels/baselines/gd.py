@@ -109,7 +109,8 @@ def fit(
             params = [part.view(-1, *shape) for part, shape in zip(flat.split(sizes, dim=1), shapes)]
             loss, solved = objective(params, active)
             done = solved.detach().to(torch.bool) | (step == steps)
-            if bool(done.any()):
+            any_done = bool(done.any())  # read back once: a GPU waits for the host at each read
+            if any_done:
                 rows = active[done]
                 final[rows] = flat.detach()[done]
                 for row, value, ok in zip(rows.tolist(), loss.detach()[done].tolist(), solved[done].tolist()):
@@ -118,9 +119,8 @@ def fit(
                     break
             (grad,) = torch.autograd.grad(loss.sum(), flat)
             flat = flat.detach()
-            keep = ~done
-            if not bool(keep.all()):
-                index = keep.nonzero().squeeze(1)
+            if any_done:
+                index = (~done).nonzero().squeeze(1)
                 active, flat, grad = active[index], flat[index], grad[index]
                 first_moment, second_moment = first_moment[index], second_moment[index]
             rate = cosine_lr(step, steps, lr, final_lr)
