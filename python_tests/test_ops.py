@@ -16,6 +16,8 @@ def test_extension_is_compiled():
     info = _ops.build_info()
     assert info["compiled"], "factkernels._C is missing: install the package (pip install .) before testing"
     assert info["cpu_threads"] >= 1
+    if info["cuda"]:  # CI builds the CUDA kernels (nvcc, no GPU): which product tile they were built with
+        assert info["cuda_product_tile"] in (64, 128) and info["cuda_archs"]
 
 
 def _rand(gen, *shape, dtype=torch.float32, device="cpu"):

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels.h"
 
@@ -61,6 +62,15 @@ template <int BM_, int BN_, int BK_, int TM_, int TN_> struct TileShape {
   static constexpr int kThreadsX = BN / TN, kThreadsY = BM / TM, kThreads = kThreadsX * kThreadsY;
 };
 using Tile64 = TileShape<64, 64, 16, 4, 4>;  // 256 threads
+using Tile128 = TileShape<128, 128, 8, 8, 8>;  // 256 threads, 8 x 8 per thread: twice the FMAs per shared load
+
+#ifndef FACTKERNELS_PRODUCT_TILE
+#define FACTKERNELS_PRODUCT_TILE 64
+#endif
+// The tile of launch_product (CMake FACTKERNELS_CUDA_TILE): float64 keeps Tile64, whose 4 x 4 doubles per thread
+// leave registers to spare.
+template <typename T>
+using ProductTile = std::conditional_t<FACTKERNELS_PRODUCT_TILE == 128 && sizeof(T) == 4, Tile128, Tile64>;
 
 // Reduction-major slices; the +1 column breaks bank conflicts on the transposing stores.
 template <typename T, class S> struct TileSmem {
@@ -155,7 +165,7 @@ template <typename T, bool AKContig, bool BKContig, class LoadA, class LoadB, cl
 void launch_product(const LoadA& la, int64_t rows, const LoadB& lb, int64_t cols, int64_t K, const Epi& epi,
                     cudaStream_t stream, const char* what, int64_t k_splits = 1) {
   if (rows <= 0 || cols <= 0) return;
-  using S = Tile64;
+  using S = ProductTile<T>;
   const int64_t col_tiles = ceil_div(cols, S::BN);
   if (col_tiles > 65535) throw std::invalid_argument(std::string(what) + ": too many output columns");
   // Each split covers whole BK slices; K = 0 still launches one split (the outputs are zeros).
