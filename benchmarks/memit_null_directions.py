@@ -38,9 +38,15 @@ MODEL = "smollm2-135m"
 SPECTRUM_ONLY_FROM = 1000  # facts from which δ is not trained here (hours at 1,000): the spectrum is checked alone
 
 
-def _null_floor(eigenvalues: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """memit_update's floor: √h·eps (of the weight's dtype) times the largest eigenvalue of λC + KᵀK."""
-    return eigenvalues[-1].clamp_min(0) * weight.shape[1] ** 0.5 * torch.finfo(weight.dtype).eps
+def _spectrum(keys: torch.Tensor, cov: torch.Tensor, lam: float, dtype: torch.dtype) -> dict:
+    """How many eigen-directions of λC + KᵀK memit_update nulls: those at or below its floor, √h·eps (of the
+    weight's ``dtype``, h = C's size) times the largest eigenvalue; with the smallest and the floor over it."""
+    keys64 = keys.double()
+    eigenvalues = torch.linalg.eigvalsh(lam * cov.double() + keys64.T @ keys64)
+    floor = eigenvalues[-1].clamp_min(0) * cov.shape[0] ** 0.5 * torch.finfo(dtype).eps
+    return {"keys": keys.shape[0], "nulled_directions": int((eigenvalues <= floor).sum()),
+            "smallest_over_largest_eigenvalue": float(eigenvalues[0] / eigenvalues[-1]),
+            "floor_over_largest_eigenvalue": float(floor / eigenvalues[-1])}
 
 
 def _plain_solve(weight, keys, values, cov, lam):
@@ -54,16 +60,11 @@ def _recording_update(log: list):
     real = editors.memit_update
 
     def update(weight, keys, values, cov, lam):
-        keys64 = keys.double()
-        eigenvalues = torch.linalg.eigvalsh(lam * cov.double() + keys64.T @ keys64)
-        floor = _null_floor(eigenvalues, weight)
         new = real(weight, keys, values, cov, lam)
         ours = (new.double() - weight.double())
         plain = _plain_solve(weight, keys, values, cov, lam)
-        log.append({"keys": keys.shape[0], "nulled_directions": int((eigenvalues <= floor).sum()),
-                    "smallest_over_largest_eigenvalue": float(eigenvalues[0] / eigenvalues[-1]),
-                    "floor_over_largest_eigenvalue": float(floor / eigenvalues[-1]),
-                    "update_relative_difference": float((ours - plain).norm() / plain.norm())})
+        log.append(_spectrum(keys, cov, lam, weight.dtype)
+                   | {"update_relative_difference": float((ours - plain).norm() / plain.norm())})
         return new
     return update
 
@@ -76,12 +77,7 @@ def _unedited_spectrum(model, tok, facts, layers, lam) -> list:
     out = []
     for layer in layers:
         keys, _ = editors._keys_and_state(model, batch, layer, layer)
-        keys64 = keys.double()
-        eigenvalues = torch.linalg.eigvalsh(lam * covs[layer].double() + keys64.T @ keys64)
-        floor = _null_floor(eigenvalues, covs[layer])
-        out.append({"layer": layer, "keys": keys.shape[0], "nulled_directions": int((eigenvalues <= floor).sum()),
-                    "smallest_over_largest_eigenvalue": float(eigenvalues[0] / eigenvalues[-1]),
-                    "floor_over_largest_eigenvalue": float(floor / eigenvalues[-1])})
+        out.append({"layer": layer} | _spectrum(keys, covs[layer], lam, covs[layer].dtype))
     return out
 
 
