@@ -99,6 +99,28 @@ def test_whitening_gain_and_ntk_that_stores_nothing(tmp_path):
     assert scaling["claims"]["000-fig2b-ntk-over-ours"]["verdict"] == "not run"
 
 
+@pytest.mark.parametrize("ntk_params, verdict", [
+    # d -> NTK parameters at F = d²/4, d²/2, d² (None: no width up to max_size stores every fact)
+    ({16: (1e4, 4e4, None), 32: (1e5, 3e5, 9e5)}, "reproduced"),  # d=16 stores nothing at α=1, d=32 falls
+    ({16: (1e4, 4e4, None), 32: (1e5, 1.5e5, 2e5)}, "partly"),    # d=32: facts/parameter rises with α
+    ({16: (1e4, 1.5e4, 2e4), 32: (1e5, 1.5e5, 2e5)}, "not reproduced"),
+])
+def test_ntk_divergence_verdict_speaks_for_every_d(ntk_params, verdict):
+    from factkernels.experiments.capacity import _summarize_scaling
+
+    cells = [engine.Cell(f"{d}-{i}", {"method": "ntk", "family": "spherical", "d": d, "facts": int(d * d * a),
+                                      "seeds": 3, "max_size": 4096},
+                         {"parameters": p, "size": None if p is None else 1,
+                          "best_min_accuracy": 0.99 if p is None else 1.0}, 0.0)
+             for d, params in ntk_params.items() for i, (a, p) in enumerate(zip((0.25, 0.5, 1.0), params))]
+    claim = _summarize_scaling(cells)["claims"]["000-fig2b-ntk-diverges"]
+    assert claim.verdict == verdict
+    if verdict == "partly":
+        assert "diverges at d ∈ [16]" in claim.reason and "at d = 32 facts/parameter does not fall" in claim.reason
+    if verdict == "not reproduced":
+        assert "no d where NTK diverges" in claim.reason
+
+
 def test_hybrids_ratio(tmp_path):
     summary = engine.run("hybrids", tmp_path, scale="tiny", quiet=True).summary
     costs = {r["method"]: r["parameters"] for r in summary["rows"]}
