@@ -77,6 +77,26 @@ def test_value_channel_learns_and_reports_eq4_mse():
     assert run.test_mse < 0.5 * float((values.double() ** 2).sum(-1)[valid].mean())
 
 
+@pytest.mark.parametrize("wide_mse, verdict", [
+    ({1: 0.4, 4: 0.1}, "reproduced"),   # gap 0.3 < 0.4 at d_model = 16: narrows
+    ({1: 0.9, 4: 0.1}, "partly"),       # gap 0.8: widens
+    (None, "partly"),                   # d_model = 32 did not run
+])
+def test_value_heads_verdict_checks_both_halves_of_the_claim(wide_mse, verdict):
+    from factkernels.experiments import engine
+    from factkernels.experiments.attention import _summarize_value
+
+    def cell(d_model, h, mse):
+        config = {"m": 64, "d_model": d_model, "heads": h, "head_dims": [128 // h], "seeds": [0, 1],
+                  "training": {"max_steps": 10, "objective": "messages"}}
+        return engine.Cell(f"{d_model}-{h}", config, {"runs": [{"head_dim": 128 // h, "test_mse": mse}] * 2}, 0.0)
+    cells = [cell(16, 1, 0.7), cell(16, 4, 0.3)] + [cell(32, h, v) for h, v in (wide_mse or {}).items()]
+    claim = _summarize_value(cells)["claims"]["002-fig6-value-heads"]
+    assert claim.verdict == verdict and "h ≥ 4 reaches 0.30 vs h = 1 0.70" in claim.reason
+    if wide_mse is not None:
+        assert ("narrows" in claim.reason) == (verdict == "reproduced")
+
+
 def test_value_channel_settings_are_checked():
     with pytest.raises(ValueError, match="needs degree=1"):
         attention.TrainingConfig(objective="messages", degree=2)

@@ -104,6 +104,20 @@ def test_regular_summary_fits_through_the_origin_in_edges():
     assert summary["claims"]["002-a3-regular-hstar"].ours == "h* = 4 (r=1), 8 (r=2)"
 
 
+@pytest.mark.parametrize("halves_ran", [False, True])
+def test_regular_hstar_is_an_upper_bound_where_half_as_many_heads_never_ran(halves_ran):
+    def cell(r, h, d_k, f1):
+        config = rgr_budget.cell_config(64, 16, h, d_k, [0, 1, 2], 10, degree=r)
+        return engine.Cell(engine.cell_key(config), config, {"test_f1": [f1] * 3, "steps": [10] * 3})
+    cells = [cell(1, 4, 6, 1.0), cell(2, 8, 6, 1.0)]
+    if halves_ran:  # h*/2 ran and needs more D_K: h* is measured, not a bound of the head grid
+        cells += [cell(1, 2, 12, 0.5), cell(2, 4, 12, 0.5)]
+    claim = rgr_budget._regular_summary(cells)["claims"]["002-a3-regular-hstar"]
+    assert claim.ours == "h* = 4 (r=1), 8 (r=2)"
+    assert claim.verdict == ("reproduced" if halves_ran else "partly")
+    assert ("upper bound" in claim.reason) != halves_ran
+
+
 def test_densify_adds_seeds_only_near_the_estimates(tmp_path, monkeypatch):
     ran = []
     monkeypatch.setattr(rgr_budget, "_run_cell", lambda c: ran.append(c) or {"test_f1": [1.0] * len(c["seeds"]),

@@ -525,3 +525,25 @@ def test_usability_is_scored_on_the_seeds_j_and_cites_all_junk_tuples():
     older = texp._summarize_usability(cells)
     assert older["usability_split"] == "all" and older["rows"] == [c.result for c in cells]
     assert "training + held-out junk tuples" in older["claims"]["000-fig3c-lipschitz"].setting
+
+
+@pytest.mark.parametrize("usability_at_alpha_1, traded", [(0.5, True), (0.97, False)])
+def test_tradeoff_needs_usability_to_fall_by_more_than_noise(usability_at_alpha_1, traded):
+    from factkernels.experiments import transformer as texp
+
+    def cell(kappa, alpha, capacity, accuracy):
+        config = {"dim": 8, "facts": 8, "seeds": [0], "steps": 20, "batch_size": 16, "lrs": [0.01],
+                  "lipschitz_samples": 4, "output_norm": True, "mlp": "gd", "size": 4, "gd_steps": 2000,
+                  "kappa": kappa, "alpha": alpha}
+        result = {"kappa": kappa, "alpha": alpha, "capacity": capacity, "lipschitz": 10.0 + alpha,
+                  "runs": [{"fact_adaptive_accuracy": accuracy}], "fact_adaptive_accuracy": accuracy,
+                  "usability": accuracy / capacity}
+        return engine.Cell(f"{kappa}-{alpha}", config, result, 0.0)
+    # whitening raises capacity 0.5 -> 1.0 at kappa = 1000; usability falls from 1.0 to the parameter
+    cells = [cell(1000.0, 0.0, 0.5, 0.5), cell(1000.0, 1.0, 1.0, usability_at_alpha_1)]
+    claim = texp._summarize_usability(cells)["claims"]["000-fig3b-tradeoff"]
+    assert f"more than {texp.USABILITY_DROP}" in claim.reason
+    assert ("at κ ∈ [1000.0]" in claim.reason) == traded
+    assert ("never trades" in claim.reason) != traded
+    # one kappa is too thin to call it reproduced; the pooled rank correlation (-1 on two points) keeps "partly"
+    assert claim.verdict == "partly"

@@ -138,6 +138,12 @@ BUDGET_CLAIMS = (
 )
 
 
+def _heads_at_grid_edge(point) -> bool:
+    """Whether h*/2, the next smaller count of the doubling head grid, never ran: then h* is an upper bound."""
+    tried = {c.num_heads for c in point.configs}
+    return point.best_heads is not None and point.best_heads > 1 and point.best_heads // 2 not in tried
+
+
 def _budget_grid(scale: str) -> list[dict]:
     if scale == "tiny":
         return [cell_config(32, 16, h, d_k, (0, 1), 500) for h in (1, 2) for d_k in (4, 8)]
@@ -170,7 +176,8 @@ def _budget_summary(cells: list) -> dict:
             else "partly" if rising else "not reproduced",
             f"h* {'rises' if rising else 'does not rise'} with m / d_model (R^2 {heads_fit.r2:.2f}); slope "
             f"{heads_fit.slope:.2f} against the seed's 1.65 (reproduced: within 50%, R^2 >= 0.7); largest "
-            f"m / d_model with an h*: {max(p.m / p.d_model for p in base if p.best_heads is not None):g} (seed: 32)"
+            f"m / d_model with an h*: {max(p.m / p.d_model for p in base if p.best_heads is not None):g} (seed: 32); "
+            f"the intercept b = {heads_fit.intercept:.2f} against the seed's -6.64 is not judged"
             + "".join(f"; no D_K* at (m={p.m}, d_model={p.d_model})" for p in base if p.key_budget is None))
     return {"points": [p.to_dict() for p in base],
             "fits": {"key_budget": budget_fit and vars(budget_fit), "heads": heads_fit and vars(heads_fit),
@@ -285,11 +292,13 @@ def _diagonal_summary(cells: list) -> dict:
     flat = len(heads) >= 2 and max(heads) <= 2 * min(heads)
     rough = len(heads) >= 2 and max(heads) <= 4 * min(heads)
     full = any(p.m >= 1024 for p in passed)
+    edge = [p.m for p in passed if _heads_at_grid_edge(p)]
     claims["002-diagonal-heads"] = engine.Finding(
         "h* = " + ", ".join(f"{p.best_heads} (m={p.m})" for p in passed) if passed else "-", setting,
         "not run" if len(heads) < 2 else ("reproduced" if flat and full else "partly" if rough else "not reproduced"),
         "fewer than two points" if len(heads) < 2 else f"h* ranges {min(heads)}-{max(heads)} along the diagonal"
-        + ("" if full else " up to m = 512 only (the seed goes to m = 4096)"))
+        + ("" if full else " up to m = 512 only (the seed goes to m = 4096)")
+        + (f"; at m = {edge} h*/2 heads did not run, so h* is an upper bound there" if edge else ""))
     return {"points": [p.to_dict() for p in points], "dk_over_lambda_log2m": ratios, "claims": claims}
 
 
@@ -421,11 +430,13 @@ def _regular_summary(cells: list) -> dict:
         rising = all(b["best_heads"] >= a["best_heads"] for a, b in zip(passed, passed[1:])) and \
             passed[-1]["best_heads"] > passed[0]["best_heads"]
         within = all(0.5 <= row["best_heads"] / row["edge_compression"] <= 2 for row in passed)
+        edge = [r for (_, _, r, _), p in points if _heads_at_grid_edge(p)]
         claims["002-a3-regular-hstar"] = engine.Finding(
             "h* = " + ", ".join(f"{row['best_heads']} (r={row['degree']})" for row in passed), setting,
-            "reproduced" if rising and within else "partly" if rising else "not reproduced",
+            "reproduced" if rising and within and not edge else "partly" if rising else "not reproduced",
             ("h* rises with r" + (" within 2x of r m / d_model" if within else "") if rising
              else "h* does not rise with r on the heads that ran")
+            + (f"; at r = {edge} h*/2 heads did not run, so h* is an upper bound there and the rise may be the head grid's" if edge else "")
             + "; heads tried: " + ", ".join(f"r={row['degree']}: {sorted({c['num_heads'] for c in row['configs']})}"
                                             for row in passed))
     return {"points": rows, "fit": fit and vars(fit), "seed_fit": {"slope": SEED_REGULAR_SLOPE},
