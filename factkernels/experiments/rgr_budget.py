@@ -429,12 +429,14 @@ def _regular_summary(cells: list) -> dict:
     if len(passed) >= 2:
         rising = all(b["best_heads"] >= a["best_heads"] for a, b in zip(passed, passed[1:])) and \
             passed[-1]["best_heads"] > passed[0]["best_heads"]
-        within = all(0.5 <= row["best_heads"] / row["edge_compression"] <= 2 for row in passed)
+        share = [row["best_heads"] / row["edge_compression"] for row in passed]  # h* over r m / d_model
+        within = all(0.5 <= x <= 2 for x in share)
         edge = [r for (_, _, r, _), p in points if _heads_at_grid_edge(p)]
         claims["002-a3-regular-hstar"] = engine.Finding(
             "h* = " + ", ".join(f"{row['best_heads']} (r={row['degree']})" for row in passed), setting,
             "reproduced" if rising and within and not edge else "partly" if rising else "not reproduced",
-            ("h* rises with r" + (" within 2x of r m / d_model" if within else "") if rising
+            ("h* rises with r" + (" within 2x of r m / d_model" if within else
+                                  f" at {min(share):g}-{max(share):g} of r m / d_model (not within 2x)") if rising
              else "h* does not rise with r on the heads that ran")
             + (f"; at r = {edge} h*/2 heads did not run, so h* is an upper bound there and the rise may be the head grid's" if edge else "")
             + "; heads tried: " + ", ".join(f"r={row['degree']}: {sorted({c['num_heads'] for c in row['configs']})}"
