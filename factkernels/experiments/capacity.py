@@ -472,7 +472,7 @@ def _summarize_scaling(cells: list[engine.Cell]) -> dict:
     # facts/parameter at the largest stored α more than 10% below its best at a smaller α: more facts in the
     # same d cost more than proportionally more parameters
     falling = [d for d, pts in facts_per_param.items()
-               if len(pts) >= 2 and sorted(pts)[-1][1] < 0.9 * max(f for _, f in sorted(pts)[:-1])]
+               if len(pts) >= 2 and max(pts)[1] < 0.9 * max(f for _, f in sorted(pts)[:-1])]
     if not [c for c in cells if c.config["method"] == "ntk"]:
         claims["000-fig2b-ntk-diverges"] = Finding("-", "NTK not in this grid", "not run")
     else:

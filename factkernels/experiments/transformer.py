@@ -870,6 +870,11 @@ def _expert_label(config: dict) -> str:
     return config["expert"] + (f" h={config['expert_hidden']}" if config.get("expert_hidden") else "")
 
 
+def _editor_scores(row: dict) -> dict[str, float]:
+    """{editor: harmonic score} of one editing-table row, MLP swap left out."""
+    return {m: v["harmonic"] for m, v in row.items() if isinstance(v, dict) and m != "mlp_swap"}
+
+
 def _summarize_editing(cells: list[engine.Cell]) -> dict:
     table = []
     for c in cells:
@@ -891,7 +896,7 @@ def _summarize_editing(cells: list[engine.Cell]) -> dict:
         largest = max(r["altered"] for r in table if r["expert"] == row["expert"])
         if row["altered"] != largest:
             continue
-        editors = {m: v["harmonic"] for m, v in row.items() if isinstance(v, dict) and m != "mlp_swap"}
+        editors = _editor_scores(row)
         swap = row["mlp_swap"]["harmonic"]
         parts.append(f"{row['expert']} expert, {row['altered']} altered: swap {swap:.3f} (geometric "
                      f"{row['mlp_swap']['geometric']:.3f}), " + ", ".join(f"{m} {v:.3f}" for m, v in editors.items()))
@@ -901,8 +906,7 @@ def _summarize_editing(cells: list[engine.Cell]) -> dict:
         keys = row["altered"] + row["preserved"]
         ratios.append(f"{row['expert']}: swap ÷ best editor {swap / max(max(editors.values()), 1e-12):.2f}, "
                       f"{keys} edited + preserved keys on h = {row['hidden']}")
-    wins = sum(all(row["mlp_swap"]["harmonic"] > v["harmonic"] for m, v in row.items()
-                   if isinstance(v, dict) and m != "mlp_swap") for row in table)
+    wins = sum(all(row["mlp_swap"]["harmonic"] > v for v in _editor_scores(row).values()) for row in table)
     if not parts:
         finding = Finding("-", setting, "not run")
     else:
