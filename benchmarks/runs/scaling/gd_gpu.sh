@@ -6,16 +6,25 @@
 #   bash benchmarks/runs/scaling/gd_gpu.sh [COPY_TO]
 # With COPY_TO, the results are packed into COPY_TO/scaling.tgz after every cell (a device machine returns only
 # $OUT, at most 8 files); unpack with tar xzf scaling.tgz -C benchmarks/results/experiments-seed.
+# TOTAL_SECONDS (default: no bound) caps the whole script: each cell gets the smaller of CELL_SECONDS and what is
+# left, and no cell starts with under 30 s left.
 # Bound a device call with CELL_SECONDS, not with timeout around this script: a killed script leaves its
 # python running, holding the call open past its limit.
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 COPY_TO="${1:-}"
 RESULTS="$ROOT/benchmarks/results/experiments-seed"
 cd /tmp
+begin=$SECONDS
 for cell in "d=64 facts=2048" "d=128 facts=2048" "d=64 facts=4096" "d=128 facts=4096" "d=128 facts=8192" \
             "d=128 facts=16384"; do
   set -- $cell
-  timeout "${CELL_SECONDS:-240}" python -m factkernels experiment scaling --scale seed --only method=gd --only "$1" \
+  budget=${CELL_SECONDS:-240}
+  if [ -n "${TOTAL_SECONDS:-}" ]; then
+    left=$((TOTAL_SECONDS - (SECONDS - begin)))
+    [ "$left" -lt 30 ] && { echo "$cell: not started, $left s left"; continue; }
+    [ "$left" -lt "$budget" ] && budget=$left
+  fi
+  timeout "$budget" python3 -m factkernels experiment scaling --scale seed --only method=gd --only "$1" \
     --only "$2" --device cuda --out "$RESULTS" --resume --quiet
   echo "$cell: exit $? at $(date +%T)"
   if [ -n "$COPY_TO" ]; then mkdir -p "$COPY_TO" && tar czf "$COPY_TO/scaling.tgz" -C "$RESULTS" scaling; fi
