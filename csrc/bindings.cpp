@@ -205,7 +205,6 @@ PYBIND11_MODULE(_C, m) {
     info["cuda"] = true;
 #ifdef FACTKERNELS_CUDA_ARCHS
     info["cuda_archs"] = FACTKERNELS_CUDA_ARCHS;
-    info["cuda_product_tile"] = FACTKERNELS_PRODUCT_TILE;
 #endif
     info["cuda_devices"] = cuda::device_count();
     info["cuda_runtime_version"] = cuda::runtime_version();

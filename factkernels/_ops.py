@@ -197,14 +197,15 @@ def _indices(name: str, t: torch.Tensor, ref: torch.Tensor, size: int, what: str
     return t
 
 
-# The ops whose CUDA kernel backend="auto" runs. On an H200 (benchmarks/results/gpu_suite-NVIDIA_H200.json) torch's
-# cuBLAS-backed twins ran the GEMM-shaped ops faster than these shared-memory float32 kernels: gate_features
-# 0.73-1.02x, gadget products 0.26-0.64x, gated_forward 0.42-0.60x, decode 0.34-0.87x (kernel speed over
-# twin's), so there "auto" runs their twins; decode's twin streams in chunks, so it never holds n x |V| scores
-# either. Kept: the two that won (hadamard_gram 1.10-1.13x, softmax_cross_entropy 1.83x), max_head_scores
-# (0.50-0.87x, but h times less memory than the twin's per-head scores) and star_topk (not in that run's
-# races, which bench.py has had since; its twin sorts whole rows of scores). backend="kernels" runs every
-# kernel on any device.
+# The ops whose CUDA kernel backend="auto" runs. On an H200 and an H100 (benchmarks/results/gpu_suite-*.json)
+# torch's cuBLAS-backed twins ran the GEMM-shaped ops faster than these shared-memory float32 kernels (kernel
+# speed over twin's, H200 / H100): gadget products 0.26-0.64x / 0.28-0.86x, gated_forward 0.42-0.60x /
+# 0.45-0.62x, decode 0.34-0.87x / 0.35-0.97x, so there "auto" runs their twins; decode's twin streams in chunks,
+# so it never holds n x |V| scores either. gate_features (0.73-1.02x / 1.13-1.14x) wins on one GPU only and
+# stays on its twin. Kept: the three that won (hadamard_gram 1.10-1.13x / 1.16-1.29x, softmax_cross_entropy
+# 1.83x / 2.08x, star_topk raced on the H100 only: 3.70-3.93x, its twin sorts whole rows of scores) and
+# max_head_scores (0.50-0.87x / 0.55-0.99x, but h times less memory than the twin's per-head scores).
+# backend="kernels" runs every kernel on any device.
 KERNEL_OPS = ("gate_features", "hadamard_gram", "gadget_matvec", "gadget_rmatvec", "gated_forward", "decode",
               "softmax_cross_entropy", "max_head_scores", "star_topk")
 CUDA_AUTO_KERNELS = frozenset({"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk"})

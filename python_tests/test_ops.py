@@ -16,8 +16,8 @@ def test_extension_is_compiled():
     info = _ops.build_info()
     assert info["compiled"], "factkernels._C is missing: install the package (pip install .) before testing"
     assert info["cpu_threads"] >= 1
-    if info["cuda"]:  # CI builds the CUDA kernels (nvcc, no GPU): which product tile they were built with
-        assert info["cuda_product_tile"] in (64, 128) and info["cuda_archs"]
+    if info["cuda"]:  # CI builds the CUDA kernels (nvcc, no GPU): for which architectures
+        assert info["cuda_archs"]
 
 
 def _rand(gen, *shape, dtype=torch.float32, device="cpu"):
@@ -309,7 +309,7 @@ def test_cuda_kernels_fall_back_when_unusable():
 
 
 def test_auto_backend_runs_on_cuda_only_the_kernels_that_beat_their_twins():
-    # CPU: every kernel. CUDA: the two that won their race on an H200 and the two kept for memory or unraced
+    # CPU: every kernel. CUDA: the three that won their races on the GPUs and the one kept for memory
     # (CUDA_AUTO_KERNELS' comment); the GEMM-shaped rest run their cuBLAS-backed twins.
     assert all(_ops.auto_runs_kernel(op, "cpu") for op in _ops.KERNEL_OPS)
     on_cuda = {op for op in _ops.KERNEL_OPS if _ops.auto_runs_kernel(op, "cuda")}

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 
 #include "kernels.h"
 
@@ -61,16 +60,10 @@ template <int BM_, int BN_, int BK_, int TM_, int TN_> struct TileShape {
   static constexpr int BM = BM_, BN = BN_, BK = BK_, TM = TM_, TN = TN_;
   static constexpr int kThreadsX = BN / TN, kThreadsY = BM / TM, kThreads = kThreadsX * kThreadsY;
 };
-using Tile64 = TileShape<64, 64, 16, 4, 4>;  // 256 threads
-using Tile128 = TileShape<128, 128, 8, 8, 8>;  // 256 threads, 8 x 8 per thread: twice the FMAs per shared load
-
-#ifndef FACTKERNELS_PRODUCT_TILE
-#define FACTKERNELS_PRODUCT_TILE 64
-#endif
-// The tile of launch_product (CMake FACTKERNELS_CUDA_TILE): float64 keeps Tile64, whose 4 x 4 doubles per thread
-// leave registers to spare.
-template <typename T>
-using ProductTile = std::conditional_t<FACTKERNELS_PRODUCT_TILE == 128 && sizeof(T) == 4, Tile128, Tile64>;
+// 256 threads, 4 x 4 outputs each. A 128 x 128 float32 tile with 8 x 8 per thread (twice the FMAs per shared
+// load) was built and raced on an H100 (benchmarks/results/gpu_suite-NVIDIA_H100_80GB_HBM3-tile128.json): every
+// product launched through it ran 1.3-2.6x slower than with this tile, so it was removed (benchmarks/runs/gpu/NOTES.md).
+using Tile64 = TileShape<64, 64, 16, 4, 4>;
 
 // Reduction-major slices; the +1 column breaks bank conflicts on the transposing stores.
 template <typename T, class S> struct TileSmem {
@@ -165,7 +158,7 @@ template <typename T, bool AKContig, bool BKContig, class LoadA, class LoadB, cl
 void launch_product(const LoadA& la, int64_t rows, const LoadB& lb, int64_t cols, int64_t K, const Epi& epi,
                     cudaStream_t stream, const char* what, int64_t k_splits = 1) {
   if (rows <= 0 || cols <= 0) return;
-  using S = ProductTile<T>;
+  using S = Tile64;
   const int64_t col_tiles = ceil_div(cols, S::BN);
   if (col_tiles > 65535) throw std::invalid_argument(std::string(what) + ": too many output columns");
   // Each split covers whole BK slices; K = 0 still launches one split (the outputs are zeros).

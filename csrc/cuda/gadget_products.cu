@@ -64,7 +64,7 @@ template <typename T> void gadget_rmatvec(const GadgetProductArgs<T>& a, uintptr
   if (a.m * a.h <= 0 || a.q <= 0) return;
   constexpr int64_t kMinSplitRows = 256;
   const cudaStream_t st = as_stream(stream);
-  const int64_t tiles = ceil_div(a.m * a.h, ProductTile<T>::BM) * ceil_div(a.q, ProductTile<T>::BN);
+  const int64_t tiles = ceil_div(a.m * a.h, Tile64::BM) * ceil_div(a.q, Tile64::BN);
   const int64_t splits = std::min(ceil_div(2 * multiprocessor_count(), tiles), std::max<int64_t>(1, a.n / kMinSplitRows));
   const WeightedRows<T> w{a.in, a.ldy, a.s, a.lds, a.h};
   const ColMajor<T> p{a.p, a.ldp};
