@@ -1,5 +1,6 @@
 """Baselines: NTK (Alg. 5), naïve (B.3.1), GD MLP, GD encoder/decoder hybrids, the training loop."""
 
+import importlib
 import math
 
 import numpy as np
@@ -11,6 +12,8 @@ from factkernels.baselines import gd as gd_module
 from factkernels.baselines.gd import _all_decoded, _all_decoded_near, _cross_entropy, _decoding_radii, fit
 from factkernels.baselines.ntk import hermite_coefficient, normalized_hermite
 from factkernels.embeddings import random_fact_set
+
+ntk_module = importlib.import_module("factkernels.baselines.ntk")  # the package's name ntk is the function
 
 # Fast GD settings for tests: a larger learning rate than the seed's 1e-3 reaches 100% in ~100 steps.
 FAST_GD = dict(lr=1e-2, final_lr=1e-4, steps=2000)
@@ -50,8 +53,11 @@ def test_ntk_stores_every_fact(tiny, margin_optimal):
     assert mlp.gate_bias is None and mlp.up_bias is None and mlp.down_bias is None
 
 
-def test_ntk_follows_algorithm_5(tiny):
+@pytest.mark.parametrize("block_units", [None, 7])  # one block of every unit; blocks of 7 (the last one short)
+def test_ntk_follows_algorithm_5(tiny, monkeypatch, block_units):
     K, V, f = tiny
+    if block_units:
+        monkeypatch.setattr(ntk_module, "_BLOCK_ELEMENTS", block_units * K.shape[0])
     h = 300
     mlp = baselines.ntk(K, V, f, hidden=h, degree=2)
     P = mlp.down_weight  # (d, h) with unit-norm columns

@@ -27,6 +27,8 @@ from ..validation import check_positive_int, validate_inputs
 # |c_k| below this counts as zero: the degree-k term of σ is absent and the construction cannot work.
 _COEFFICIENT_TOL = 1e-8
 _QUADRATURE_NODES = 120
+# Elements of each (F, block) temporary while W_up is formed (2^24: 128 MB in float64).
+_BLOCK_ELEMENTS = 1 << 24
 
 
 def normalized_hermite(z: torch.Tensor, degree: int) -> torch.Tensor:
@@ -102,8 +104,15 @@ def ntk(
     gate = torch.randn(hidden, K.shape[1], generator=generator, dtype=torch.float64).to(K)  # W_gate (h, d_in)
     down = torch.randn(V.shape[1], hidden, generator=generator, dtype=torch.float64).to(K)  # P_raw (d_out, h)
     down = down / down.norm(dim=0, keepdim=True)
-    features = normalized_hermite(K @ gate.T, degree)  # H = ĥ_k(Z): (F, h)
-    coefficients = outputs[facts] @ down  # A = Y P: (F, h)
-    sign = math.copysign(1.0, coefficient)  # c_k < 0 would point g(k_i) away from v_f(i)
-    up = (features * coefficients).T @ K * (sign / hidden)  # W_up: (h, d_in)
+    targets = outputs[facts]  # Y: (F, d_out)
+    scale = math.copysign(1.0, coefficient) / hidden  # c_k < 0 would point g(k_i) away from v_f(i)
+    up = torch.empty_like(gate)  # W_up: (h, d_in)
+    # Row j of W_up needs only column j of H and A, so blocks of hidden units keep the (F, block) temporaries
+    # near _BLOCK_ELEMENTS: at F = 8,192 and h = 131,072 the whole H and A would be 8.6 GB each in float64.
+    block = max(1, _BLOCK_ELEMENTS // K.shape[0])
+    for start in range(0, hidden, block):
+        rows = slice(start, start + block)
+        features = normalized_hermite(K @ gate[rows].T, degree)  # H = ĥ_k(Z): (F, block)
+        features *= targets @ down[:, rows]  # H ⊙ A, A = Y P: (F, block)
+        up[rows] = features.T @ K * scale
     return FactMLP(gate, None, up, None, down, None, activation=activation)
