@@ -875,6 +875,11 @@ def _editor_scores(row: dict) -> dict[str, float]:
     return {m: v["harmonic"] for m, v in row.items() if isinstance(v, dict) and m != "mlp_swap"}
 
 
+def _swap_beats_every_editor(row: dict) -> bool:
+    """Whether MLP swap's harmonic score beats every editor's in one editing-table row."""
+    return all(row["mlp_swap"]["harmonic"] > v for v in _editor_scores(row).values())
+
+
 def _summarize_editing(cells: list[engine.Cell]) -> dict:
     table = []
     for c in cells:
@@ -901,12 +906,12 @@ def _summarize_editing(cells: list[engine.Cell]) -> dict:
         parts.append(f"{row['expert']} expert, {row['altered']} altered: swap {swap:.3f} (geometric "
                      f"{row['mlp_swap']['geometric']:.3f}), " + ", ".join(f"{m} {v:.3f}" for m, v in editors.items()))
         doubles.append(all(swap >= 1.8 * v for v in editors.values()))
-        if all(swap > v for v in editors.values()):
+        if _swap_beats_every_editor(row):
             beats.append(row["expert"])
         keys = row["altered"] + row["preserved"]
         ratios.append(f"{row['expert']}: swap ÷ best editor {swap / max(max(editors.values()), 1e-12):.2f}, "
                       f"{keys} edited + preserved keys on h = {row['hidden']}")
-    wins = sum(all(row["mlp_swap"]["harmonic"] > v for v in _editor_scores(row).values()) for row in table)
+    wins = sum(map(_swap_beats_every_editor, table))
     if not parts:
         finding = Finding("-", setting, "not run")
     else:
