@@ -5,7 +5,7 @@
 
 A GD MLP trained with MSE (the fact experts of the LM, seed 000 App. A.3.2) stops at the first step
 where every fact decodes, argmax_j <o_i, v_j> = f(i). The plain test computes all (F, |V|) logits
-every step; ``_all_decoded_near`` settles each row whose output lies within its target's decoding
+every step; ``all_decoded_near`` settles each row whose output lies within its target's decoding
 radius without logits and decodes the rest farthest first, stopping at the first miss. This races
 the two on the LM's geometry (F books and F authors on the unit sphere, |V| = 2F, d = 64) with
 outputs o_i = v_f(i) + noise, from far (early training: most rows miss) to near (late: every row
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from factkernels.baselines.gd import _all_decoded, _all_decoded_near, _decoding_radii
+from factkernels.baselines.stacked_swiglu import all_decoded, all_decoded_near, decoding_radii
 from factkernels.environment import environment
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -44,14 +44,14 @@ def race(*, facts: int, d: int, repeats: int, seed: int = 0) -> dict:
     targets = (torch.randperm(facts, generator=generator) + facts).unsqueeze(0)  # books -> authors
     wanted = values[:, targets[0]]
     start = time.perf_counter()
-    radii = _decoding_radii(values, targets)
+    radii = decoding_radii(values, targets)
     radii_seconds = time.perf_counter() - start
     rows = []
     for noise in NOISE:
         outputs = wanted + noise * torch.randn(wanted.shape, generator=generator)
         errors = (outputs - wanted).square().sum(2)
-        full_seconds, full = _fastest(lambda: _all_decoded(outputs, values, targets), repeats)
-        near_seconds, near = _fastest(lambda: _all_decoded_near(outputs, values, targets, errors, radii), repeats)
+        full_seconds, full = _fastest(lambda: all_decoded(outputs, values, targets), repeats)
+        near_seconds, near = _fastest(lambda: all_decoded_near(outputs, values, targets, errors, radii), repeats)
         if not torch.equal(full, near):
             raise AssertionError(f"the tests disagree at noise {noise}")
         decoded = (torch.bmm(outputs, values.transpose(1, 2)).argmax(2) == targets).double().mean()

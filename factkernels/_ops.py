@@ -433,7 +433,7 @@ def softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
     e_ij = exp(max(logits[i, j] − top_i, −XENT_EXP_FLOOR)); hit_i = logits[i, t] ≥ top_i (a tie for the
     top counts as a hit); prob = e / Σ_j e_ij, the softmax, from which the gradient is prob − one-hot.
     A row holding a NaN gets loss NaN, hit False and prob NaN (kernels and twin alike). Not differentiable
-    itself: the caller's autograd Function uses prob (see ``baselines.gd``).
+    itself: the caller's autograd Function uses prob (see ``baselines.stacked_swiglu``).
     """
     _matrix("logits", logits)
     if logits.shape[1] == 0:

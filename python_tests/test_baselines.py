@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from factkernels import FactMLP, baselines
-from factkernels.baselines import gd as gd_module
-from factkernels.baselines.gd import _all_decoded, _all_decoded_near, _cross_entropy, _decoding_radii, fit
+from factkernels.baselines import gd_swiglu
+from factkernels.baselines.batched_adam import fit
+from factkernels.baselines.stacked_swiglu import all_decoded, all_decoded_near, batched_cross_entropy, decoding_radii
 from factkernels.baselines.ntk import hermite_coefficient, normalized_hermite
 from factkernels.embeddings import random_fact_set
 
@@ -166,7 +167,7 @@ def test_cross_entropy_matches_torch_in_value_gradient_and_hit_test():
     logits = (torch.randn(3, 5, 7, generator=generator, dtype=torch.float64) * 4).requires_grad_(True)
     targets = torch.randint(0, 7, (3, 5), generator=generator)
     targets[0] = logits[0].argmax(1)  # some rows hit, the rest (mostly) miss
-    loss, hit = _cross_entropy(logits, targets)
+    loss, hit = batched_cross_entropy(logits, targets)
     expected = torch.nn.functional.cross_entropy(logits.reshape(15, 7), targets.reshape(15), reduction="none")
     assert torch.allclose(loss, expected.view(3, 5), atol=1e-12)
     assert torch.equal(hit, logits.argmax(2) == targets) and bool(hit[0].all()) and not bool(hit.all())
@@ -174,7 +175,7 @@ def test_cross_entropy_matches_torch_in_value_gradient_and_hit_test():
     (ours,) = torch.autograd.grad((loss * weights).sum(), logits)
     (theirs,) = torch.autograd.grad((expected.view(3, 5) * weights).sum(), logits)
     assert torch.allclose(ours, theirs, atol=1e-12)
-    assert torch.autograd.gradcheck(lambda x: _cross_entropy(x, targets)[0], (logits,))
+    assert torch.autograd.gradcheck(lambda x: batched_cross_entropy(x, targets)[0], (logits,))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -183,7 +184,7 @@ def test_cross_entropy_of_far_apart_logits_matches_torch(dtype):
     generator = torch.Generator().manual_seed(1)
     logits = (torch.randn(4, 6, 9, generator=generator, dtype=dtype) * 200).requires_grad_(True)
     targets = torch.randint(0, 9, (4, 6), generator=generator)
-    loss, _ = _cross_entropy(logits, targets)
+    loss, _ = batched_cross_entropy(logits, targets)
     expected = torch.nn.functional.cross_entropy(logits.reshape(24, 9), targets.reshape(24), reduction="none")
     assert torch.allclose(loss, expected.view(4, 6), rtol=1e-6, atol=1e-12)
     (ours,) = torch.autograd.grad(loss.sum(), logits)
@@ -199,7 +200,7 @@ def test_decoding_radii_are_the_distance_to_the_nearest_decoding_boundary():
     values[1, 5] = values[1, 6] * 0.5  # v_5 = v_6 / 2 never wins its own argmax: radius < 0
     targets = torch.randint(0, 12, (2, 9), generator=generator)
     targets[1, :3] = torch.tensor([3, 5, 6])
-    radii = _decoding_radii(values, targets)
+    radii = decoding_radii(values, targets)
     for b in range(2):
         for i, t in enumerate(targets[b].tolist()):
             v = values[b].double()
@@ -215,14 +216,14 @@ def test_all_decoded_near_agrees_with_the_full_logits():
     values = torch.nn.functional.normalize(torch.randn(3, 40, 6, generator=generator), dim=2)
     targets = torch.stack([torch.randperm(40, generator=generator)[:30] for _ in range(3)])
     wanted = torch.gather(values, 1, targets.unsqueeze(2).expand(-1, -1, 6))
-    radii = _decoding_radii(values, targets)
+    radii = decoding_radii(values, targets)
     seen = set()
     for noise in (0.0, 0.05, 0.2, 0.5, 1.0, 3.0):  # from every row settled by its radius to most rows failing
         for trial in range(20):
             outputs = wanted + noise * torch.randn(wanted.shape, generator=generator)
             errors = (outputs - wanted).square().sum(2)
-            full = _all_decoded(outputs, values, targets)
-            assert torch.equal(_all_decoded_near(outputs, values, targets, errors, radii), full)
+            full = all_decoded(outputs, values, targets)
+            assert torch.equal(all_decoded_near(outputs, values, targets, errors, radii), full)
             seen.update(full.tolist())
     assert seen == {True, False}
 
@@ -267,7 +268,7 @@ def test_gd_mlp_trained_until_converged_runs_its_schedule_past_storage(tiny, mon
     assert last.solved and accuracy(converged, K, V, f) == 1.0  # "solved" still says: stores every fact
     assert last.loss < 0.8 * first.loss  # width 8 cannot reach the values exactly, but gets closer
     # a loss at or below the cutoff stops a model at once, and then it stores nothing: solved is False
-    monkeypatch.setattr(gd_module, "CONVERGED_LOSS", 1e9)
+    monkeypatch.setattr(gd_swiglu, "CONVERGED_LOSS", 1e9)
     for loss in ("ce", "mse"):
         stopped = baselines.gd_mlp(K, V, f, hidden=8, loss=loss, until="converged", progress=False, **FAST_GD)
         assert stopped.fit_results["mlp"].steps == 0 and not stopped.fit_results["mlp"].solved

@@ -292,7 +292,7 @@ def test_batched_search_without_lookahead_trains_only_the_sizes_it_asks_for(tiny
 
 @pytest.mark.parametrize("batch", [True, False])
 def test_jl_hybrid_search_solves_u_star_once_per_fact_set(monkeypatch, batch):
-    import factkernels.baselines.gd as gd_module
+    import factkernels.baselines.gd_hybrids as gd_hybrids
     import factkernels.capacity as capacity_module
     solved, solve = [], geometry.margin_optimal_outputs
 
@@ -301,7 +301,7 @@ def test_jl_hybrid_search_solves_u_star_once_per_fact_set(monkeypatch, batch):
         return solve(values)
 
     monkeypatch.setattr(capacity_module, "margin_optimal_outputs", counting)
-    monkeypatch.setattr(gd_module.geometry, "margin_optimal_outputs", counting)
+    monkeypatch.setattr(gd_hybrids.geometry, "margin_optimal_outputs", counting)
     sample = functools.partial(family_fact_set, "spherical", 24, 16)
     cost = sampled_storage_cost("gd+jl", sample, seeds=2, progress=False, batch=batch, encoder_steps=200)
     assert len(cost.trace) >= 3 and len(solved) == 2  # one per seed's fact set, however many sizes were tried

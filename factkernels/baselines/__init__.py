@@ -10,8 +10,10 @@
 Each returns a module with ``.predict(K, V)`` and ``.num_parameters``.
 """
 
-from .gd import (FitResult, encoder_decoder, encoder_decoder_batch, fit, gd_decoder, gd_decoder_batch, gd_encoder,
-                 gd_encoder_batch, gd_mlp, gd_mlp_batch)
+from .batched_adam import FitResult, fit
+from .gd_hybrids import (encoder_decoder, encoder_decoder_batch, gd_decoder, gd_decoder_batch, gd_encoder,
+                         gd_encoder_batch)
+from .gd_swiglu import gd_mlp, gd_mlp_batch
 from .hebbian import HebbianMLP, hebbian
 from .naive import NaiveMLP, naive
 from .ntk import hermite_coefficient, normalized_hermite, ntk

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F_nn
 from torch import nn
 
-from ..baselines.gd import gd_mlp
+from ..baselines import gd_mlp
 from ..construct import construct
 from ..mlp import FactMLP
 from ..progress import progress_bar
