@@ -15,8 +15,10 @@ import torch
 from . import _ops
 from .environment import environment
 from .construct import OUTPUTS, FactStorageError, construct
-from .embeddings import load_facts, load_matrix, random_fact_set
+from .capacity import methods as cost_methods
+from .embeddings import FAMILIES, load_facts, load_matrix, random_fact_set
 from .experiments import cli as experiments_cli
+from .experiments import cost_cells, engine
 from .solvers import SOLVERS
 
 
@@ -185,6 +187,46 @@ def _add_insert_command(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_run_insert)
 
 
+def _run_capacity(args: argparse.Namespace) -> int:
+    engine.set_threads(args.threads)
+    options = {"whiten": args.whiten} if args.whiten else {}
+    if args.method == "ours":
+        options["multipliers"] = [cost_cells.DEFAULT_MULTIPLIER]
+    config = cost_cells.cost_cell(args.method, args.family, args.facts, args.d, args.seeds, max_size=args.max_size,
+                                  gd_steps=args.gd_steps, **options)
+    cell = cost_cells.run_cost_cell(config)
+    where = f"{args.family}, d={args.d}, F={args.facts}, {args.seeds} seeds"
+    if cell["parameters"] is None:
+        print(f"{args.method}: no {cell['size_name']} up to {args.max_size} stores every fact ({where}; best worst-seed "
+              f"accuracy {cell['best_min_accuracy']:.4f})")
+    else:
+        print(f"{args.method}: {cell['size_name']}={cell['size']} -> {cell['parameters']:,} parameters store every "
+              f"fact ({where}, rho={cell['rho']:.3f})")
+    print("tried " + ", ".join(f"{size}{'+' if stored else '-'}" for size, stored, _ in cell["trace"]))
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"config": config, "result": cell, "environment": environment()}, indent=2))
+        print(f"wrote {path}")
+    return 0 if cell["parameters"] is not None else 1
+
+
+def _add_capacity_command(sub: argparse._SubParsersAction) -> None:
+    """``capacity``: the fact-storage cost of one method (one cost-search cell, printed)."""
+    cap = sub.add_parser("capacity", help="fact-storage cost of one method (binary search over its size)")
+    cap.add_argument("--method", choices=sorted(cost_methods), default="ours")
+    cap.add_argument("--d", type=int, default=32, help="embedding dimension")
+    cap.add_argument("--facts", type=int, default=256, help="number of facts F = |V|")
+    cap.add_argument("--family", choices=sorted(FAMILIES), default="spherical", help="embedding family (tied, bijective)")
+    cap.add_argument("--seeds", type=int, default=3, help="fact sets (and method seeds) that must all be stored")
+    cap.add_argument("--whiten", type=float, default=0.0, help="whitening strength alpha (method 'ours')")
+    cap.add_argument("--gd-steps", type=int, default=20000, help="step cap of the GD MLP ('gd')")
+    cap.add_argument("--max-size", type=int, default=1 << 17, help="the search gives up above this size")
+    cap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    cap.add_argument("--json", help="write config, result with search trace and environment to this JSON file")
+    cap.set_defaults(handler=_run_capacity)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``factkernels`` parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="factkernels", description=__doc__)
@@ -198,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=_run_construct)
     sub.add_parser("info", help="print what was compiled").set_defaults(handler=_run_info)
     _add_insert_command(sub)
+    _add_capacity_command(sub)
     experiments = sub.add_parser("experiment", help="run a named experiment; writes JSON and PNG")
     experiment_names = experiments.add_subparsers(dest="experiment", required=True)
     experiments_cli.add_commands(experiment_names)

@@ -15,8 +15,9 @@ import math
 import torch
 
 from factkernels.decoder import jl_bound
-from factkernels.experiments.capacity import (DEFAULT_MULTIPLIER, coherence, cost_cell, loglog_fit, run_cost_cell,
-                                              run_two_hot_cell, two_hot_cell)
+from factkernels.experiments.cost_cells import DEFAULT_MULTIPLIER, coherence, cost_cell, run_cost_cell
+from factkernels.experiments.method_costs import run_two_hot_cell, two_hot_cell
+from factkernels.experiments.summary_math import loglog_fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -75,7 +76,7 @@ def test_rho_vs_cost_fit_and_claims(tmp_path):
     ((1.0, 3.0, 0.3, 1.0), "not reproduced"),    # R² 0.13
 ])
 def test_rho_verdict_has_a_partly_tier_below_the_papers_r2(noise, verdict):
-    from factkernels.experiments.capacity import _summarize_rho
+    from factkernels.experiments.rho_vs_cost import summarize as _summarize_rho
 
     rhos = (0.8, 0.6, 0.4, 0.2)
     cells = [engine.Cell(f"gd-{i}", {"method": "gd", "family": f"f{i}", "d": 32, "facts": 256, "seeds": 3},
@@ -106,7 +107,7 @@ def test_whitening_gain_and_ntk_that_stores_nothing(tmp_path):
     ({16: (1e4, 1.5e4, 2e4), 32: (1e5, 1.5e5, 2e5)}, "not reproduced"),
 ])
 def test_ntk_divergence_verdict_speaks_for_every_d(ntk_params, verdict):
-    from factkernels.experiments.capacity import _summarize_scaling
+    from factkernels.experiments.cost_scaling import summarize as _summarize_scaling
 
     cells = [engine.Cell(f"{d}-{i}", {"method": "ntk", "family": "spherical", "d": d, "facts": int(d * d * a),
                                       "seeds": 3, "max_size": 4096},
@@ -130,7 +131,7 @@ def test_hybrids_ratio(tmp_path):
 
 
 def test_hybrids_claims_speak_for_every_point():
-    from factkernels.experiments.capacity import _summarize_hybrids
+    from factkernels.experiments.hybrid_costs import summarize as _summarize_hybrids
 
     # d=32: bin+gd 4x cheaper than ours (the paper's factor); d=64: 10x, and GD ran only at d=32
     costs = {(32, 256): {"ours": 40_000, "bin+gd": 10_000, "gd+gd": 4_000, "gd": 2_000},
@@ -204,7 +205,7 @@ def test_encoder_width_search_runs_at_the_found_m():
     ({"spherical": (600, 800)}, "not reproduced"),                                   # U* costs more, nothing else
 ])
 def test_ntk_ustar_verdict_weighs_both_halves_of_the_claim(costs, verdict):
-    from factkernels.experiments.capacity import _summarize_ntk_ustar
+    from factkernels.experiments.ntk_ustar import summarize as _summarize_ntk_ustar
 
     cells = [engine.Cell(f"{fam}-{m}", {"method": m, "family": fam, "d": 32, "facts": 256, "seeds": 3},
                          {"parameters": p, "rho": 0.5, "best_min_accuracy": 1.0 if p else 0.5}, 0.0)

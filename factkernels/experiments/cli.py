@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import attention, capacity, engine, report, rgr_budget
+from . import attention, engine, report, rgr_budget
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -87,7 +87,6 @@ def add_commands(experiment_subparsers) -> None:
 
 
 def add_tools(subparsers) -> None:
-    """Register the top-level commands that live beside the experiments (capacity, rgr-train, rgr-search)."""
-    capacity.add_commands(subparsers)
+    """Register the top-level commands that live beside the experiments (rgr-train, rgr-search)."""
     attention.add_commands(subparsers)
     rgr_budget.add_commands(subparsers)
