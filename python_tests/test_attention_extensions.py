@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from factkernels import attention
-from factkernels.attention import block, training
+from factkernels.attention import block, train_heads
 from factkernels.cli import main
 
 TINY = attention.TrainingConfig(context_length=8, check_every=100, val_contexts=100, test_contexts=200)
@@ -39,7 +39,7 @@ def test_out_neighbors_and_regular_contexts():
 
 def test_training_on_a_regular_graph_uses_it_and_learns():
     config = replace(TINY, degree=2, max_steps=1000)
-    data = training.RunData.make(0, 12, 12, config)
+    data = train_heads.RunData.make(0, 12, 12, config)
     assert data.graph.kind == "r-regular" and data.graph.max_degree == 2
     run = attention.train_runs(12, 12, 2, [6], [0], config, quiet=True)[0]
     assert run.heads.details["degree"] == 2
@@ -52,7 +52,7 @@ def test_regular_loss_weights_positives_by_the_context_balance():
     labels = torch.zeros(1, 4, 4)
     labels[0, 0, 1] = labels[0, 2, 3] = 1.0
     scores, tau = torch.zeros(1, 4, 4), torch.zeros(1)
-    loss = training._loss(replace(TINY, degree=2), scores, tau, labels, None)
+    loss = train_heads._loss(replace(TINY, degree=2), scores, tau, labels, None)
     # 2 positives, 14 negatives: w+ = 7; at logit 0 every term costs ln 2
     assert float(loss) == pytest.approx((2 * 7 + 14) * math.log(2) / 16)
 
@@ -62,7 +62,7 @@ def test_regular_loss_weights_positives_by_the_context_balance():
 
 def test_value_channel_learns_and_reports_eq4_mse():
     config = replace(TINY, objective="messages", max_steps=1000)
-    data = training.RunData.make(1, 16, 16, config)
+    data = train_heads.RunData.make(1, 16, 16, config)
     assert data.messages.shape == (16, 16)
     run = attention.train_runs(16, 16, 2, [8], [1], config, quiet=True)[0]
     assert math.isnan(run.test_f1) and run.test_mse is not None and run.val_mse is not None

@@ -42,7 +42,7 @@ def test_bracketing_search_finds_the_threshold_and_skips_useless_cells():
     assert done == calls
     cells = [engine.Cell(str(i), c, evaluate(c)) for i, c in enumerate(done)]
     (configs,) = rgr_budget.config_results(cells).values()
-    from factkernels.attention.training import summarize_budget
+    from factkernels.attention.key_budget import summarize_budget
     point = summarize_budget(64, 16, configs)
     assert point.best_heads == 4 and 30 <= point.key_budget < 30 * 1.25 + 4
     assert point.key_budget == point.key_budget_upper == point.key_budget_lower

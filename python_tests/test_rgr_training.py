@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from factkernels import attention
-from factkernels.attention import training
+from factkernels.attention import train_heads
 
 TINY = attention.TrainingConfig(context_length=8, check_every=100, patience=2, val_contexts=100, test_contexts=200,
                                 max_steps=400, lr=1e-2)
@@ -47,4 +47,4 @@ def test_softmax_settings_and_step_cutoff():
         attention.TrainingConfig(aggregation="mean")
     with pytest.raises(ValueError, match="softmax-sum"):
         attention.TrainingConfig(aggregation="softmax-sum", objective="messages")
-    assert training.SOFTMAX_STEP_CUTOFF == 80_000
+    assert train_heads.SOFTMAX_STEP_CUTOFF == 80_000

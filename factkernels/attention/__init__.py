@@ -15,9 +15,9 @@
 
 Modules: ``graphs`` (RelationGraph, random families, König colouring), ``constructions``
 (Constructions I-IV and the softmax variant, evaluation), ``scores`` (max-over-heads scores from
-the fused kernel in ``factkernels._ops``, softmax-sum scores), ``training`` (the seed's training
-protocol on permutation and r-regular graphs, edge or message objective, budget search, fits,
-lower bound), ``block`` (pre-LN Transformer block on frozen real token embeddings). The
+the fused kernel in ``factkernels._ops``, softmax-sum scores), ``train_heads`` (the seed's training
+protocol on permutation and r-regular graphs, edge or message objective), ``key_budget`` (the D_K*
+search of App. A.2), ``budget_fits`` (the seed's law, fits of D_K* and h*, the lower bound), ``block`` (pre-LN Transformer block on frozen real token embeddings). The
 experiments and the ``rgr-train`` command live in ``factkernels.experiments.attention``.
 """
 
@@ -34,28 +34,10 @@ from .constructions import (
 from .block import BlockConfig, BlockRun, PreLNBlock, RetrievalBatch, sample_retrieval, train_block
 from .graphs import RelationGraph, konig_edge_coloring, matching_head_bound, pack_matchings, random_graph
 from .scores import max_head_scores, softmax_head_scores
-from .training import (
-    OBJECTIVES,
-    BudgetPoint,
-    ConfigResult,
-    LinearFit,
-    RunData,
-    RunResult,
-    TrainingConfig,
-    bracket_budget,
-    fit_head_count,
-    fit_key_budget,
-    fit_through_origin,
-    lower_bound,
-    rung_head_dim,
-    sample_contexts,
-    search_budget,
-    seed_law,
-    step_cutoff,
-    summarize_budget,
-    t_interval,
-    train_runs,
-)
+from .budget_fits import LinearFit, fit_head_count, fit_key_budget, fit_through_origin, lower_bound, seed_law
+from .key_budget import (BudgetPoint, ConfigResult, bracket_budget, rung_head_dim, search_budget, summarize_budget,
+                         t_interval)
+from .train_heads import OBJECTIVES, RunData, RunResult, TrainingConfig, sample_contexts, step_cutoff, train_runs
 
 __all__ = [
     # graphs

@@ -32,7 +32,7 @@ from torch import nn
 
 from ..embeddings import token_embeddings
 from ..progress import progress_bar
-from .training import _torch_threads
+from .train_heads import torch_threads
 
 _INIT_SEED_OFFSET = 1_000_003  # block parameters draw from their own stream, data from the run seed
 
@@ -173,7 +173,7 @@ def train_block(m: int, num_heads: int, key_budget: int, seed: int, config: Bloc
         table = token_embeddings(m + 1)[0]
     if table.dim() != 2 or table.shape[0] != m + 1:
         raise ValueError(f"table must have shape (m + 1 = {m + 1}, d_model), got {tuple(table.shape)}")
-    with _torch_threads(config.threads):
+    with torch_threads(config.threads):
         gen = torch.Generator().manual_seed(seed)
         permutation = torch.randperm(m, generator=gen)
         val = sample_retrieval(permutation, config.val_examples, config.context_pairs, gen)

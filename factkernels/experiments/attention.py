@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from ..attention.block import BlockConfig, train_block
-from ..attention.training import OBJECTIVES, TrainingConfig, t_interval, train_runs
+from ..attention.key_budget import t_interval
+from ..attention.train_heads import OBJECTIVES, TrainingConfig, train_runs
 from ..embeddings import token_embeddings
 from ..environment import environment
 from . import engine

@@ -29,9 +29,10 @@ import statistics
 import time
 from typing import Callable, Optional, Sequence
 
-from ..attention.training import (LADDER_RUNGS, PASS_F1, SEED_FITS, SEED_REGULAR_SLOPE, ConfigResult,
-                                  TrainingConfig, bracket_budget, fit_head_count, fit_key_budget, fit_through_origin,
-                                  rung_head_dim, seed_law, summarize_budget, train_runs)
+from ..attention.budget_fits import (SEED_FITS, SEED_REGULAR_SLOPE, fit_head_count, fit_key_budget,
+                                     fit_through_origin, seed_law)
+from ..attention.key_budget import LADDER_RUNGS, PASS_F1, ConfigResult, bracket_budget, rung_head_dim, summarize_budget
+from ..attention.train_heads import TrainingConfig, train_runs
 from . import engine
 
 BASE_PAIRS = tuple((m, d) for m in (64, 128, 256, 512) for d in (16, 32, 64))
