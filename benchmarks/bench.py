@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 import factkernels
-from factkernels import _ops, geometry
+from factkernels import _ops, embeddings, ustar
 from factkernels.embeddings import random_fact_set
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -196,11 +196,11 @@ def race(name: str, shape: dict, device: torch.device, kernel: Callable, twin: C
 def bench_outputs(device: torch.device, sizes: list[tuple[int, int]]) -> list[dict]:
     rows = []
     for n, d in sizes:
-        V = geometry.spherical(n, d, generator=torch.Generator().manual_seed(0)).to(device)
+        V = embeddings.spherical(n, d, generator=torch.Generator().manual_seed(0)).to(device)
         result = {}
 
         def run():
-            result["U"], result["rho"] = geometry.margin_optimal_outputs(V)
+            result["U"], result["rho"] = ustar.margin_optimal_outputs(V)
 
         seconds = timeit(run, device, repeats=3)
         rows.append({"n": n, "d": d, "seconds": seconds, "rho": result["rho"]})

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 import factkernels
-from factkernels import _ops, geometry
+from factkernels import _ops, embeddings, ustar
 from factkernels.embeddings import random_fact_set
 
 from bench import bench_attention, bench_construct, bench_kernels, device_info, sync, timeit
@@ -145,13 +145,13 @@ def bench_largest_f(device: torch.device, d: int, start: int, max_seconds: float
 
 def bench_u_star(device: torch.device, num_values: int, d: int) -> dict:
     """margin_optimal_outputs (U*, rho) of spherical values: time, rho, peak GPU memory beyond the values."""
-    values = geometry.spherical(num_values, d, generator=torch.Generator().manual_seed(0)).to(device)
+    values = embeddings.spherical(num_values, d, generator=torch.Generator().manual_seed(0)).to(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     sync(device)
     begin = time.perf_counter()
-    _, rho = geometry.margin_optimal_outputs(values)
+    _, rho = ustar.margin_optimal_outputs(values)
     sync(device)
     row = {"num_values": num_values, "d": d, "seconds": time.perf_counter() - begin, "rho": float(rho)}
     if device.type == "cuda":

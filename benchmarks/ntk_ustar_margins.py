@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from factkernels import geometry
+from factkernels import ustar
 from factkernels.baselines.ntk import ntk
 from factkernels.embeddings import family_fact_set
 from factkernels.environment import environment
@@ -47,7 +47,7 @@ def main() -> None:
     for fact_set in range(args.fact_sets):
         K, V, f = (t.double() if t.is_floating_point() else t
                    for t in family_fact_set("spherical", args.facts, args.d, seed=fact_set))
-        U, rho = geometry.margin_optimal_outputs(V)
+        U, rho = ustar.margin_optimal_outputs(V)
         for width in (int(w) for w in args.widths.split(",")):
             for name, targets in (("V", V), ("U*", U)):
                 runs = []

@@ -43,14 +43,14 @@ def _loadavg() -> list[float]:
 def child(case: dict) -> dict:
     """Runs one case in this (fresh) process and returns its measurements."""
     import factkernels
-    from factkernels import _ops, geometry
+    from factkernels import _ops, embeddings, ustar
     from factkernels.embeddings import random_fact_set
 
     torch.set_num_threads(case["threads"])
     kind, n, d = case["kind"], case["n"], case["d"]
     out: dict = {}
     if kind == "ustar":
-        V = geometry.spherical(n, d, generator=torch.Generator().manual_seed(0))
+        V = embeddings.spherical(n, d, generator=torch.Generator().manual_seed(0))
         calls = [0]
         kernel = _ops.star_topk
 
@@ -59,7 +59,7 @@ def child(case: dict) -> dict:
             return kernel(*a, **k)
 
         _ops.star_topk = counted
-        fn = lambda: geometry.margin_optimal_outputs(V, method=case["method"])  # noqa: E731
+        fn = lambda: ustar.margin_optimal_outputs(V, method=case["method"])  # noqa: E731
     elif kind == "construct_default":
         K, V, f = random_fact_set(n, n, d, seed=0)
         fn = lambda: factkernels.construct(K, V, f, progress=False)  # noqa: E731

@@ -8,9 +8,10 @@
 
 from ._ops import build_info
 from .construct import ConstructionReport, FactStorageError, construct
-from .geometry import decodability, margin_optimal_outputs, whiten
+from .geometry import whiten
 from .incremental import FactBuilder
 from .mlp import FactMLP
+from .ustar import decodability, margin_optimal_outputs
 
 __version__ = "0.1.0"
 

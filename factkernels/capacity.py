@@ -53,9 +53,10 @@ from .baselines import encoder_decoder, encoder_decoder_batch, gd_mlp, gd_mlp_ba
 from .baselines.hebbian import hebbian
 from .construct import construct
 from .embeddings import FactSet
-from .geometry import margin_optimal_outputs, whiten
+from .geometry import whiten
 from .nongated import construct_nongated
 from .progress import progress_bar
+from .ustar import margin_optimal_outputs
 from .validation import validate_inputs
 
 Builder = Callable[..., nn.Module]

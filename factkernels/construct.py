@@ -131,7 +131,7 @@ def construct(
             value (search from ρ⁻² ln|V| upward by x1.25), "bound" uses Thm B.5.3.
         outputs: "margin_optimal" (u_j = U*_j, the spherical Chebyshev centres), "values" (u_j = v_j),
             or precomputed output embeddings U (|V|, d_out), e.g. U* from
-            :func:`factkernels.geometry.margin_optimal_outputs` reused across seeds. With
+            :func:`factkernels.ustar.margin_optimal_outputs` reused across seeds. With
             ``whiten`` > 0, U must be the outputs of the whitened values.
         solver: "cholesky" (one factorization of the F×F Gram), "cg" (matrix-free batched
             PCG, no F×F matrix), "per_gadget" (Alg. 3 verbatim, slow reference) or "auto".

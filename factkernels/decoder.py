@@ -13,7 +13,7 @@ from typing import Union
 
 import torch
 
-from . import _ops, geometry
+from . import _ops, geometry, ustar
 from .memory import VERIFY_CHUNK
 
 OUTPUTS = ("margin_optimal", "values")
@@ -64,11 +64,11 @@ def output_embeddings(values: torch.Tensor, outputs: Union[str, torch.Tensor], *
                       backend: str = "auto") -> tuple[torch.Tensor, float]:
     """Output embeddings U (|V|, d) and their margin ρ for ``outputs`` = "margin_optimal" (U*),
     "values" (U = V) or a given U; raise ValueError when ρ <= 0 (some value cannot be decoded).
-    backend: for the streaming margin pass of given outputs ("auto" | "kernels" | "torch")."""
+    backend: for the streaming passes of U* and of the margins ("auto" | "kernels" | "torch")."""
     if isinstance(outputs, torch.Tensor):
         out_embed, rho = outputs, float(geometry.output_margins(values, outputs, backend=backend).min())
     elif outputs == "margin_optimal":
-        out_embed, rho = geometry.margin_optimal_outputs(values)
+        out_embed, rho = ustar.margin_optimal_outputs(values, backend=backend)
     else:
         out_embed, rho = values, float(geometry.output_margins(values, values, backend=backend).min())
     if not rho > 0:

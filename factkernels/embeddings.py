@@ -7,7 +7,7 @@ families of the seed's capacity sweeps (A.1.1) are options of it:
 spherical      i.i.d. uniform on S^{d-1} (keys and values drawn independently)
 tied           K = V (the seed's default, like tied word embeddings; needs F = |V|)
 anisotropic    ``kappa`` > 1: V's singular values rescaled log-affinely to condition
-               number kappa (:func:`factkernels.geometry.anisotropic`); tied keys follow
+               number kappa (:func:`anisotropic`); tied keys follow
 tokens         ``source="tokens"``: real all-MiniLM-L6-v2 token embeddings (below), a
                seeded sample of tokens, centred, projected on the top-d principal
                directions of the shipped slice and scaled to unit norm
@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import importlib.util
+import math
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -40,13 +41,92 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from . import geometry
-from .validation import check_positive_int
+from .validation import check_matrix, check_positive_int
 
 SHIPPED_FILE = "minilm_tokens.safetensors"
 SHIPPED_TOKENS = 4096
 EMBEDDING_KEY = "embeddings.word_embeddings.weight"
 SOURCES = ("auto", "shipped", "minilm")
+
+
+def anisotropic(E: torch.Tensor, kappa: float) -> torch.Tensor:
+    """Rescale the singular values of ``E`` to condition number ``kappa`` (Appendix A.1.1).
+
+    With ``E = A diag(s) B^T`` (thin SVD), the left and right singular vectors
+    are kept and the singular values are rescaled log-affinely so that the
+    largest is preserved and the smallest becomes ``s_max / kappa``::
+
+        log s'_k = log s_max + (log s_k - log s_max) * log(kappa) / (log s_max - log s_min)
+
+    (the relative order and the log-spacing pattern of the spectrum are kept).
+    ``kappa = 1`` makes all singular values ``s_max``.  If all singular values
+    are equal, they are spread log-linearly by index: ``s'_k = s_max kappa^(-k/(r-1))``.
+
+    Args:
+        E: (F, d) floating tensor of full rank ``r = min(F, d)``.
+        kappa: target condition number ``s'_max / s'_min``, finite and >= 1.
+
+    Returns:
+        (F, d) tensor with the singular vectors of ``E`` and condition number
+        ``kappa`` (dtype/device of E).
+    """
+    E = check_matrix(E, "E", min_rows=1)
+    if isinstance(kappa, bool) or not isinstance(kappa, (int, float)) or not math.isfinite(kappa) or kappa < 1:
+        raise ValueError(f"kappa must be a finite float >= 1 (target condition number), got {kappa!r}")
+    with torch.no_grad():
+        Ed = E.detach().to(torch.float64)
+        A, s, Bh = torch.linalg.svd(Ed, full_matrices=False)
+        r = s.numel()
+        smax, smin = s[0], s[-1]
+        if float(smin) <= float(smax) * 1e-15 or float(smax) == 0.0:
+            raise ValueError(
+                "E is rank deficient (its smallest singular value is 0); anisotropic needs full rank"
+            )
+        lk = math.log(float(kappa))
+        spread = float(torch.log(smax) - torch.log(smin))
+        if spread <= 1e-12:
+            t = torch.arange(r, dtype=torch.float64, device=Ed.device) / max(r - 1, 1)
+            logs = torch.log(smax) - t * lk
+        else:
+            logs = torch.log(smax) + (torch.log(s) - torch.log(smax)) * (lk / spread)
+        out = (A * torch.exp(logs)[None, :]) @ Bh
+    return out.to(E.dtype)
+
+
+def spherical(
+    n: int,
+    d: int,
+    *,
+    generator: Optional[torch.Generator] = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``n`` i.i.d. points uniform on the unit sphere ``S^{d-1}``.
+
+    Args:
+        n: number of points (>= 1).
+        d: dimension (>= 1).
+        generator: optional ``torch.Generator`` (same seed, same result); the
+            points are created on the generator's device.
+        dtype: floating dtype of the result.
+
+    Returns:
+        (n, d) tensor with unit-norm rows.
+    """
+    for name, val in (("n", n), ("d", d)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise ValueError(f"{name} must be a positive int, got {val!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    device = generator.device if generator is not None else torch.device("cpu")
+    X = torch.randn(n, d, generator=generator, dtype=torch.float64, device=device)
+    nrm = X.norm(dim=1, keepdim=True)
+    while bool((nrm == 0).any()):  # probability 0, but never return a zero row
+        zero = (nrm == 0)[:, 0]
+        X[zero] = torch.randn(int(zero.sum()), d, generator=generator, dtype=torch.float64, device=device)
+        nrm = X.norm(dim=1, keepdim=True)
+    return (X / nrm).to(dtype)
 
 
 def whole_word_ids(vocab: list[str]) -> list[int]:
@@ -185,13 +265,13 @@ def random_fact_set(num_facts: int, num_values: int, dim: int, *, seed: int, tie
         points = token_points(num_values + (0 if tied else num_facts), dim, generator=gen, dtype=dtype)
         values, keys = points[:num_values], points[num_values:]
     else:
-        values = geometry.spherical(num_values, dim, generator=gen, dtype=dtype)
+        values = spherical(num_values, dim, generator=gen, dtype=dtype)
     if kappa > 1:
-        values = geometry.anisotropic(values, kappa)
+        values = anisotropic(values, kappa)
     if tied:
         keys = values.clone()
     elif source == "spherical":
-        keys = geometry.spherical(num_facts, dim, generator=gen, dtype=dtype)
+        keys = spherical(num_facts, dim, generator=gen, dtype=dtype)
     if fact_map == "bijective":
         facts = torch.randperm(num_values, generator=gen)
     else:

@@ -1,5 +1,8 @@
 """Helpers shared by test modules (conftest holds the fixtures)."""
 
+import math
+
+import numpy as np
 import pytest
 import torch
 
@@ -28,3 +31,20 @@ def gloo_construct_worker(rank: int, world_size: int, port: int, out: str, sizes
             torch.save({"state": mlp.state_dict(), "failed": mlp.failed}, out)
     finally:
         dist.destroy_process_group()
+
+
+def direct_margins(V: np.ndarray, U: np.ndarray) -> np.ndarray:
+    """min_{j != i} <v_i - v_j, u_i> / (|v_i - v_j| |u_i|) by the definition, pair by pair (0 for identical values)."""
+    n = V.shape[0]
+    out = np.empty(n)
+    for i in range(n):
+        best = math.inf
+        for j in range(n):
+            if j == i:
+                continue
+            diff = V[i] - V[j]
+            nd = np.linalg.norm(diff)
+            m = 0.0 if nd == 0 else diff @ U[i] / (nd * np.linalg.norm(U[i]))
+            best = min(best, m)
+        out[i] = best
+    return out

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from factkernels import construct, geometry
+from factkernels import construct, geometry, ustar
 from factkernels.capacity import Method, encoder_width_method, fact_storage_cost, methods, sampled_storage_cost
 from factkernels.embeddings import family_fact_set, random_fact_set
 
@@ -196,7 +196,7 @@ def test_prepare_runs_once_per_fact_set_and_given_options_win(tiny):
 def test_ours_prepares_the_outputs_of_the_whitened_values():
     K, V, f = family_fact_set("anisotropic-256", 48, 8, seed=0, dtype=torch.float64)
     prepared = methods["ours"].prepared(K, V, f, {"whiten": 1.0})
-    torch.testing.assert_close(prepared["outputs"], geometry.margin_optimal_outputs(geometry.whiten(V, 1.0)[0])[0])
+    torch.testing.assert_close(prepared["outputs"], ustar.margin_optimal_outputs(geometry.whiten(V, 1.0)[0])[0])
     plain = fact_storage_cost("ours", K, V, f, seeds=1, progress=False)
     whitened = fact_storage_cost("ours", K, V, f, seeds=1, whiten=1.0, progress=False)
     assert whitened.parameters < plain.parameters  # kappa = 256: whitening lowers the cost
@@ -294,14 +294,14 @@ def test_batched_search_without_lookahead_trains_only_the_sizes_it_asks_for(tiny
 def test_jl_hybrid_search_solves_u_star_once_per_fact_set(monkeypatch, batch):
     import factkernels.baselines.gd_hybrids as gd_hybrids
     import factkernels.capacity as capacity_module
-    solved, solve = [], geometry.margin_optimal_outputs
+    solved, solve = [], ustar.margin_optimal_outputs
 
     def counting(values):
         solved.append(values.shape)
         return solve(values)
 
     monkeypatch.setattr(capacity_module, "margin_optimal_outputs", counting)
-    monkeypatch.setattr(gd_hybrids.geometry, "margin_optimal_outputs", counting)
+    monkeypatch.setattr(gd_hybrids.ustar, "margin_optimal_outputs", counting)
     sample = functools.partial(family_fact_set, "spherical", 24, 16)
     cost = sampled_storage_cost("gd+jl", sample, seeds=2, progress=False, batch=batch, encoder_steps=200)
     assert len(cost.trace) >= 3 and len(solved) == 2  # one per seed's fact set, however many sizes were tried

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from factkernels import geometry
+from factkernels import ustar
 from factkernels.capacity import sampled_storage_cost
 from factkernels.cli import main
 from factkernels.embeddings import family_fact_set
@@ -179,7 +179,7 @@ def test_cost_cells_report_coherence_and_the_jl_bound_above_the_searched_m():
     result = run_cost_cell(cost_cell("ours", "anisotropic-16", 16, 8, 2, multipliers=[DEFAULT_MULTIPLIER]))
     values = [family_fact_set("anisotropic-16", 16, 8, seed=s).V for s in range(2)]
     assert result["coherence"] == pytest.approx(np.mean([coherence(V) for V in values]))
-    assert result["size"] < result["jl_bound"] == jl_bound(min(geometry.decodability(V) for V in values), 16)
+    assert result["size"] < result["jl_bound"] == jl_bound(min(ustar.decodability(V) for V in values), 16)
 
 
 def test_two_hot_cell_stores_and_counts_bits():

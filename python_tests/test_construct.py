@@ -192,7 +192,7 @@ def test_cg_never_forms_an_f_by_f_matrix(small_facts, monkeypatch):
 def test_precomputed_outputs_build_the_same_mlp(small_facts):
     K, V, f = small_facts
     built = construct(K, V, f, seed=5, progress=False)
-    outputs, rho = factkernels.geometry.margin_optimal_outputs(V)
+    outputs, rho = factkernels.ustar.margin_optimal_outputs(V)
     given = construct(K, V, f, outputs=outputs, seed=5, progress=False)
     assert given.report.outputs == "given" and given.report.rho == pytest.approx(rho) and given.report.m == built.report.m
     for name, param in built.named_parameters():

@@ -1,9 +1,10 @@
 import importlib.util
+import math
 
 import pytest
 import torch
 
-from factkernels import embeddings, geometry
+from factkernels import embeddings, ustar
 
 
 def test_shipped_slice_has_real_tokens_and_shapes():
@@ -69,7 +70,7 @@ def test_named_families_decode_with_falling_rho_as_kappa_grows():
     for family in embeddings.FAMILIES:
         K, V, f = embeddings.family_fact_set(family, 32, 8, seed=0)
         assert torch.equal(K, V) and K.shape == (32, 8)
-        rhos[family] = geometry.decodability(V)
+        rhos[family] = ustar.decodability(V)
     assert rhos["anisotropic-256"] < rhos["anisotropic-16"] < rhos["spherical"]
 
 
@@ -90,3 +91,54 @@ def test_fact_set_requests_are_checked():
         embeddings.random_fact_set(3000, 3000, 8, seed=0, source="tokens")
     with pytest.raises(ValueError, match="family must be one of"):
         embeddings.family_fact_set("gaussian", 8, 4, seed=0)
+
+
+@pytest.mark.parametrize("kappa", [1.0, 3.0, 100.0])
+def test_anisotropic(kappa):
+    E = embeddings.spherical(200, 10, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    Ek = embeddings.anisotropic(E, kappa)
+    assert Ek.shape == E.shape and Ek.dtype == E.dtype
+    A, s, Bh = torch.linalg.svd(E, full_matrices=False)
+    Ak, sk, Bhk = torch.linalg.svd(Ek, full_matrices=False)
+    assert (sk[0] / sk[-1]).item() == pytest.approx(kappa, rel=1e-9)
+    assert sk[0].item() == pytest.approx(s[0].item(), rel=1e-9)
+    # log-affine: log s' is an affine function of log s
+    if kappa > 1:
+        t = (torch.log(s) - torch.log(s[-1])) / (torch.log(s[0]) - torch.log(s[-1]))
+        tk = (torch.log(sk) - torch.log(sk[-1])) / (torch.log(sk[0]) - torch.log(sk[-1]))
+        assert torch.allclose(t, tk, atol=1e-9)
+    # same singular subspaces: E' = A diag(s') B^T with the same A, B
+    assert torch.allclose(Ek, (A * sk) @ Bh, atol=1e-9)
+
+
+def test_anisotropic_float32_and_errors():
+    E = embeddings.spherical(50, 4, generator=torch.Generator().manual_seed(1))
+    assert embeddings.anisotropic(E, 10.0).dtype == torch.float32
+    with pytest.raises(ValueError, match="kappa"):
+        embeddings.anisotropic(E, 0.5)
+    with pytest.raises(ValueError, match="kappa"):
+        embeddings.anisotropic(E, math.inf)
+    with pytest.raises(ValueError, match="E"):
+        embeddings.anisotropic(torch.zeros(5, 3), 2.0)
+
+
+def test_spherical():
+    X = embeddings.spherical(300, 7, generator=torch.Generator().manual_seed(0))
+    assert X.shape == (300, 7) and X.dtype == torch.float32
+    assert torch.allclose(X.norm(dim=1), torch.ones(300), atol=1e-6)
+    Y = embeddings.spherical(300, 7, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(X, Y)
+    Z = embeddings.spherical(300, 7, generator=torch.Generator().manual_seed(1))
+    assert not torch.equal(X, Z)
+    assert embeddings.spherical(4, 3, dtype=torch.float64).dtype == torch.float64
+    # roughly centred
+    assert X.mean(dim=0).abs().max().item() < 0.2
+
+
+def test_sampler_options_are_checked():
+    with pytest.raises(ValueError, match="n"):
+        embeddings.spherical(0, 3)
+    with pytest.raises(ValueError, match="d"):
+        embeddings.spherical(3, 0)
+    with pytest.raises(TypeError, match="dtype"):
+        embeddings.spherical(3, 2, dtype=torch.int64)

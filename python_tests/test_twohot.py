@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from factkernels import geometry
+from factkernels import embeddings, ustar
 from factkernels.twohot import TwoHotMLP, construct_two_hot, two_hot_keys
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_two_hot_mlp_stores_every_fact(tied):
     dim = 8
     keys, _ = two_hot_keys(dim, dtype=torch.float64)
-    values = keys if tied else geometry.spherical(56, 12, generator=torch.Generator().manual_seed(0),
+    values = keys if tied else embeddings.spherical(56, 12, generator=torch.Generator().manual_seed(0),
                                                   dtype=torch.float64)
     f = torch.randperm(56, generator=torch.Generator().manual_seed(1))
     mlp = construct_two_hot(values, f, dim)
@@ -25,10 +25,10 @@ def test_two_hot_mlp_stores_every_fact(tied):
 def test_two_hot_codes_are_exact_so_storage_is_the_decoders():
     dim, m = 6, 40
     keys, _ = two_hot_keys(dim, dtype=torch.float64)
-    values = geometry.spherical(30, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    values = embeddings.spherical(30, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     f = torch.randperm(30, generator=torch.Generator().manual_seed(3))
     mlp = construct_two_hot(values, f, dim, m=m, seed=4)
-    outputs, _ = geometry.margin_optimal_outputs(values)
+    outputs, _ = ustar.margin_optimal_outputs(values)
     projection = mlp.down_weight[:, ::dim]  # D: every d-th column of D·E
     torch.testing.assert_close(mlp(keys), outputs[f] @ projection @ projection.T, rtol=1e-10, atol=1e-12)
 

@@ -56,7 +56,7 @@ def test_choice_and_inputs():
         validate_inputs(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]), V[:, :2], torch.zeros(3, dtype=torch.long))
 
 
-@pytest.mark.parametrize("module", ["nongated.py", "twohot.py", "baselines/naive.py", "baselines/ntk.py", "geometry.py"])
+@pytest.mark.parametrize("module", ["nongated.py", "twohot.py", "baselines/naive.py", "baselines/ntk.py", "geometry.py", "ustar.py"])
 def test_builders_do_not_import_the_orchestrator(module):
     tree = ast.parse((Path(factkernels.__file__).parent / module).read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}

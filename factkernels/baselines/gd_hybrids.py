@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F_nn
 
-from .. import _ops, geometry
+from .. import _ops, ustar
 from ..construct import construct
 from ..decoder import JLDecoder, jl_decoder
 from ..embeddings import FactSet
@@ -266,7 +266,7 @@ def encoder_decoder_batch(
         solved: dict = {}  # U* once per fact set: a search's batch repeats each one for several m
         for b, (_, values, _) in enumerate(fact_sets):
             if id(values) not in solved:
-                solved[id(values)] = geometry.margin_optimal_outputs(V[b])[0]
+                solved[id(values)] = ustar.margin_optimal_outputs(V[b])[0]
         outputs = [solved[id(values)] for _, values, _ in fact_sets]
     if encoder == "bin" and decoder == "jl":
         return [construct(K[b], V[b], facts[b], m=ms[b], outputs=outputs[b], seed=seeds[b], verify="report",

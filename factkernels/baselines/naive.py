@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import geometry
+from .. import ustar
 from ..decoder import OUTPUTS
 from ..mlp import DecodingMLP
 from ..validation import check_choice, validate_inputs
@@ -63,6 +63,6 @@ def naive(K: torch.Tensor, V: torch.Tensor, f: torch.Tensor, *, outputs: str = "
             "unit-norm keys)"
         )
     threshold = (alpha + beta) / 2
-    targets = geometry.margin_optimal_outputs(V)[0] if outputs == "margin_optimal" else V
+    targets = ustar.margin_optimal_outputs(V)[0] if outputs == "margin_optimal" else V
     out_weight = (targets[facts] / (alpha - threshold).unsqueeze(1)).T  # (d_out, F)
     return NaiveMLP(K, threshold, out_weight)

@@ -20,7 +20,7 @@ import math
 import numpy as np
 import torch
 
-from .. import _ops, geometry
+from .. import _ops, ustar
 from ..mlp import FactMLP
 from ..validation import check_positive_int, validate_inputs
 
@@ -99,7 +99,7 @@ def ntk(
     """
     facts = validate_inputs(K, V, f)
     coefficient = _check_options(hidden, degree, activation, seed)
-    outputs = geometry.margin_optimal_outputs(V)[0] if margin_optimal else V
+    outputs = ustar.margin_optimal_outputs(V)[0] if margin_optimal else V
     generator = torch.Generator().manual_seed(seed)
     gate = torch.randn(hidden, K.shape[1], generator=generator, dtype=torch.float64).to(K)  # W_gate (h, d_in)
     down = torch.randn(V.shape[1], hidden, generator=generator, dtype=torch.float64).to(K)  # P_raw (d_out, h)

@@ -19,10 +19,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .. import geometry
 from ..capacity import encoder_width_method, methods, sampled_storage_cost
 from ..decoder import jl_bound
 from ..embeddings import FAMILIES, FactSet, family_fact_set
+from ..ustar import decodability
 from . import engine
 
 DEFAULT_MULTIPLIER = 1.5  # construct()'s width_multiplier
@@ -83,7 +83,7 @@ def run_cost_cell(config: dict) -> dict:
     result = search_cost(config)
     sample = functools.partial(family_fact_set, config["family"], config["facts"], config["d"])
     value_sets = [sample(seed=s).V for s in range(config["seeds"])]
-    rhos = [geometry.decodability(V) for V in value_sets]
+    rhos = [decodability(V) for V in value_sets]
     result["rho"] = float(np.mean(rhos))
     result["coherence"] = float(np.mean([coherence(V) for V in value_sets]))
     if result["size_name"] == "m" and result["size"] is not None:

@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from .. import geometry
+from ..embeddings import anisotropic
 
 JUNK_LENGTH = (8, 16)  # inclusive range of junk prefix / suffix lengths (App. A.2.1)
 NUM_JUNK_PAIRS = 16  # |J|
@@ -98,7 +98,7 @@ class SSFRTask:
         keys = torch.randn(num_keys, dim, generator=gen)
         values = torch.randn(num_values, dim, generator=gen)
         if kappa != 1.0:
-            keys, values = geometry.anisotropic(keys, kappa), geometry.anisotropic(values, kappa)
+            keys, values = anisotropic(keys, kappa), anisotropic(values, kappa)
         junk = torch.randn(num_junk_tokens, dim, generator=gen)
         self.embeddings = torch.cat([keys, values, junk])  # (vocab, d)
         self.facts = self.random_facts(gen)

@@ -20,8 +20,8 @@ import torch
 from scipy import stats
 from torch import nn
 
-from .. import geometry
 from ..progress import progress_bar
+from ..ustar import decodability
 from .ssfr import SSFRTask
 from .training import SEED_LR, build_fact_mlp, run_fact_adaptive
 
@@ -93,7 +93,7 @@ def run_usability(*, num_keys: int, dim: int, size: int, kind: str = "gd", kappa
             new_facts=task.new_facts(new_facts_seed), seeds=seeds, lrs=lrs, device=device, switches=switches,
             progress=progress, **train_options)
         rows.append({
-            "kappa": kappa, "alpha": alpha, "rho_values": geometry.decodability(values),
+            "kappa": kappa, "alpha": alpha, "rho_values": decodability(values),
             "capacity": result.capacity_new, "capacity_train_mlp": result.capacity_train,
             "fact_adaptive_accuracy": result.fact_adaptive_accuracy, "usability": result.usability,
             "lipschitz": lipschitz(result.new_mlp, task.embeddings[task.key_tokens], values,
