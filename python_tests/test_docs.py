@@ -1,5 +1,6 @@
 """The README and docs/ stay true: snippets run, command lines parse, links resolve, README stays short."""
 
+import importlib.util
 import re
 import shlex
 from pathlib import Path
@@ -48,6 +49,30 @@ def test_readme_snippet_names_exist(snippet):
     for base, attribute in re.findall(r"\b(\w+)\.(\w+)\b", snippet):
         if base in modules:
             assert hasattr(modules[base], attribute), f"{base}.{attribute} (README snippet) does not exist"
+
+
+def _make_docs():
+    spec = importlib.util.spec_from_file_location("make_docs", ROOT / "benchmarks" / "make_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docs_tables_equal_what_the_json_gives():
+    make_docs = _make_docs()
+    assert make_docs.stale_pages() == [], "run python benchmarks/make_docs.py and commit the pages"
+    marked = [page for page in make_docs.pages() if "<!-- table:" in page.read_text()]
+    assert len(marked) >= 4
+
+
+def test_make_docs_rewrites_a_changed_table_and_refuses_unknown_ones():
+    make_docs = _make_docs()
+    page = (ROOT / "docs" / "results" / "kernels.md").read_text()
+    tampered = re.sub(r"(<!-- table:cpu-kernels -->\n)\| kernel(.*?)<!-- /table -->", r"\1| made up |\n<!-- /table -->",
+                      page, flags=re.S)
+    assert tampered != page and make_docs.render(tampered) == page
+    with pytest.raises(KeyError, match="no-such-table"):
+        make_docs.render("<!-- table:no-such-table -->\n<!-- /table -->")
 
 
 def _command_lines(text: str) -> list[str]:

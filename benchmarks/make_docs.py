@@ -1,0 +1,374 @@
+"""Regenerate the tables of README.md and docs/ from the JSON committed under benchmarks/results/.
+
+A table lives in a page between ``<!-- table:NAME -->`` and ``<!-- /table -->``; everything between the
+markers is rewritten from ``TABLES[NAME]``, so a number in a table is never typed by hand. Each table ends
+with the JSON it was read from, as a path relative to the repository.
+
+    python benchmarks/make_docs.py            # rewrite every table in place
+    python benchmarks/make_docs.py --check    # exit 1 naming each page whose tables differ (python_tests/test_docs.py)
+"""
+
+import argparse
+import json
+import re
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = "benchmarks/results"
+MARKED = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+# Committed experiment folders, smallest run first (the claims table reads them in this order).
+RUN_FOLDERS = ("experiments", "experiments-seed", "experiments-seed-length")
+
+
+@lru_cache(maxsize=None)
+def load(path: str) -> dict:
+    """The JSON at ``path`` (relative to the repository)."""
+    return json.loads((ROOT / path).read_text())
+
+
+def _rows(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _source(*paths: str) -> str:
+    return "\n\nFrom " + ", ".join(f"`{path}`" for path in paths) + "."
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def _mib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**20:.0f} MiB"
+
+
+def _shape(row: dict, skip: tuple = ("kernel", "kernel_ms", "torch_ms", "speedup")) -> str:
+    return ", ".join(f"{key}={value}" for key, value in row.items()
+                     if key not in skip and not key.endswith("_bytes"))
+
+
+# --- kernels and construction ---------------------------------------------------------------------------
+
+def cpu_construct() -> str:
+    path = f"{RESULTS}/cpu.json"
+    rows = []
+    for r in load(path)["construct"]:
+        per_gadget = r.get("per_gadget_s")
+        rows.append([r["d"], r["F"], r["m"], _ms(r["kernels_s"]), _ms(r["torch_s"]),
+                     f"{per_gadget:.1f} s" if per_gadget else "–", f"{r['speedup_vs_torch']:.2f}×",
+                     f"{r['speedup_vs_per_gadget']:.0f}×" if per_gadget else "–"])
+    header = ["d", "F", "m", "kernels", "best pure torch", "per_gadget (Alg. 3 verbatim)", "vs torch", "vs per_gadget"]
+    return _rows(header, rows) + _source(path)
+
+
+def cpu_kernels() -> str:
+    path = f"{RESULTS}/cpu.json"
+    rows = [[r["kernel"], _shape(r), f"{r['kernel_ms']:.1f} ms", f"{r['torch_ms']:.1f} ms", f"{r['speedup']:.2f}×"]
+            for r in load(path)["kernels"]]
+    return _rows(["kernel", "shape", "kernel", "torch", "speedup"], rows) + _source(path)
+
+
+def gpu_kernels() -> str:
+    paths = {"H200": f"{RESULTS}/gpu_suite-NVIDIA_H200.json", "H100": f"{RESULTS}/gpu_suite-NVIDIA_H100_80GB_HBM3.json"}
+    races: dict[tuple, dict] = {}
+    for gpu, path in paths.items():
+        suite = load(path)
+        for r in suite["kernels"] + suite.get("attention", []):
+            races.setdefault((r["kernel"], _shape(r)), {})[gpu] = r
+    header = ["kernel", "shape"] + [f"{gpu} {column}" for gpu in paths for column in ("kernel", "torch", "speedup")]
+    rows = []
+    for (kernel, shape), by_gpu in races.items():
+        cells = []
+        for gpu in paths:
+            r = by_gpu.get(gpu)
+            cells += ([f"{r['kernel_ms']:.2f} ms", f"{r['torch_ms']:.2f} ms", f"{r['speedup']:.2f}×"] if r
+                      else ["–", "–", "–"])
+        rows.append([kernel, shape] + cells)
+    return _rows(header, rows) + _source(*paths.values())
+
+
+def gpu_largest_f() -> str:
+    path = f"{RESULTS}/gpu_suite-NVIDIA_H200.json"
+    rows = [[r["d"], f"{r['F']:,}", r["solver"], r["m"], f"{r['seconds']:.1f} s", f"{r['accuracy']:.3f}",
+             f"{r['peak_gpu_bytes'] / 2**30:.2f} GiB"] for r in load(path)["largest_f"]["attempts"]]
+    return _rows(["d", "F", "solver", "m", "time", "accuracy", "peak GPU memory"], rows) + _source(path)
+
+
+def ustar_scale() -> str:
+    path = f"{RESULTS}/ustar_cpu.json"
+    rows = []
+    for case in load(path)["cases"]:
+        if case["kind"] != "ustar":
+            continue
+        passes = (f"{case['streaming_passes']} passes of {case['pass_seconds']:.2f} s"
+                  if case["streaming_passes"] else "–")
+        rows.append([f"{case['n']:,}", case["d"], case["method"], f"{case['seconds']:.1f} s", passes,
+                     _mib(case["peak_extra_bytes"]), f"{case['rho']:.4f}"])
+    return _rows(["\\|V\\|", "d", "method", "time", "streaming passes", "peak extra memory", "ρ"], rows) + _source(path)
+
+
+def construct_default() -> str:
+    path, cg_path = f"{RESULTS}/ustar_cpu.json", f"{RESULTS}/construct_cg_32768.json"
+    rows = []
+    for case in load(path)["cases"]:
+        if case["kind"] in ("construct_default", "values_vs_chol"):
+            phases = case["phases_s"]
+            outputs = "U* (default)" if case["kind"] == "construct_default" else "values"
+            rows.append([f"{case['n']:,}", case["d"], outputs, "auto", f"{case['seconds']:.2f} s",
+                         f"{phases['outputs']:.2f} s", f"{phases['solve']:.2f} s", _mib(case["peak_extra_bytes"]),
+                         f"{case['accuracy']:.3f}"])
+    cg = load(cg_path)
+    report = cg["construct_json"]["report"]
+    timings = report["timings"]
+    rows.append([f"{report['num_facts']:,}", report["d_in"], "U* (default)", report["solver"],
+                 f"{timings['total'] / 60:.1f} min", f"{timings['outputs'] / 60:.1f} min",
+                 f"{timings['solve'] / 60:.1f} min ({report['cg_iterations']} iterations)",
+                 f"{cg['usr_bin_time']['max_rss_bytes'] / 2**30:.2f} GiB (whole process)", f"{report['accuracy']:.3f}"])
+    header = ["F = \\|V\\|", "d", "outputs", "solver", "time", "outputs time", "solve time", "peak memory", "accuracy"]
+    return _rows(header, rows) + _source(path, cg_path)
+
+
+def incremental() -> str:
+    paths = sorted((str(p.relative_to(ROOT)) for p in (ROOT / RESULTS).glob("incremental_*.json")),
+                   key=lambda path: (load(path)["setting"]["facts_before"], path))
+    rows = []
+    for path in paths:
+        run = load(path)
+        s, setting = run["seconds"], run["setting"]
+        solver = "cg" if "cg" in Path(path).stem else "cholesky"
+        rows.append([f"{setting['facts_before']:,}", setting["facts_added"], setting["dim"], solver,
+                     f"{s['add']:.1f} s", f"{s['rebuild_factbuilder']:.1f} s",
+                     f"{run['speedup_vs_rebuild_factbuilder']:.2f}×",
+                     f"{run['speedup_vs_construct_cholesky']:.2f}×" if "speedup_vs_construct_cholesky" in run else "–"])
+    header = ["facts", "added", "d", "solver", "add", "fresh FactBuilder", "vs fresh FactBuilder",
+              "vs construct(cholesky)"]
+    return _rows(header, rows) + _source(*paths)
+
+
+def gd_batch() -> str:
+    paths = [f"{RESULTS}/gd_batch.json", f"{RESULTS}/gpu_suite-NVIDIA_H200.json"]
+    rows = []
+    for path, where in zip(paths, ("CPU, 1 thread", "H200")):
+        run = load(path)
+        for r in (run["rows"] if "rows" in run else run["gd_batch"]["rows"]):
+            rows.append([where, r["method"], f"{r['batched']['seconds']:.1f} s", f"{r['one_at_a_time']['seconds']:.1f} s",
+                         f"{r['every_seed']['seconds']:.1f} s", f"{r['speedup']:.2f}×",
+                         f"{r['speedup_vs_every_seed']:.2f}×"])
+    header = ["device", "method", "batched", "serial search", "every seed one at a time", "vs serial",
+              "vs every seed"]
+    return _rows(header, rows) + _source(*paths)
+
+
+# --- attention (seed 002) --------------------------------------------------------------------------------
+
+def construction2_f1() -> str:
+    path = f"{RESULTS}/attention/construction2_f1.json"
+    cells = load(path)["cells"]
+    widths = sorted({c["d_model"] for c in cells})
+    f1 = {(c["m"], c["d_model"]): c["f1"] for c in cells}
+    rows = [[m] + [f"{f1[m, w]:.3f}" if (m, w) in f1 else "–" for w in widths] for m in sorted({c["m"] for c in cells})]
+    return _rows(["m"] + [f"d_model = {w}" for w in widths], rows) + _source(path)
+
+
+def _budget_points(path: str) -> str:
+    summary = load(path)["summary"]
+    rows = [[p["m"], p["d_model"], p["key_budget"], f"{p['key_budget_lower']}–{p['key_budget_upper']}", p["best_heads"],
+             "–".join(str(h) for h in sorted(set(p["heads_range"] or ["–"])))] for p in summary["points"]]
+    return _rows(["m", "d_model", "D_K*", "interval", "h*", "head counts not significantly worse (App. A.2)"], rows)
+
+
+def rgr_budget() -> str:
+    path = f"{RESULTS}/experiments/rgr-budget/summary.json"
+    fits, seed = load(path)["summary"]["fits"], load(path)["summary"]["seed_fits"]
+    dk, heads = fits["key_budget"], fits["heads"]
+    fit_line = (f"\n\nFits: D_K* ≈ {dk['slope']:.2f} m log2(m) / d_model (R² {dk['r2']:.3f}, {dk['points']} points; "
+                f"seed {seed['key_budget_slope']}, R² {seed['key_budget_r2']}); h* ≈ {heads['slope']:.2f} m / d_model "
+                f"{heads['intercept']:+.2f} (R² {heads['r2']:.3f}; seed {seed['heads_slope']}, {seed['heads_intercept']}, "
+                f"R² {seed['heads_r2']}).")
+    return _budget_points(path) + fit_line + _source(path)
+
+
+def rgr_diagonal() -> str:
+    path = f"{RESULTS}/experiments/rgr-diagonal/summary.json"
+    return _budget_points(path) + _source(path)
+
+
+# --- real models -----------------------------------------------------------------------------------------
+
+def hf_insert() -> str:
+    paths = sorted(str(p.relative_to(ROOT)) for p in (ROOT / RESULTS / "hf").glob("insert_detector_*.json"))
+    runs = sorted((load(p) for p in paths), key=lambda r: (r["report"]["num_facts"], -r["report"]["layer"]))
+    rows = []
+    for run in runs:
+        report, scores = run["report"], run["scores"]
+        config = run["config"]
+        threshold = "per unit (adaptive)" if config.get("adaptive_threshold") else f"{config['threshold']}"
+        rows.append([f"{report['num_facts']:,}", report["layer"], threshold, f"{report['hidden_added']:,}",
+                     f"{scores['efficacy']:.3f} (min margin {report['min_margin']:.1f})", f"{scores['paraphrase']:.3f}",
+                     f"{scores['neighborhood']:.3f}", f"{scores['perplexity_ratio']:.4f}", f"{scores['kl_mean']:.1e}",
+                     f"{run['insert_seconds']:.0f} s"])
+    header = ["facts", "layer", "threshold", "units added", "efficacy", "paraphrase", "neighborhood", "ppl ratio", "KL",
+              "insert time"]
+    return _rows(header, rows) + _source(*paths)
+
+
+def real_lm_editing() -> str:
+    from factkernels.experiments.real_lm import markdown_table
+
+    path = f"{RESULTS}/experiments/real-lm-editing/summary.json"
+    return markdown_table(load(path)["summary"], best_only=True) + _source(path)
+
+
+# --- capacity ---------------------------------------------------------------------------------------------
+
+SCALING = f"{RESULTS}/experiments-seed/scaling/summary.json"
+
+
+def _ratio(value) -> str:
+    return f"{value:.1f}×" if value is not None else "–"
+
+
+def scaling() -> str:
+    summary = load(SCALING)["summary"]
+    parameters = {(r["d"], r["facts"], r["method"]): r["parameters"] for r in summary["rows"]}
+    rows = []
+    for r in summary["ratios"]:
+        cost = [parameters.get((r["d"], r["facts"], method)) for method in ("ours", "ntk", "gd")]
+        rows.append([r["d"], f"{r['facts']:,}", r["alpha"]] + [f"{c:,}" if c else "–" for c in cost]
+                    + [_ratio(r["ntk_over_ours"]), _ratio(r["ours_over_gd"]), _ratio(r["ours_cheapest_over_gd"])])
+    header = ["d", "F", "α = F/d²", "ours (multiplier 1.5)", "NTK", "GD", "NTK / ours", "ours / GD",
+              "ours at its cheapest / GD"]
+    return (_rows(header, rows) + "\n\nParameters of the smallest MLP storing every fact of all 3 seeds (– : not run, "
+            "or no size up to the search's cap stores them)." + _source(SCALING))
+
+
+# --- README headline ------------------------------------------------------------------------------------
+
+def _span(values: list) -> str:
+    values = [v for v in values if v is not None]
+    return f"{min(values):.0f}–{max(values):.0f}×"
+
+
+def headline() -> str:
+    cpu, h200 = f"{RESULTS}/cpu.json", f"{RESULTS}/gpu_suite-NVIDIA_H200.json"
+    big = f"{RESULTS}/construct_cg_32768.json"
+    hf = f"{RESULTS}/hf/insert_detector_n1000_s100_t0.92_c2_L20_seed0.json"
+    budget = f"{RESULTS}/experiments/rgr-budget/summary.json"
+    construct = next(r for r in load(cpu)["construct"] if r["F"] == 4096)
+    largest = load(h200)["largest_f"]["largest"]
+    report = load(big)["construct_json"]["report"]
+    insert = load(hf)
+    ratios = load(SCALING)["summary"]["ratios"]
+    fit = load(budget)["summary"]["fits"]["key_budget"]
+    rows = [
+        [f"build and verify F = \\|V\\| = {construct['F']:,} facts, d = {construct['d']} (values, Cholesky, 2-core CPU)",
+         f"{_ms(construct['kernels_s'])} (pure torch {_ms(construct['torch_s'])})", f"`{cpu}`"],
+        [f"largest matrix-free build on one H200 (d = {largest['d']})",
+         f"F = {largest['F']:,} in {largest['seconds']:.0f} s, {largest['peak_gpu_bytes'] / 2**30:.2f} GiB", f"`{h200}`"],
+        [f"F = \\|V\\| = {report['num_facts']:,}, d = {report['d_in']}, default outputs, CG, one CPU thread",
+         f"{report['timings']['total'] / 60:.1f} min, {load(big)['usr_bin_time']['max_rss_bytes'] / 2**30:.2f} GiB, "
+         f"accuracy {report['accuracy']:.3f}", f"`{big}`"],
+        ["NTK MLPs / ours, ours / GD-trained MLPs, in parameters (Fig. 2b, seed grid)",
+         f"{_span([r['ntk_over_ours'] for r in ratios])}, {_span([r['ours_over_gd'] for r in ratios])}", f"`{SCALING}`"],
+        [f"{insert['report']['num_facts']:,} new facts into SmolLM2-135M (layer {insert['report']['layer']}, one CPU thread)",
+         f"efficacy {insert['scores']['efficacy']:.3f}, neighbourhood {insert['scores']['neighborhood']:.3f}, "
+         f"perplexity ×{insert['scores']['perplexity_ratio']:.4f}, {insert['insert_seconds'] / 60:.1f} min", f"`{hf}`"],
+        ["minimal key budget of max-over-heads attention (seed 002)",
+         f"D_K* ≈ {fit['slope']:.2f} m log2(m) / d_model (R² {fit['r2']:.3f})", f"`{budget}`"],
+    ]
+    return _rows(["what", "measured", "JSON"], rows)
+
+
+# --- claims of each area ---------------------------------------------------------------------------------
+
+def claims_of(*experiments: str) -> Callable[[], str]:
+    """The claims the named experiments test, per committed run: paper's number and our verdict."""
+    def table() -> str:
+        rows, paths = [], []
+        for name in experiments:
+            for folder in RUN_FOLDERS:
+                path = f"{RESULTS}/{folder}/{name}/summary.json"
+                if not (ROOT / path).exists():
+                    continue
+                run = load(path)
+                paths.append(path)
+                findings = run["summary"]["claims"]
+                for claim in run["claims_tested"]:
+                    finding = findings.get(claim["id"], {})
+                    rows.append([f"`{claim['id']}`", folder, claim["where"], claim["value"].replace("|", "\\|"),
+                                 finding.get("verdict", "not run")])
+        header = ["claim", "run", "where", "paper's number", "verdict"]
+        # Claims tables sit on the pages of docs/results/, two folders below the repository.
+        return (_rows(header, rows) + "\n\nOurs, the setting that ran and the reason of each verdict: "
+                "[CLAIMS.md](../../benchmarks/results/CLAIMS.md)." + _source(*paths))
+    return table
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "cpu-construct": cpu_construct,
+    "cpu-kernels": cpu_kernels,
+    "gpu-kernels": gpu_kernels,
+    "gpu-largest-f": gpu_largest_f,
+    "ustar-scale": ustar_scale,
+    "construct-scale": construct_default,
+    "incremental": incremental,
+    "gd-batch": gd_batch,
+    "scaling": scaling,
+    "headline": headline,
+    "construction2-f1": construction2_f1,
+    "rgr-budget": rgr_budget,
+    "rgr-diagonal": rgr_diagonal,
+    "hf-insert": hf_insert,
+    "real-lm-editing": real_lm_editing,
+    "claims-capacity": claims_of("rho-vs-cost", "whitening", "scaling", "hybrids", "ntk-ustar", "method-costs"),
+    "claims-attention": claims_of("rgr-budget", "rgr-diagonal", "rgr-regular", "rgr-softmax", "rgr-value",
+                                  "rgr-block"),
+    "claims-transformer": claims_of("ssfr", "usability", "lm-facts", "editing"),
+}
+
+
+def pages() -> list[Path]:
+    """README.md and every page under docs/."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def render(text: str) -> str:
+    """``text`` with every marked table regenerated; an unknown table name raises KeyError naming it."""
+    def fill(match: re.Match) -> str:
+        name = match["name"]
+        if name not in TABLES:
+            raise KeyError(f"no generator for <!-- table:{name} --> (known: {', '.join(TABLES)})")
+        return match[1] + TABLES[name]() + "\n" + match[4]
+    return MARKED.sub(fill, text)
+
+
+def stale_pages() -> list[str]:
+    """Pages whose committed tables differ from what the JSON gives (repository-relative paths)."""
+    return [str(page.relative_to(ROOT)) for page in pages() if render(page.read_text()) != page.read_text()]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 naming the pages that are stale")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_pages()
+        for page in stale:
+            print(f"{page}: tables differ from benchmarks/results/ (run python benchmarks/make_docs.py)")
+        return 1 if stale else 0
+    for page in pages():
+        text = page.read_text()
+        new = render(text)
+        if new != text:
+            page.write_text(new)
+            print(f"rewrote the tables of {page.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
