@@ -188,7 +188,7 @@ def test_mixer_input_says_what_the_router_and_language_expert_read():
 def test_lm_and_editing_experiments_on_the_engine(tmp_path):
     from factkernels.experiments import engine
 
-    from factkernels.experiments import transformer as texp
+    from factkernels.experiments import lm_facts as texp
 
     lm_res = engine.run("lm-facts", tmp_path, scale="tiny", quiet=True).summary
     run, pooled = lm_res["runs"]  # the seed's protocol, and trained with swapped-in experts
@@ -213,7 +213,7 @@ def test_lm_and_editing_experiments_on_the_engine(tmp_path):
     cell = engine.Cell("own", cell.config, rising, 0.0)
     better = {**rising, "nonfact_ce_rise": 1.0}
     other = engine.Cell("authors", {**cell.config, "mixer_input": "attention"}, better, 0.0)
-    both = texp._summarize_lm([cell, other])
+    both = texp.summarize([cell, other])
     claim = both["claims"]["000-fig9b-nonfact-ce"]
     assert "gd, router on attention output:" in claim.ours
     assert "gd, router on attention output rises least (gd: +200% on words)" in claim.reason
@@ -225,19 +225,19 @@ def test_lm_and_editing_experiments_on_the_engine(tmp_path):
         return engine.Cell("pool", {**cell.config, "pool": texp.SWAP_POOL}, result, 0.0)
     for rise, accuracy, verdict in ((0.02, 0.995, "partly"), (0.02, 0.95, "not reproduced"),
                                     (0.5, 0.995, "not reproduced")):
-        claims = texp._summarize_lm([cell, other, pool_cell(rise, accuracy)])["claims"]
+        claims = texp.summarize([cell, other, pool_cell(rise, accuracy)])["claims"]
         assert claims["000-fig9b-nonfact-ce"].verdict == verdict
         assert "gd, trained with 3 swapped-in experts:" in claims["000-fig9b-nonfact-ce"].ours
         assert "our protocol, not the seed's" in claims["000-fig9b-nonfact-ce"].reason
         assert f"{accuracy:.3f}" in claims["000-fig9a-swap-accuracy"].reason
     within = engine.Cell("own", cell.config, {**rising, "nonfact_ce_rise": 0.05}, 0.0)
-    assert texp._summarize_lm([within, pool_cell(0.5, 0.5)])["claims"]["000-fig9b-nonfact-ce"].verdict == "reproduced"
+    assert texp.summarize([within, pool_cell(0.5, 0.5)])["claims"]["000-fig9b-nonfact-ce"].verdict == "reproduced"
     # an LM that keeps its facts outside the expert (few new facts after the swap) cannot speak for Fig. 9b, even
     # when nothing rises; the runs that do take facts from their expert still do
     bypassing = {**rising, "nonfact_ce_rise": 0.0, "new_fact_accuracy": texp.SWAP_RECALL / 10,
                  "old_fact_accuracy_after_swap": 1.0}
     bypass = engine.Cell("own", cell.config, bypassing, 0.0)
-    alone = texp._summarize_lm([bypass])["claims"]["000-fig9b-nonfact-ce"]
+    alone = texp.summarize([bypass])["claims"]["000-fig9b-nonfact-ce"]
     assert alone.verdict == "not reproduced" and "takes its facts from the expert" in alone.reason
     # Fig. 9b as the seed ran it: the experts of Fig. 9a's LMs swapped; with those, the better reading speaks
     def point(facts: int, words: float, book: float, recall: float = 1.0) -> dict:
@@ -254,12 +254,12 @@ def test_lm_and_editing_experiments_on_the_engine(tmp_path):
     assert texp._usable_swap_finding([{"num_facts": 4, "size": 2}]) is None
     (searched,) = [c for c in engine.load_cells(tmp_path, "lm-facts").values() if c.config.get("part") == "scaling"]
     scaling_cell = engine.Cell("w", searched.config, {**searched.result, "swap": point(8, 0.05, 0.01)["swap"]}, 0.0)
-    combined = texp._summarize_lm([bypass, scaling_cell])["claims"]["000-fig9b-nonfact-ce"]
+    combined = texp.summarize([bypass, scaling_cell])["claims"]["000-fig9b-nonfact-ce"]
     assert combined.verdict == "reproduced" and "Expert of width F: no seed-protocol" in combined.reason
     assert "1.000 of the old" in alone.reason
-    beside = texp._summarize_lm([bypass, other])["claims"]["000-fig9b-nonfact-ce"]
+    beside = texp.summarize([bypass, other])["claims"]["000-fig9b-nonfact-ce"]
     assert beside.verdict == "not reproduced" and "(words only +100%)" in beside.reason  # the counted run speaks
-    assert texp._summarize_lm([bypass, within])["claims"]["000-fig9b-nonfact-ce"].verdict == "reproduced"
+    assert texp.summarize([bypass, within])["claims"]["000-fig9b-nonfact-ce"].verdict == "reproduced"
 
     edit = engine.run("editing", tmp_path, scale="tiny", quiet=True).summary
     assert [r["altered"] for r in edit["table"]] == [7, 3, 2]
@@ -272,7 +272,7 @@ def test_lm_and_editing_experiments_on_the_engine(tmp_path):
 
 def test_editing_cell_resumes_from_its_trained_lm_and_finished_splits(tmp_path, monkeypatch):
     from factkernels.experiments import engine
-    from factkernels.experiments import transformer as texp
+    from factkernels.experiments import toy_lm_editing as texp
 
     fresh = engine.run("editing", tmp_path / "fresh", scale="tiny", quiet=True).summary
     real_compare = texp.compare_editors
@@ -297,7 +297,9 @@ def test_editing_cell_resumes_from_its_trained_lm_and_finished_splits(tmp_path, 
 
     calls.clear()
     monkeypatch.setattr(texp, "compare_editors", lambda *a, **k: calls.append(1) or real_compare(*a, **k))
-    monkeypatch.setattr(texp, "trained_lm", no_training)
+    from factkernels.experiments import transformer_cells
+
+    monkeypatch.setattr(transformer_cells, "trained_lm", no_training)
     resumed = engine.run("editing", tmp_path / "run", scale="tiny", resume=True, quiet=True).summary
     assert len(calls) == 2  # only the splits the killed run did not finish
     assert resumed["table"] == fresh["table"]  # same LM weights, same editors: same scores

@@ -307,17 +307,17 @@ def test_experiment_ssfr_cells_and_claims(tmp_path):
     assert res.summary["claims"]["000-fig3a-w-vs-f"]["verdict"] == "not run"  # one F gives no slope
     assert (tmp_path / "ssfr" / "ssfr_scaling.png").stat().st_size > 0
     # the tiny grid runs the seed's GPT-2 block (final norm); a cell of the earlier block is cited beside it
-    from factkernels.experiments import transformer as texp
+    from factkernels.experiments import ssfr_swap as texp
 
     cells = list(engine.load_cells(tmp_path, "ssfr").values())
     assert res.summary["output_norm"] and all(c.config["output_norm"] for c in cells)
     old = next(c for c in cells if c.config.get("variant") == "seed_modifications")
     earlier = engine.Cell("earlier", {k: v for k, v in old.config.items() if k != "output_norm"},
                           {**old.result, "fact_adaptive_accuracy": 0.123}, 0.0)
-    both = texp._summarize_ssfr(cells + [earlier])
+    both = texp.summarize(cells + [earlier])
     assert both["headline"]["seed_modifications"] == old.result
     assert "without the final RMSNorm (our earlier block) 0.123" in both["claims"]["000-sec5.1-fact-adaptive"].reason
-    alone = texp._summarize_ssfr([earlier])  # only the earlier block: it speaks, and says so
+    alone = texp.summarize([earlier])  # only the earlier block: it speaks, and says so
     assert not alone["output_norm"] and "without GPT-2's final RMSNorm" in alone["claims"]["000-sec5.1-fact-adaptive"].setting
 
 
@@ -339,7 +339,7 @@ def test_ssfr_and_usability_cells_train_on_the_gpu(tmp_path):
 
 
 def test_ssfr_w_vs_f_speaks_from_the_seeds_j_and_cites_the_stricter_search():
-    from factkernels.experiments import transformer as texp
+    from factkernels.experiments import ssfr_swap as texp
 
     base = {"dim": 8, "seeds": [0], "steps": 20, "batch_size": 16, "lrs": [0.01], "target": 0.99, "resolution": 2.0,
             "max_size": 40, "mlp": "constructed", "output_norm": True, "part": "scaling"}
@@ -351,13 +351,13 @@ def test_ssfr_w_vs_f_speaks_from_the_seeds_j_and_cites_the_stricter_search():
         return engine.Cell(f"{facts}-{split}", config, result, 0.0)
     on_j = [search(64, 1000, "train"), search(128, 2000, "train")]
     stricter = [search(64, 4000), search(128, 5000)]
-    both = texp._summarize_ssfr(on_j + stricter)
+    both = texp.summarize(on_j + stricter)
     claim = both["claims"]["000-fig3a-w-vs-f"]
     assert both["scaling_split"] == "train" and [p["parameters"] for p in both["scaling"]] == [1000, 2000]
     assert claim.ours == "F=64: W=1,000, F=128: W=2,000; slope 1.00" and "the seed's J" in claim.setting
     assert "held-out junk tuples (stricter than the seed's J) W is 4,000 at F=64, 5,000 at F=128 (slope 0.32)" \
         in claim.reason
-    alone = texp._summarize_ssfr(stricter)  # no J search: the stricter one speaks, and says how it scored
+    alone = texp.summarize(stricter)  # no J search: the stricter one speaks, and says how it scored
     assert alone["scaling_split"] == "all" and alone["scaling_all_tuples"] == []
     assert "training + held-out junk tuples" in alone["claims"]["000-fig3a-w-vs-f"].setting
 
@@ -367,7 +367,7 @@ def test_ssfr_w_vs_f_speaks_from_the_seeds_j_and_cites_the_stricter_search():
     (6_000, 1.0, "with a fraction of the paper's training sequences", False)])
 def test_ssfr_fact_adaptive_shortfall_says_how_long_it_trained_and_whether_training_fit(
         steps, train_accuracy, length, blames_training):
-    from factkernels.experiments import transformer as texp
+    from factkernels.experiments import ssfr_swap as texp
 
     config = {"dim": 128, "seeds": [0, 1], "steps": steps, "batch_size": 256 if steps == 18_750 else 64,
               "lrs": [2e-4], "facts": 256, "target": 0.99, "resolution": 1.25, "max_size": 4096,
@@ -376,7 +376,7 @@ def test_ssfr_fact_adaptive_shortfall_says_how_long_it_trained_and_whether_train
     runs = [{"seed": s, "lr": 2e-4, "train_accuracy": train_accuracy, "fact_adaptive_accuracy": 0.5,
              "fact_adaptive_test_accuracy": 0.1} for s in (0, 1)]
     cell = engine.Cell("head", config, {"fact_adaptive_accuracy": 0.5, "runs": runs}, 0.0)
-    claim = texp._summarize_ssfr([cell])["claims"]["000-sec5.1-fact-adaptive"]
+    claim = texp.summarize([cell])["claims"]["000-sec5.1-fact-adaptive"]
     assert claim.verdict == "not reproduced" and length in claim.reason
     assert ("training, not the swap, is what falls short" in claim.reason) == blames_training
 
@@ -465,7 +465,7 @@ def test_experiment_ssfr_search_replays_the_sizes_the_other_split_measured(tmp_p
 
 
 def test_w_vs_f_names_what_set_each_width():
-    from factkernels.experiments.transformer import _width_limit
+    from factkernels.experiments.ssfr_swap import _width_limit
 
     def point(size, *tried):
         return {"size": size, "trace": [{"size": s, "capacity": c} for s, c in tried]}
@@ -487,19 +487,19 @@ def test_experiment_usability_rows_and_correlations(tmp_path):
         assert res.summary["spearman_usability_vs_lipschitz"] == pytest.approx(expected, nan_ok=True)
     assert (tmp_path / "usability" / "usability.png").stat().st_size > 0
     # tiny runs the seed's block; cells of the earlier block (no output_norm field) do not mix into its rows
-    from factkernels.experiments import transformer as texp
+    from factkernels.experiments import usability_tradeoff as texp
 
     cells = list(engine.load_cells(tmp_path, "usability").values())
     assert res.summary["output_norm"] and all(c.config["output_norm"] for c in cells)
     earlier = [engine.Cell(c.key + "-earlier", {k: v for k, v in c.config.items() if k != "output_norm"},
                            {**c.result, "capacity": 0.5}, 0.0) for c in cells]
-    assert texp._summarize_usability(cells + earlier)["rows"] == rows
-    alone = texp._summarize_usability(earlier)
+    assert texp.summarize(cells + earlier)["rows"] == rows
+    alone = texp.summarize(earlier)
     assert not alone["output_norm"] and all(r["capacity"] == 0.5 for r in alone["rows"])
 
 
 def test_usability_is_scored_on_the_seeds_j_and_cites_all_junk_tuples():
-    from factkernels.experiments import transformer as texp
+    from factkernels.experiments import usability_tradeoff as texp
 
     def cell(alpha, capacity, lipschitz, runs):
         config = {"dim": 8, "facts": 8, "seeds": [0, 1], "steps": 20, "batch_size": 16, "lrs": [0.01],
@@ -513,7 +513,7 @@ def test_usability_is_scored_on_the_seeds_j_and_cites_all_junk_tuples():
     # all = (16 J + 4 held-out) / 20: J 1.0 and held-out 0.5 give 0.9 on all junk tuples
     cells = [cell(0.0, 1.0, 10.0, [(0.9, 0.5), (0.8, 1.0)]), cell(0.5, 1.0, 20.0, [(0.8, 0.5)]),
              cell(1.0, 0.5, 30.0, [])]  # no run: its MLP stored too few facts
-    summary = texp._summarize_usability(cells)
+    summary = texp.summarize(cells)
     assert summary["usability_split"] == "train" and summary["rows_all_tuples"] == [c.result for c in cells]
     assert [r["fact_adaptive_accuracy"] for r in summary["rows"]][:2] == pytest.approx([1.0, 0.875])
     assert summary["rows"][2]["fact_adaptive_accuracy"] is None
@@ -522,14 +522,14 @@ def test_usability_is_scored_on_the_seeds_j_and_cites_all_junk_tuples():
     assert "the seed's J" in claim.setting and "Spearman(usability, Lipschitz) = -1.00" in claim.reason
     # a run without its held-out accuracy (older cells): every row stays on all junk tuples, and says so
     cells[1].result["runs"][0]["fact_adaptive_test_accuracy"] = None
-    older = texp._summarize_usability(cells)
+    older = texp.summarize(cells)
     assert older["usability_split"] == "all" and older["rows"] == [c.result for c in cells]
     assert "training + held-out junk tuples" in older["claims"]["000-fig3c-lipschitz"].setting
 
 
 @pytest.mark.parametrize("usability_at_alpha_1, traded", [(0.5, True), (0.97, False)])
 def test_tradeoff_needs_usability_to_fall_by_more_than_noise(usability_at_alpha_1, traded):
-    from factkernels.experiments import transformer as texp
+    from factkernels.experiments import usability_tradeoff as texp
 
     def cell(kappa, alpha, capacity, accuracy):
         config = {"dim": 8, "facts": 8, "seeds": [0], "steps": 20, "batch_size": 16, "lrs": [0.01],
@@ -541,7 +541,7 @@ def test_tradeoff_needs_usability_to_fall_by_more_than_noise(usability_at_alpha_
         return engine.Cell(f"{kappa}-{alpha}", config, result, 0.0)
     # whitening raises capacity 0.5 -> 1.0 at kappa = 1000; usability falls from 1.0 to the parameter
     cells = [cell(1000.0, 0.0, 0.5, 0.5), cell(1000.0, 1.0, 1.0, usability_at_alpha_1)]
-    claim = texp._summarize_usability(cells)["claims"]["000-fig3b-tradeoff"]
+    claim = texp.summarize(cells)["claims"]["000-fig3b-tradeoff"]
     assert f"more than {texp.USABILITY_DROP}" in claim.reason
     assert ("at κ ∈ [1000.0]" in claim.reason) == traded
     assert ("never trades" in claim.reason) != traded

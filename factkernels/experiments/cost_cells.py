@@ -161,5 +161,3 @@ def by_method(cells: list[engine.Cell]) -> dict[str, list[engine.Cell]]:
 def cells_with_m_at_least_d(cells: list[engine.Cell]) -> list[str]:
     return [f"{c.config['method']} d={c.config['d']} F={c.config['facts']} m={c.result['size']}" for c in cells
             if c.result.get("jl_compresses") is False]
-
-

@@ -151,5 +151,3 @@ def plot(summary: dict, cells: list[engine.Cell]) -> dict:
 EXPERIMENT = engine.register(engine.Experiment(
     "scaling", "ours vs NTK (vs GD at seed scale) over d and F = alpha d^2 on spherical embeddings (Fig. 2b-c)",
     CLAIMS, grid, run_cost_cell, summarize, plot, devices=COST_DEVICES))
-
-

@@ -131,5 +131,3 @@ def plot(summary: dict, cells: list[engine.Cell]) -> dict:
 EXPERIMENT = engine.register(engine.Experiment(
     "hybrids", "encoder/decoder ablation: Bin+JL (ours), GD+JL, Bin+GD, GD+GD, GD MLP (Sec. 4.4, Fig. 2c)",
     CLAIMS, grid, run_cost_cell, summarize, plot, devices=COST_DEVICES))
-
-

@@ -129,5 +129,3 @@ EXPERIMENT = engine.register(engine.Experiment(
     "method-costs", "gated vs non-gated (Alg. 8) cost, two-hot cost per bit, and the Hebbian bilinear MLPs beside "
     "ours, NTK and GD (App. B.4, Table 1)",
     CLAIMS, grid, run_cell, summarize, plot))
-
-

@@ -88,5 +88,3 @@ def plot(summary: dict, cells: list[engine.Cell]) -> dict:
 EXPERIMENT = engine.register(engine.Experiment(
     "ntk-ustar", "NTK MLPs on V vs on the margin-optimal outputs U* over anisotropic values (App. A.1.4, Fig. 5)",
     CLAIMS, grid, run_cost_cell, summarize, plot, devices=COST_DEVICES))
-
-

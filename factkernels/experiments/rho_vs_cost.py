@@ -130,5 +130,3 @@ def plot(summary: dict, cells: list[engine.Cell]) -> dict:
 EXPERIMENT = engine.register(engine.Experiment(
     "rho-vs-cost", "cost of ours (and GD at seed scale) across embedding families against decodability rho (Fig. 2a)",
     CLAIMS, grid, run_cost_cell, summarize, plot, devices=COST_DEVICES))
-
-

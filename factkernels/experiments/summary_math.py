@@ -29,3 +29,7 @@ def span_text(span: tuple[float, float], digits: int) -> str:
     return f"{lo}×" if lo == hi else f"{lo}–{hi}×"
 
 
+def loglog_slope(x: list[float], y: list[float]) -> Optional[float]:
+    """The least-squares slope of log y against log x; None below 2 points."""
+    fit = loglog_fit(x, y, min_points=2)
+    return None if fit is None else fit["slope"]

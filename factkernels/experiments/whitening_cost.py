@@ -81,5 +81,3 @@ def plot(summary: dict, cells: list[engine.Cell]) -> dict:
 EXPERIMENT = engine.register(engine.Experiment(
     "whitening", "cost of ours against whitening strength alpha on anisotropic values (Sec. 3.3)",
     CLAIMS, grid, run_cost_cell, summarize, plot, devices=COST_DEVICES))
-
-
