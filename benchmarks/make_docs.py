@@ -247,6 +247,62 @@ def scaling() -> str:
             "or no size up to the search's cap stores them)." + _source(SCALING))
 
 
+# --- transformers, the LM and editing (seed 000 section 5) --------------------------------------------------
+
+def ssfr_w_vs_f() -> str:
+    path = f"{RESULTS}/experiments-seed/ssfr/summary.json"
+    summary = load(path)["summary"]
+    strict = {r["num_facts"]: r for r in summary["scaling_all_tuples"]}
+    rows = []
+    for r in summary["scaling"]:
+        other = strict.get(r["num_facts"], {})
+        rows.append([f"{r['num_facts']:,}", r["dim"], r["size"], f"{r['parameters']:,}", f"{r['accuracy']:.3f}",
+                     f"{other['parameters']:,}" if other.get("parameters") else "–"])
+    header = ["F", "d", "m", "W (scored on J, as the seed)", "fact-adaptive accuracy on J",
+              "W (scored on training + held-out junk tuples)"]
+    return (_rows(header, rows) + f"\n\nLog-log slope of W against F: {summary['loglog_slope_W_vs_F']:.2f}."
+            + _source(path))
+
+
+def _lm_label(run: dict) -> str:
+    label = run["expert"]
+    if run["mixer_input"] != "normed":
+        label += f", router on the {run['mixer_input']} output"
+    if run["pool"]:
+        label += f", trained with {run['pool']} swapped-in experts"
+    return label
+
+
+def lm_swap() -> str:
+    paths = [f"{RESULTS}/{folder}/lm-facts/summary.json" for folder in ("experiments", "experiments-seed")]
+    rows = []
+    for path in paths:
+        for run in load(path)["summary"]["runs"]:
+            own, swapped = run["train_facts"], run["swapped"]
+            rows.append([f"{run['facts']:,}", _lm_label(run), f"{own['value_accuracy']:.3f}",
+                         f"{run['new_fact_accuracy']:.3f}",
+                         f"{own['ce_nonfact']:.3f} → {swapped['ce_nonfact']:.3f} ({run['nonfact_ce_rise']:+.0%})",
+                         (f"{own['ce_nonvalue']:.3f} → {swapped['ce_nonvalue']:.3f} ({run['nonvalue_ce_rise']:+.0%})"
+                          if "ce_nonvalue" in own else "–"),
+                         f"{own['router_fact_word']:.2f}"])
+    header = ["facts", "fact expert", "own facts", "new facts after the swap", "template-word CE",
+              "words + book CE", "router weight on the expert at words"]
+    return _rows(header, rows) + _source(*paths)
+
+
+def editing_scores() -> str:
+    paths = [f"{RESULTS}/{folder}/editing/summary.json" for folder in ("experiments", "experiments-seed")]
+    methods = ("mlp_swap", "memit", "alphaedit", "rome")
+    rows = []
+    for path in paths:
+        for r in load(path)["summary"]["table"]:
+            rows.append([r["expert"], r["hidden"], r["altered"], r["preserved"]]
+                        + [f"{r[m]['harmonic']:.3f}" for m in methods])
+    header = ["expert", "h", "altered", "preserved", "MLP swap", "MEMIT", "AlphaEdit", "ROME"]
+    return (_rows(header, rows) + "\n\nScores are harmonic means of efficacy, specificity and paraphrase "
+            "(App. A.3.4), each editor at the best point of the seed's grid." + _source(*paths))
+
+
 # --- README headline ------------------------------------------------------------------------------------
 
 def _span(values: list) -> str:
@@ -320,6 +376,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "gd-batch": gd_batch,
     "scaling": scaling,
     "headline": headline,
+    "ssfr-w-vs-f": ssfr_w_vs_f,
+    "lm-swap": lm_swap,
+    "editing-scores": editing_scores,
     "construction2-f1": construction2_f1,
     "rgr-budget": rgr_budget,
     "rgr-diagonal": rgr_diagonal,
