@@ -1,6 +1,8 @@
 """factkernels.hf.insert_facts / evaluate on a tiny random Llama (exact mechanics) and on the packaged model."""
 
 import copy
+import dataclasses
+import math
 
 import pytest
 import torch
@@ -123,6 +125,10 @@ def test_middle_layer_values_through_the_model_and_evaluate(fresh_tiny):
     unedited = hf.evaluate(model, tok, REQUESTS[:2], neighborhood=PROBE, texts=TEXTS[:7], reference=ref)
     assert unedited["neighborhood"] == 1.0 and unedited["kl_mean"] == pytest.approx(0.0, abs=1e-6)
     assert unedited["perplexity_ratio"] == pytest.approx(1.0, abs=1e-6)
+    assert unedited["log_perplexity_ratio"] == pytest.approx(0.0, abs=1e-6)
+    # a ratio past a float's range (a broken edit) is inf, its log finite
+    far = hf.evaluate(model, tok, REQUESTS[:2], texts=TEXTS[:7], reference=dataclasses.replace(ref, text_nll=-1000.0))
+    assert far["perplexity_ratio"] == math.inf and far["log_perplexity_ratio"] == pytest.approx(far["text_nll"] + 1000)
 
 
 def test_subject_keys_sit_at_the_subject(fresh_tiny):

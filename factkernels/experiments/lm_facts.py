@@ -8,6 +8,7 @@ Cells: one per (F, expert, pool) and one per F of the LM W-vs-F search (Fig. 9a)
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from ..transformer.lm import GD_EXPERTS, AuthorsBooks, LMTrainConfig, random_facts, swap_report
@@ -196,6 +197,11 @@ def _usable_swap_finding(points: list[dict]) -> Optional[tuple[str, str, str]]:
                            f"over F = {[p['num_facts'] for p in counted]}" + note)
 
 
+def _ratio_text(log_ratio: float) -> str:
+    """A ratio given by its log, as text; a huge one as a power of e (past ~709, math.exp raises)."""
+    return f"{math.exp(log_ratio):.2f}" if log_ratio < 20 else f"e^{log_ratio:.0f}"
+
+
 def summarize(cells: list[engine.Cell]) -> dict:
     scaling, claim_9a = _lm_scaling_finding([c for c in cells if c.config.get("part") == "scaling"])
     usable_swaps = _usable_swap_finding(scaling)
@@ -223,7 +229,8 @@ def summarize(cells: list[engine.Cell]) -> dict:
         if "nonvalue_ce_rise" not in r:  # a cell written before words + book was measured
             return text
         return (text + f", words + book {r['train_facts']['ce_nonvalue']:.3f} → {r['swapped']['ce_nonvalue']:.3f} "
-                f"({100 * r['nonvalue_ce_rise']:+.0f}%, perplexity ratio {r['nonvalue_ppl_ratio']:.2f})")
+                f"({100 * r['nonvalue_ce_rise']:+.0f}%, perplexity ratio "
+                f"{_ratio_text(r['swapped']['ce_nonvalue'] - r['train_facts']['ce_nonvalue'])})")
 
     text_ce = "; ".join(ce_text(r) for r in runs)
     setting = _lm_setting(cells)

@@ -9,7 +9,8 @@
   target token is the argmax, teacher-forced — exactly what greedy decoding reproduces);
 * paraphrase: the same on other prompts of the same facts;
 * neighborhood: fraction of other subjects' prompts whose top-1 next token is unchanged;
-* text: perplexity on ordinary text and its ratio to the original, and the mean KL(original ‖ edited)
+* text: perplexity on ordinary text and its ratio to the original (also in log space: text_nll and
+  log_perplexity_ratio stay finite where the ratio overflows to inf), and the mean KL(original ‖ edited)
   per token. The reference keeps, per text token, the original top-k log-probabilities and the
   remaining mass as one bucket, so KL is that of the (k+1)-bucket distributions: a lower bound of
   the full KL, exact up to the tail's own spread (k = 256 holds nearly all the mass).
@@ -97,6 +98,11 @@ def fact_margins(model: Any, tok: Any, requests: Sequence[Request], *, batch_siz
     return batch_margins(model, encode_requests(tok, requests, with_target=True), batch_size)
 
 
+def _exp_or_inf(log_value: float) -> float:
+    """exp, inf past a float's range: a broken edit's NLL is unbounded, and math.exp raises there."""
+    return math.exp(log_value) if log_value < 709 else math.inf
+
+
 @torch.no_grad()
 def evaluate(model: Any, tok: Any, requests: Union[str, Sequence[Union[Request, dict]]], *,
              paraphrases: Sequence[Union[Request, dict]] = (), neighborhood: Sequence[str] = (),
@@ -144,9 +150,11 @@ def evaluate(model: Any, tok: Any, requests: Union[str, Sequence[Union[Request, 
                 kl.append(token_kl.clamp_min(0.0))  # a KL of bucketed distributions is >= 0: below is float rounding
             offset += lp.shape[0]
         mean_nll = float(torch.cat(nll).mean())
-        scores.update(text_tokens=offset, perplexity=math.exp(mean_nll))
+        scores.update(text_tokens=offset, text_nll=mean_nll, perplexity=_exp_or_inf(mean_nll))
         if reference is not None:
-            scores.update(perplexity_ratio=math.exp(mean_nll - reference.text_nll), kl_mean=float(torch.cat(kl).mean()))
+            log_ratio = mean_nll - reference.text_nll
+            scores.update(log_perplexity_ratio=log_ratio, perplexity_ratio=_exp_or_inf(log_ratio),
+                          kl_mean=float(torch.cat(kl).mean()))
     scores["eval_seconds"] = time.perf_counter() - start
     scores["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return scores

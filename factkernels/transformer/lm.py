@@ -28,7 +28,6 @@ through the authors' released schedule), or a FactMLP built by ``factkernels.con
 from __future__ import annotations
 
 import csv
-import math
 import importlib.resources
 from dataclasses import dataclass, fields
 from typing import Optional, Sequence
@@ -523,8 +522,10 @@ def swap_report(model: AuthorsLM, task: AuthorsBooks, new_facts: torch.Tensor, *
 
     Returns (numbers, the new expert). numbers: train_facts / swapped (:func:`evaluate` on the own facts with the
     own expert, on the new facts with the new one), new_fact_accuracy, old_fact_accuracy_after_swap,
-    nonfact_ce_rise (template words, swapped / own − 1), nonvalue_ce_rise and nonvalue_ppl_ratio (words and
-    book), ce_nonfact_fact_expert_zeroed (template words with the expert's output zeroed, router untouched).
+    nonfact_ce_rise (template words, swapped / own − 1), nonvalue_ce_rise and nonvalue_log_ppl_ratio (words and
+    book; the log of the perplexity ratio, swapped − own CE in nats: a broken swap's CE can rise by hundreds of
+    nats, past what a float's exp holds), ce_nonfact_fact_expert_zeroed (template words with the expert's output
+    zeroed, router untouched).
     """
     before = evaluate(model, task, task.facts)
     new_expert = model.matching_fact_expert(task, new_facts, seed=seed)
@@ -540,7 +541,7 @@ def swap_report(model: AuthorsLM, task: AuthorsBooks, new_facts: torch.Tensor, *
             "old_fact_accuracy_after_swap": old_after,
             "nonfact_ce_rise": after["ce_nonfact"] / before["ce_nonfact"] - 1,
             "nonvalue_ce_rise": after["ce_nonvalue"] / before["ce_nonvalue"] - 1,
-            "nonvalue_ppl_ratio": math.exp(after["ce_nonvalue"] - before["ce_nonvalue"]),
+            "nonvalue_log_ppl_ratio": after["ce_nonvalue"] - before["ce_nonvalue"],
             "ce_nonfact_fact_expert_zeroed": zeroed}, new_expert
 
 
