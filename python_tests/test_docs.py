@@ -1,5 +1,6 @@
 """The README and docs/ stay true: snippets run, command lines parse, links resolve, README stays short."""
 
+import importlib
 import importlib.util
 import re
 import shlex
@@ -99,3 +100,30 @@ def _relative_links(path: Path) -> list[str]:
 def test_links_resolve(path):
     missing = [link for link in _relative_links(path) if not (path.parent / link).exists()]
     assert not missing, f"{path.relative_to(ROOT)} links to missing files: {missing}"
+
+
+def _resolves(dotted: str) -> bool:
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("path", [ROOT / "README.md", *DOCS], ids=lambda p: str(p.relative_to(ROOT)))
+def test_named_files_and_modules_exist(path):
+    # Modules move: every repository path and every dotted factkernels name a page mentions must still exist.
+    text = path.read_text()
+    files = {name.rstrip(".,)") for name in
+             re.findall(r"(?<![\w/.-])((?:factkernels|benchmarks|python_tests|csrc)/[\w./{},*-]+)", text)
+             if not set("{*") & set(name)}  # patterns such as rgr-*/ or n{10,100}
+    missing = sorted(name for name in files if not (ROOT / name).exists())
+    missing += sorted({name for name in re.findall(r"\bfactkernels(?:\.\w+)+", text) if not _resolves(name)})
+    assert not missing, f"{path.relative_to(ROOT)} names what does not exist: {missing}"
