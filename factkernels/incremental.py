@@ -4,7 +4,8 @@ The shared-gate gadget system (see :mod:`factkernels.solvers`) is ``G α = O`` w
 Gram ``G = (S Sᵀ) ∘ (P Pᵀ) + 1 1ᵀ`` of whitened gate features S = Σ W_s and keys
 P = K̃ W_p. :class:`FactBuilder` keeps what a rebuild would redo: the gate, the whitening
 transforms W_s, W_p of the first build (they span the same space for any key set, so
-later rows border the Gram cleanly), S, P and the Cholesky factor L of G (float64).
+later rows border the Gram cleanly), S, P and the Cholesky factor L of G, in the keys' dtype (the
+whitened Gram is well conditioned, so a float32 factor holds α to ~1e-5, as construct's float32 solve does).
 
 * ``add``: k new facts border G with k rows; L extends by one triangular solve and a
   k×k Cholesky, O(F²k) instead of O(F³). L is kept as row panels (:class:`BorderedFactor`),
@@ -20,7 +21,11 @@ later rows border the Gram cleanly), S, P and the Cholesky factor L of G (float6
 * New values extend U* (recomputed for the enlarged value set) and may grow m: the Gram
   does not depend on m, only the right-hand sides do.
 
-After every change ``.mlp`` is reassembled and every fact verified (chunked fused decode).
+After every change ``.mlp`` is reassembled and the facts the change touched are verified (chunked
+fused decode): the added rows, the changed rows, or every row when the targets of all facts changed
+(new values re-solve U* and may grow m; a wider gate rebuilds). Untouched facts keep their exact
+targets in the enlarged system, so re-checking them costs a forward pass over all F keys for no
+information; ``verify_scope="all"`` checks every stored fact after every change anyway.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from .validation import check_choice, check_distinct, check_facts, check_matrix,
 
 # Fraction of tombstoned rows at which the factor is recomputed on the kept rows.
 COMPACT_FRACTION = 0.25
+# Which facts a change verifies: those it touched, or every stored fact.
+VERIFY_SCOPES = ("changed", "all")
 # Below this many unknowns h̃(d+1) per fact the Gram is ill-conditioned: a wider gate is sampled
 # and the factor recomputed (Lemma 4.1.2 needs >= 1; construct's default is 1.5).
 MIN_WIDTH_RATIO = 1.2
@@ -127,10 +134,12 @@ class FactBuilder:
         outputs: "margin_optimal" (U*) or "values".
         activation, width_multiplier, seed, backend, gate_scale: as in :func:`factkernels.construct`;
             the gate is kept while h̃(d_in+1) >= 1.2 F, then resampled wider (``rebuilds`` counts it).
-        verify: True raises :class:`factkernels.FactStorageError` when a change leaves a fact
-            unstored, "report" only records ``failed``/``min_margin``.
+        verify: True raises :class:`factkernels.FactStorageError` when a change leaves a checked fact
+            unstored, "report" only records ``failed``/``min_margin``/``checked``.
+        verify_scope: "changed" checks the facts a change touched (added or changed rows; all rows
+            when new values change every code), "all" checks every stored fact after every change.
         max_memory: bytes the factor and the build may use (default: free memory).
-        solver: "cholesky" (float64 factor, bordered on add), "cg" (warm-started matrix-free CG) or
+        solver: "cholesky" (factor in the keys' dtype, bordered on add), "cg" (warm-started matrix-free CG) or
             "auto" (as :func:`factkernels.construct` picks from F and the memory budget).
         cg_tol: relative residual at which a CG solve stops.
     """
@@ -138,7 +147,8 @@ class FactBuilder:
     def __init__(self, K: torch.Tensor, V: torch.Tensor, f: torch.Tensor, m: int = 64, *,
                  outputs: str = "margin_optimal", activation: str = "silu", width_multiplier: float = 1.5,
                  seed: int = 0, backend: str = "auto", gate_scale: float = 1.0, verify: Union[bool, str] = True,
-                 max_memory: Optional[int] = None, solver: str = "cholesky", cg_tol: float = 1e-4) -> None:
+                 max_memory: Optional[int] = None, solver: str = "cholesky", cg_tol: float = 1e-4,
+                 verify_scope: str = "changed") -> None:
         facts = validate_inputs(K, V, f)
         check_positive_int("m", m)
         check_choice("outputs", outputs, OUTPUTS)
@@ -149,6 +159,7 @@ class FactBuilder:
         if verify not in (True, "report"):
             raise ValueError(f"verify must be True or 'report', got {verify!r}")
         check_choice("solver", solver, ("auto", "cholesky", "cg"))
+        check_choice("verify_scope", verify_scope, VERIFY_SCOPES)
         num_facts, d_in = K.shape
         width = gadget_width(num_facts, d_in, width_multiplier)
         if solver == "auto":
@@ -158,7 +169,7 @@ class FactBuilder:
         self.solver, self.cg_tol, self.outputs = solver, cg_tol, outputs
         check_fits(self._estimate(num_facts, V.shape[0], d_in, V.shape[1], m, width, K.dtype), K.device, max_memory,
                    what="FactBuilder")
-        self.activation, self.backend, self.verify = activation, backend, verify
+        self.activation, self.backend, self.verify, self.verify_scope = activation, backend, verify, verify_scope
         self.max_memory, self.width_multiplier, self.gate_scale = max_memory, width_multiplier, gate_scale
         self._generator = torch.Generator().manual_seed(seed)
         self._keys, self._values, self._facts = K, V, facts
@@ -216,9 +227,8 @@ class FactBuilder:
         s_new = self._gate_features(K_new) @ self._op.feature_transform
         p_new = augment(K_new) @ self._op.key_transform
         if self._factor is not None:
-            cross = ((s_new.double() @ self._op.gate_features.double().T)
-                     * (p_new.double() @ self._op.keys_aug.double().T) + 1.0)  # (k, F)
-            corner = (s_new.double() @ s_new.double().T) * (p_new.double() @ p_new.double().T) + 1.0  # (k, k)
+            cross = (s_new @ self._op.gate_features.T) * (p_new @ self._op.keys_aug.T) + 1.0  # (k, F)
+            corner = (s_new @ s_new.T) * (p_new @ p_new.T) + 1.0  # (k, k)
             self._factor.border(cross, corner)
         if self._alpha is not None:  # the warm start: new rows from 0
             self._alpha = torch.cat([self._alpha, self._alpha.new_zeros(K_new.shape[0], self._alpha.shape[1])])
@@ -227,10 +237,12 @@ class FactBuilder:
         self._keys = torch.cat([self._keys, K_new])
         self._facts = torch.cat([self._facts, f_new])
         self._alive = torch.cat([self._alive, torch.ones_like(f_new, dtype=torch.bool)])
-        if V_new is not None:
+        if V_new is not None:  # new U* and maybe a new m: every code, so every fact, changes
             self._values = values
             self._set_outputs(self.m)
-        self._refresh()
+            self._refresh()
+        else:
+            self._refresh(torch.arange(total - K_new.shape[0], total, device=keys.device))
         return self.mlp
 
     def remove(self, indices: Union[Sequence[int], torch.Tensor]) -> FactMLP:
@@ -241,7 +253,7 @@ class FactBuilder:
         self._alive[rows] = False
         if self._factor is None or int((~self._alive).sum()) > COMPACT_FRACTION * self._alive.numel():
             self._compact()
-        self._refresh()
+        self._refresh(rows.new_empty(0))  # the kept facts keep their targets: nothing is touched
         return self.mlp
 
     def update(self, indices: Union[Sequence[int], torch.Tensor], f_changed: torch.Tensor) -> FactMLP:
@@ -249,7 +261,7 @@ class FactBuilder:
         rows = self._rows(indices)
         f_changed = check_facts(f_changed, rows.numel(), self._values.shape[0], self._keys.device, name="f_changed")
         self._facts[rows] = f_changed
-        self._refresh()
+        self._refresh(rows)
         return self.mlp
 
     # ------------------------------------------------------------------ internals
@@ -302,7 +314,7 @@ class FactBuilder:
         """Sample a gate of ``width`` rows for the current keys, whiten, form and factor the Gram."""
         self._gate = sample_gate(self._keys, width, self._generator, self.gate_scale)
         self._op = GadgetOperator.whitened(self._gate_features(self._keys), augment(self._keys), backend=self.backend)
-        self._factor = BorderedFactor(cholesky(self._op.dense().double())) if self.solver == "cholesky" else None
+        self._factor = BorderedFactor(cholesky(self._op.dense())) if self.solver == "cholesky" else None
         self._forward = self._alpha = None
 
     def _regrow(self, keys: torch.Tensor, facts: torch.Tensor, values: torch.Tensor, new_values: bool) -> FactMLP:
@@ -327,7 +339,7 @@ class FactBuilder:
             self._alpha = self._alpha[keep]
         self._forward = None
         if self._factor is not None:
-            self._factor = BorderedFactor(cholesky(self._op.dense().double()))
+            self._factor = BorderedFactor(cholesky(self._op.dense()))
             self.rebuilds += 1
 
     def _solve(self, targets: torch.Tensor) -> torch.Tensor:
@@ -348,7 +360,7 @@ class FactBuilder:
         forward = self._factor.forward(targets, known)
         self._forward = (targets, forward)
         alpha = self._factor.backward(forward)
-        self.last_solve = SolveInfo("cholesky (incremental)", "float64", float("nan"))
+        self.last_solve = SolveInfo("cholesky (incremental)", str(targets.dtype).replace("torch.", ""), float("nan"))
         dead = torch.nonzero(~self._alive).flatten()
         if dead.numel():
             # x = G⁻¹[O; z], z on the removed rows chosen so that x vanishes there: A_KK x_K = O_K.
@@ -360,10 +372,11 @@ class FactBuilder:
             alpha[dead] = 0.0
         return alpha
 
-    def _refresh(self) -> None:
-        """Solve for the current targets, assemble ``.mlp`` and verify every stored fact."""
-        targets = self._decoder.codes[self._facts].double() * self._alive[:, None]
-        alpha = self._solve(targets).to(self._keys.dtype)
+    def _refresh(self, touched: Optional[torch.Tensor] = None) -> None:
+        """Solve for the current targets, assemble ``.mlp`` and verify the ``touched`` rows of the
+        factor ((t,) long; None: every stored fact), or every stored fact with verify_scope="all"."""
+        targets = self._decoder.codes[self._facts] * self._alive[:, None]
+        alpha = self._solve(targets)
         coef, out_bias = self._op.unknowns(alpha)  # (m, h̃, d+1), (m,)
         m, width, d = coef.shape[0], coef.shape[1], self._keys.shape[1]
         encoder = GatedEncoder(gate_weight=self._gate[0], gate_bias=self._gate[1],
@@ -371,11 +384,19 @@ class FactBuilder:
                                up_bias=coef[:, :, d].reshape(m * width).contiguous(), output_bias=out_bias,
                                gadget_width=width, solve=self.last_solve)
         self.mlp = assemble(encoder, self._decoder.projection, activation=self.activation, backend=self.backend)
-        margins = verify_margins(self.mlp, self.keys, self._values, self.facts)
-        self.failed, self.min_margin = int((margins <= 0).sum()), float(margins.min())
+        if touched is None or self.verify_scope == "all":
+            keys, facts = self.keys, self.facts
+        else:
+            keys, facts = self._keys[touched], self._facts[touched]
+        self.checked = keys.shape[0]
+        if self.checked:
+            margins = verify_margins(self.mlp, keys, self._values, facts)
+            self.failed, self.min_margin = int((margins <= 0).sum()), float(margins.min())
+        else:
+            self.failed, self.min_margin = 0, float("nan")
         if self.verify is True and self.failed:
-            raise FactStorageError(f"{self.failed} of {self.num_facts} facts are not stored after the change "
-                                   f"(min margin {self.min_margin:.3g}); raise m or rebuild with a larger "
+            raise FactStorageError(f"{self.failed} of the {self.checked} facts checked are not stored after the "
+                                   f"change (min margin {self.min_margin:.3g}); raise m or rebuild with a larger "
                                    "width_multiplier", None)
 
 

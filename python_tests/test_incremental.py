@@ -7,7 +7,8 @@ from factkernels import construct
 from factkernels.embeddings import random_fact_set
 from factkernels.incremental import BorderedFactor, FactBuilder
 from factkernels.memory import MemoryBudgetError
-from factkernels.solvers import solve_cg
+from factkernels.report import FactStorageError
+from factkernels.solvers import GadgetOperator, solve_cg
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +17,7 @@ def fact_set():
 
 
 def _stores_all(builder):
-    assert builder.failed == 0 and builder.min_margin > 0
+    assert builder.failed == 0 and not builder.min_margin <= 0  # nan: the change touched no fact
     predicted = builder.mlp.predict(builder.keys, builder.values)
     assert torch.equal(predicted, builder.facts)
     fresh = construct(builder.keys, builder.values, builder.facts, m=builder.m, outputs="values", progress=False)
@@ -108,3 +109,40 @@ def test_cg_builder_warm_starts_each_change(fact_set):
     _, fresh = solve_cg(builder._op, targets, tol=1e-8, max_iter=2000, progress=False)
     assert builder.last_solve.iterations <= fresh.iterations
     _stores_all(builder)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_add_equals_a_fresh_solve_of_the_bordered_system(fact_set, dtype):
+    K, V, f = (t.to(dtype) if t.is_floating_point() else t for t in fact_set)
+    builder = FactBuilder(K[:200], V, f[:200], m=32, outputs="values")
+    builder.add(K[200:204], f[200:204])
+    builder.add(K[204:230], f[204:230])
+    assert builder.checked == 26 and builder._factor.panels[0].dtype == dtype
+    op = builder._op  # the gadget system of all 230 facts, solved afresh in float64
+    alpha = torch.linalg.solve(op.dense().double(), builder._decoder.codes[builder.facts].double())
+    coef, out_bias = GadgetOperator(*(t.double() for t in (op.gate_features, op.keys_aug, op.feature_transform,
+                                                           op.key_transform))).unknowns(alpha)
+    fresh = torch.cat([coef[:, :, :-1].reshape(-1, K.shape[1]), coef[:, :, -1].reshape(-1, 1)], dim=1)
+    incremental = torch.cat([builder.mlp.up_weight.detach(), builder.mlp.up_bias.detach()[:, None]], dim=1).double()
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    assert (incremental - fresh).norm() <= tol * fresh.norm()
+    _stores_all(builder)
+
+
+def test_add_verifies_the_new_facts_and_catches_one_not_stored(fact_set):
+    K, V, f = fact_set
+    old = f[:200] < 150
+    builder = FactBuilder(K[:200][old], V, f[:200][old], m=32, outputs="values")
+    builder.add(K[200:203], f[200:203])
+    assert builder.checked == 3 and builder.failed == 0
+    # value 155 is used by no stored fact; give it value 3's code, so a key mapped to 155 decodes as 3
+    builder._decoder.codes[155] = builder._decoder.codes[3]
+    with pytest.raises(FactStorageError, match="1 of the 1 facts checked are not stored"):
+        builder.add(K[203:204], torch.tensor([155]))
+    everything = FactBuilder(K[:200][old], V, f[:200][old], m=32, outputs="values", verify="report", verify_scope="all")
+    everything._decoder.codes[155] = everything._decoder.codes[3]
+    everything.add(K[203:206], torch.tensor([155, 1, 2]))
+    assert everything.checked == everything.num_facts and everything.failed == 1
+    assert everything.mlp.predict(K[203:204], V).item() == 3
+    with pytest.raises(ValueError, match="verify_scope"):
+        FactBuilder(K[:50], V, f[:50], m=32, verify_scope="new")
