@@ -164,6 +164,17 @@ def gd_batch() -> str:
     return _rows(header, rows) + _source(*paths)
 
 
+def gd_stop() -> str:
+    path = f"{RESULTS}/gd_stop.json"
+    run = load(path)
+    rows = [[r["noise"], f"{r['rows_decoded']:.3f}", f"{r['rows_inside_radius']:.4f}", _ms(r["full_seconds"]),
+             f"{r['radius_seconds'] * 1000:.3f} ms", f"{r['speedup']:.2f}×"] for r in run["rows"]]
+    header = ["noise", "rows decoded", "rows inside their radius", "all F × \\|V\\| logits", "radius test", "speedup"]
+    setting = run["setting"]
+    return (_rows(header, rows) + f"\n\nF = {setting['facts']:,} facts, {setting['values']:,} values, d = {setting['d']}, "
+            f"{run['threads']} thread." + _source(path))
+
+
 # --- attention (seed 002) --------------------------------------------------------------------------------
 
 def construction2_f1() -> str:
@@ -173,6 +184,15 @@ def construction2_f1() -> str:
     f1 = {(c["m"], c["d_model"]): c["f1"] for c in cells}
     rows = [[m] + [f"{f1[m, w]:.3f}" if (m, w) in f1 else "–" for w in widths] for m in sorted({c["m"] for c in cells})]
     return _rows(["m"] + [f"d_model = {w}" for w in widths], rows) + _source(path)
+
+
+def attention_kernel_cpu() -> str:
+    path = f"{RESULTS}/attention/bench_cpu.json"
+    rows = [[r["kernel"].replace("max_heads ", ""), _shape(r), f"{r['kernel_ms']:.1f} ms", f"{r['torch_ms']:.1f} ms",
+             f"{r['speedup']:.2f}×", f"{r['twin_per_head_scores_bytes'] / 2**20:.0f} MiB",
+             f"{r['kernel_packed_keys_bytes'] / 2**20:.0f} MiB"] for r in load(path)["attention"]]
+    header = ["output", "shape", "kernel", "torch twin", "speedup", "twin's per-head scores", "kernel's packed keys"]
+    return _rows(header, rows) + _source(path)
 
 
 def _budget_points(path: str) -> str:
@@ -379,6 +399,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "ssfr-w-vs-f": ssfr_w_vs_f,
     "lm-swap": lm_swap,
     "editing-scores": editing_scores,
+    "gd-stop": gd_stop,
+    "attention-kernel-cpu": attention_kernel_cpu,
     "construction2-f1": construction2_f1,
     "rgr-budget": rgr_budget,
     "rgr-diagonal": rgr_diagonal,
