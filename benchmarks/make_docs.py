@@ -267,6 +267,77 @@ def scaling() -> str:
             "or no size up to the search's cap stores them)." + _source(SCALING))
 
 
+def _runs(experiment: str) -> list[tuple[str, str]]:
+    """(folder, path) of each committed run of ``experiment``, smallest run first."""
+    paths = [(folder, f"{RESULTS}/{folder}/{experiment}/summary.json") for folder in RUN_FOLDERS]
+    return [(folder, path) for folder, path in paths if (ROOT / path).exists()]
+
+
+def _setting(summary: dict) -> str:
+    rows = summary["rows"]
+    return ", ".join(sorted({f"d={r['d']} F={r['facts']}" for r in rows}))
+
+
+def rho_fits() -> str:
+    rows = []
+    for folder, path in _runs("rho-vs-cost"):
+        summary = load(path)["summary"]
+        for method, fit in summary["fits"].items():
+            coherence = summary["coherence_fits"][method]
+            rows.append([folder, _setting(summary), method, fit["points"], f"{fit['r2']:.3f}", f"{fit['slope']:.2f}",
+                         f"{coherence['r2']:.3f}"])
+    header = ["run", "setting", "method", "families", "R² of log cost on log ρ", "slope (bound: −2)",
+              "R² on log coherence"]
+    return _rows(header, rows) + _source(*(path for _, path in _runs("rho-vs-cost")))
+
+
+def whitening_gains() -> str:
+    rows = [[folder, _setting(load(path)["summary"]), family, f"{gain:.2f}×"]
+            for folder, path in _runs("whitening") for family, gain in load(path)["summary"]["gains"].items()]
+    header = ["run", "setting", "values", "cost unwhitened / cost at the strongest whitening α"]
+    return _rows(header, rows) + _source(*(path for _, path in _runs("whitening")))
+
+
+def hybrid_costs() -> str:
+    methods = ("ours", "gd+jl", "bin+gd", "gd+gd", "gd")
+    rows = []
+    for folder, path in _runs("hybrids"):
+        for point in load(path)["summary"]["points"]:
+            rows.append([folder, point["d"], f"{point['facts']:,}"] + [f"{point['cost'][m]:,}" for m in methods]
+                        + [f"{point['ours_over'][m]:.1f}×" for m in methods[1:]])
+    header = ["run", "d", "F"] + [f"{m} parameters" for m in methods] + [f"ours / {m}" for m in methods[1:]]
+    return _rows(header, rows) + _source(*(path for _, path in _runs("hybrids")))
+
+
+def method_costs() -> str:
+    rows, methods = [], ("nongated", "ntk", "gd", "hebbian_raw", "hebbian_ridge", "hebbian_data_dependent")
+    for folder, path in _runs("method-costs"):
+        for point, ratios in load(path)["summary"]["cost_over_ours"].items():
+            rows.append([folder, point] + [f"{ratios[m]:.3g}×" if ratios.get(m) is not None else "does not store"
+                                           for m in methods])
+    header = ["run", "point"] + [f"{m} / ours" for m in methods]
+    two_hot = [[folder, r["d"], f"{r['facts']:,}", f"{r['parameters']:,}", f"{r['bits']:,.0f}",
+                f"{r['parameters_per_bit']:.1f}"]
+               for folder, path in _runs("method-costs") for r in load(path)["summary"]["two_hot"]]
+    return (_rows(header, rows) + "\n\nTwo-hot keys (Construction 4.1):\n\n"
+            + _rows(["run", "d", "F = d(d−1)", "parameters", "bits of the map (log2 F!)", "parameters per bit"], two_hot)
+            + _source(*(path for _, path in _runs("method-costs"))))
+
+
+def ntk_ustar() -> str:
+    rows = []
+    for folder, path in _runs("ntk-ustar"):
+        for r in load(path)["summary"]["rows"]:
+            best = r["best_min_accuracy"]
+            rows.append([folder, r["family"], f"{r['rho']:.3f}"]
+                        + [f"{r[k]:,}" if r[k] else f"none (best {best[k]:.3f})" for k in ("ntk", "ntk_u*")]
+                        + [f"{r['ntk_over_ntk_u*']:.2f}" if r["ntk_over_ntk_u*"] else "–"])
+    header = ["run", "values", "ρ", "NTK on V", "NTK on U*", "NTK / NTK-U*"]
+    return (_rows(header, rows) + "\n\nParameters of the smallest NTK MLP storing every fact of all seeds (none: "
+            "no width up to the search's cap does; best: the worst seed's accuracy at the best width)."
+            + _source(*(path for _, path in _runs("ntk-ustar"))))
+
+
 # --- transformers, the LM and editing (seed 000 section 5) --------------------------------------------------
 
 def ssfr_w_vs_f() -> str:
@@ -395,6 +466,11 @@ TABLES: dict[str, Callable[[], str]] = {
     "incremental": incremental,
     "gd-batch": gd_batch,
     "scaling": scaling,
+    "rho-fits": rho_fits,
+    "whitening-gains": whitening_gains,
+    "hybrid-costs": hybrid_costs,
+    "method-costs": method_costs,
+    "ntk-ustar": ntk_ustar,
     "headline": headline,
     "ssfr-w-vs-f": ssfr_w_vs_f,
     "lm-swap": lm_swap,
