@@ -1,4 +1,7 @@
-"""Command line: ``factkernels demo | construct | info | insert | capacity | rgr-train | experiment NAME|list|report|merge``."""
+"""Command line: ``factkernels demo | construct | info | insert | capacity | rgr-train | rgr-search | experiment NAME|list|report|merge``.
+
+Every command is registered here; experiments and the library expose plain functions.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -17,8 +21,9 @@ from .environment import environment
 from .construct import OUTPUTS, FactStorageError, construct
 from .capacity import methods as cost_methods
 from .embeddings import FAMILIES, load_facts, load_matrix, random_fact_set
-from .experiments import cli as experiments_cli
-from .experiments import cost_cells, engine
+from .attention.key_budget import t_interval
+from .attention.train_heads import OBJECTIVES, TrainingConfig, train_runs
+from .experiments import claims, cost_cells, engine, rgr_cells, rgr_search
 from .solvers import SOLVERS
 
 
@@ -227,6 +232,180 @@ def _add_capacity_command(sub: argparse._SubParsersAction) -> None:
     cap.set_defaults(handler=_run_capacity)
 
 
+def _run_experiment(args: argparse.Namespace) -> int:
+    scale = "quick" if args.quick else args.scale
+    result = engine.run(args.experiment, args.out, scale=scale, shard=engine.parse_shard(args.shard),
+                        resume=args.resume, threads=args.threads, quiet=args.quiet, only=engine.parse_fields(args.only),
+                        overrides=engine.parse_fields(args.set, "--set"), device=args.device)
+    print(f"{result.experiment} ({scale}): {result.total} cells, ran {result.ran}, kept {result.kept}, "
+          f"missing {result.missing}")
+    if result.summary is None:
+        print(f"summary waits for the {result.missing} missing cells (other shards, or rerun with --resume)")
+        return 0
+    print(json.dumps(result.summary.get("claims", {}), indent=2))
+    print("wrote " + ", ".join(result.files))
+    return 0
+
+
+def _run_experiment_list(args: argparse.Namespace) -> int:
+    rows = claims.claim_rows(args.results)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        print(f"{r['claim']:<34} {r['paper']} {r['where']:<12} {r['verdict']:<15} {r['statement']}\n"
+              f"{'':<34} paper: {r['paper_value']}  ours: {r['ours'] or '-'}\n{'':<34} $ {r['command']}")
+    return 0
+
+
+def _run_experiment_report(args: argparse.Namespace) -> int:
+    print(f"wrote {claims.write_claims_table(args.results, args.out)}")
+    return 0
+
+
+def _run_experiment_merge(args: argparse.Namespace) -> int:
+    print(f"copied {engine.merge(args.sources, args.out)} cell files into {args.out}")
+    return 0
+
+
+def _add_experiment_commands(experiment_subparsers: argparse._SubParsersAction) -> None:
+    """``experiment list|report|merge`` and ``experiment NAME`` for every registered experiment."""
+    ls = experiment_subparsers.add_parser("list", help="every claim: where, setting, command, status")
+    ls.add_argument("--results", default="benchmarks/results/experiments",
+                    help="folder of experiment outputs (NAME/summary.json) to read status from")
+    ls.add_argument("--json", action="store_true", help="print JSON rows")
+    ls.set_defaults(handler=_run_experiment_list)
+    rp = experiment_subparsers.add_parser("report", help="markdown claims table from every RESULTS/*/summary.json")
+    rp.add_argument("results", nargs="+", help="folders of experiment outputs (NAME/summary.json), e.g. quick and seed runs")
+    rp.add_argument("--out", required=True, help="markdown file to write, e.g. benchmarks/results/CLAIMS.md")
+    rp.set_defaults(handler=_run_experiment_report)
+    mg = experiment_subparsers.add_parser("merge", help="copy the cell files of several runs into one folder")
+    mg.add_argument("sources", nargs="+")
+    mg.add_argument("--out", required=True)
+    mg.set_defaults(handler=_run_experiment_merge)
+    for name in sorted(engine.REGISTRY):
+        experiment = engine.REGISTRY[name]
+        p = experiment_subparsers.add_parser(name, help=experiment.help)
+        p.add_argument("--out", default="results", help="output folder: OUT/NAME/cells/*.json, summary.json, PNGs")
+        p.add_argument("--scale", choices=engine.SCALES, default="seed",
+                       help="tiny: seconds (CI); quick: minutes on 2 CPU cores; seed: the paper's grid")
+        p.add_argument("--quick", action="store_true", help="same as --scale quick")
+        p.add_argument("--shard", default=None, help="i/N: run every N-th cell, starting at the i-th")
+        p.add_argument("--only", action="append", metavar="KEY=VALUE",
+                       help="run the sub-grid of cells with this config value (repeatable, e.g. --only d=32)")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="replace this config field in every cell that has it (repeatable, e.g. --set dim=64: "
+                            "the grid at another setting; the cells' keys change with it)")
+        p.add_argument("--resume", action="store_true", help="keep finished cells, run the rest")
+        p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the experiment's)")
+        p.add_argument("--quiet", action="store_true", help="no progress bars")
+        p.add_argument("--device", default="cpu", help=f"where the cells compute: one of {list(experiment.devices)} "
+                       "(e.g. cuda, cuda:1); recorded in each cell, not part of its key")
+        p.set_defaults(handler=_run_experiment)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _run_rgr_train(args: argparse.Namespace) -> int:
+    """Handler of ``rgr-train``: per-run test F1 (or MSE) and the mean with a 95% t-interval per d_k."""
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    config = TrainingConfig(context_length=args.context_length, target_rate=args.target_rate, lr=args.lr,
+                            max_steps=args.steps, threads=args.threads, degree=args.degree, objective=args.objective,
+                            message_dim=args.message_dim)
+    start = time.perf_counter()
+    runs = train_runs(args.m, args.d_model, args.heads, args.d_k, seeds, config, quiet=args.quiet)
+    elapsed = time.perf_counter() - start
+    print(f"m={args.m} d_model={args.d_model} h={args.heads} steps<={config.steps_for(args.m, args.d_model)} "
+          f"({elapsed:.1f}s)")
+    metric = "f1" if config.objective == "edges" else "mse"
+    label = metric.upper()
+    print(f"{'d_k':>5} {'D_K':>6} {'seed':>5} {'test ' + label:>8} {'val ' + label:>7} {'steps':>7} {'tau':>8}")
+    for r in runs:
+        print(f"{r.head_dim:>5} {r.key_budget:>6} {r.seed:>5} {getattr(r, 'test_' + metric):>8.4f} "
+              f"{getattr(r, 'val_' + metric):>7.4f} {r.steps:>7} {r.heads.threshold:>8.3f}")
+    summary = []
+    for d_k in args.d_k:
+        mean, low, high = t_interval([getattr(r, "test_" + metric) for r in runs if r.head_dim == d_k])
+        summary.append({"head_dim": d_k, "key_budget": d_k * args.heads, f"mean_{metric}": mean, "ci_low": low,
+                        "ci_high": high})
+        print(f"d_k={d_k} D_K={d_k * args.heads}: mean test {label} {mean:.4f}  95% CI [{low:.4f}, {high:.4f}]")
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"config": {"m": args.m, "d_model": args.d_model, "heads": args.heads, "head_dims": args.d_k,
+                              "seeds": seeds, "training": asdict(config)},
+                   "runs": [r.to_dict() for r in runs], "summary": summary, "elapsed_s": elapsed,
+                   "environment": environment()}
+        path.write_text(json.dumps(engine.clean_json(payload), indent=2, allow_nan=False))
+        print(f"wrote {path}")
+    return 0
+
+
+def _add_rgr_train_command(sub: argparse._SubParsersAction) -> None:
+    """``rgr-train``: one batch of seed 002 QK-head training runs, printed."""
+    d = TrainingConfig()
+    train = sub.add_parser("rgr-train", help="train max-over-heads QK heads on a random permutation graph")
+    train.add_argument("--m", type=int, default=128, help="number of items")
+    train.add_argument("--d-model", type=int, default=32, help="embedding dimension")
+    train.add_argument("--heads", type=int, default=4, help="number of heads h")
+    train.add_argument("--d-k", type=_ints, default=[8], help="per-head width(s) d_k, e.g. 8 or 4,8,16")
+    train.add_argument("--seeds", type=int, default=3, help="number of seeds (runs per d_k)")
+    train.add_argument("--first-seed", type=int, default=0)
+    train.add_argument("--degree", type=int, default=1, help="out-degree r: 1 permutation graph, > 1 r-regular")
+    train.add_argument("--objective", choices=OBJECTIVES, default="edges",
+                       help="edges: edge classification (F1); messages: value channel retrieval (MSE)")
+    train.add_argument("--message-dim", type=int, default=None, help="d_msg of the value channel (default d_model)")
+    train.add_argument("--json", help="write config, per-run results and environment to this JSON file")
+    train.add_argument("--context-length", type=int, default=d.context_length, help="ell, items per context")
+    train.add_argument("--target-rate", type=float, default=d.target_rate, help="rho, target-in-context rate")
+    train.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate")
+    train.add_argument("--steps", type=int, default=None, help="step cut-off (default: Table 2 of the seed)")
+    train.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads while training")
+    train.add_argument("--quiet", action="store_true", help="no progress bars")
+    train.set_defaults(handler=_run_rgr_train)
+
+
+def _run_rgr_search(args: argparse.Namespace) -> int:
+    """``factkernels rgr-search``: the bracketing search (or ``--add-seeds``), then the summary of every cell present."""
+    engine.set_threads(args.threads)
+    pairs = [tuple(int(x) for x in pair.split(":")) for pair in args.pairs.split(",")]
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    if args.add_seeds:
+        rgr_search.densify(args.out, args.experiment, pairs, [int(s) for s in args.add_seeds.split(",")], degree=args.degree,
+                aggregation=args.aggregation, log=log)
+    else:
+        rgr_search.search(args.out, args.experiment, pairs, [int(s) for s in args.seeds.split(",")],
+               [int(h) for h in args.heads.split(",")], heads_window=args.heads_window, max_steps=args.max_steps,
+               degree=args.degree, aggregation=args.aggregation, log=log)
+    # over every cell present: a sub-grid of the static grid, which ``factkernels experiment`` would not summarize
+    _, files = engine.summarize_dir(args.experiment, args.out)
+    print("wrote " + ", ".join(files))
+    return 0
+
+
+def _add_rgr_search_command(sub: argparse._SubParsersAction) -> None:
+    """``rgr-search``: the bracketing D_K* search of a seed 002 budget experiment, as its cells."""
+    p = sub.add_parser("rgr-search", help="bracketing D_K* search of a seed 002 budget experiment, as its cells")
+    p.add_argument("experiment", choices=rgr_search.BUDGET_EXPERIMENTS)
+    p.add_argument("--out", required=True, help="OUT/EXPERIMENT/cells/*.json, summary.json, PNGs")
+    p.add_argument("--pairs", required=True, help="m:d_model,m:d_model,...")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds of each cell")
+    p.add_argument("--heads", default=",".join(map(str, rgr_cells.SEED_HEADS)), help="head counts to bracket")
+    p.add_argument("--heads-window", type=float, default=None, help="only h = 1 and h within this factor of r m/d")
+    p.add_argument("--max-steps", type=int, default=None, help="step cut-off (default: the seed's)")
+    p.add_argument("--degree", type=int, default=1, help="out-degree r of the graph (rgr-regular)")
+    p.add_argument("--aggregation", default="max", choices=("max", "softmax-sum"))
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--add-seeds", default=None,
+                   help="instead of searching: train these seeds for the configurations near each pair's estimates")
+    p.set_defaults(handler=_run_rgr_search)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``factkernels`` parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="factkernels", description=__doc__)
@@ -242,9 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_insert_command(sub)
     _add_capacity_command(sub)
     experiments = sub.add_parser("experiment", help="run a named experiment; writes JSON and PNG")
-    experiment_names = experiments.add_subparsers(dest="experiment", required=True)
-    experiments_cli.add_commands(experiment_names)
-    experiments_cli.add_tools(sub)
+    _add_experiment_commands(experiments.add_subparsers(dest="experiment", required=True))
+    _add_rgr_train_command(sub)
+    _add_rgr_search_command(sub)
     return parser
 
 

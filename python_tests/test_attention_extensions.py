@@ -84,7 +84,7 @@ def test_value_channel_learns_and_reports_eq4_mse():
 ])
 def test_value_heads_verdict_checks_both_halves_of_the_claim(wide_mse, verdict):
     from factkernels.experiments import engine
-    from factkernels.experiments.attention import _summarize_value
+    from factkernels.experiments.rgr_value import summarize as _summarize_value
 
     def cell(d_model, h, mse):
         config = {"m": 64, "d_model": d_model, "heads": h, "head_dims": [128 // h], "seeds": [0, 1],

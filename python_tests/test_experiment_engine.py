@@ -181,7 +181,7 @@ def test_report_and_list_show_every_claim(toy, tmp_path, capsys):
 
 
 def test_report_shows_one_row_per_folder_that_ran_a_claim(toy, tmp_path):
-    from factkernels.experiments import report
+    from factkernels.experiments import claims as report
 
     engine.run("toy", tmp_path / "quick", scale="tiny", quiet=True)
     engine.run("toy", tmp_path / "seed", scale="seed", quiet=True)

@@ -18,7 +18,7 @@ Modules: ``graphs`` (RelationGraph, random families, König colouring), ``constr
 the fused kernel in ``factkernels._ops``, softmax-sum scores), ``train_heads`` (the seed's training
 protocol on permutation and r-regular graphs, edge or message objective), ``key_budget`` (the D_K*
 search of App. A.2), ``budget_fits`` (the seed's law, fits of D_K* and h*, the lower bound), ``block`` (pre-LN Transformer block on frozen real token embeddings). The
-experiments and the ``rgr-train`` command live in ``factkernels.experiments.attention``.
+experiments live in ``factkernels.experiments.rgr_*``, the ``rgr-train`` command in ``factkernels.cli``.
 """
 
 from .constructions import (

@@ -5,5 +5,5 @@
 # checkout so the installed package (with its compiled kernels) is imported.
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 cd /tmp
-OMP_NUM_THREADS=1 python -c "from factkernels.experiments.rgr_budget import main; main()" \
+OMP_NUM_THREADS=1 python -m factkernels rgr-search \
   rgr-budget --pairs 512:16 --heads 16,32,64 --heads-window 2 --out "$ROOT/benchmarks/results/experiments" --threads 1

@@ -1,5 +1,5 @@
 #!/bin/bash
 # the lambda = 8 diagonal at (2048, 256), 3 seeds (seed 002 Fig. 4); resumable: finished cells are kept
 cd "$(dirname "$0")/../../.."
-OMP_NUM_THREADS=1 python -c "from factkernels.experiments.rgr_budget import main; main()" \
+OMP_NUM_THREADS=1 python -m factkernels rgr-search \
   rgr-diagonal --pairs 2048:256 --heads 1,2,4,8 --seeds 0,1,2 --out benchmarks/results/experiments --threads 1

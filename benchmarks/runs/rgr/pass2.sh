@@ -6,7 +6,7 @@ while kill -0 $(cat benchmarks/runs/rgr/base_pass1.pid) 2>/dev/null; do sleep 10
 export OMP_NUM_THREADS=1
 PY=python
 OUT=benchmarks/results/experiments
-search() { $PY -c "from factkernels.experiments.rgr_budget import main; main()" "$@" --out $OUT --threads 1; }
+search() { $PY -m factkernels rgr-search "$@" --out $OUT --threads 1; }
 search rgr-budget --pairs 128:16,256:32,512:64 --heads 1
 search rgr-budget --pairs 512:16 --heads 8,16,32,64 --heads-window 2
 for r in 1 2 4 8 16; do

@@ -7,7 +7,7 @@ while kill -0 31264 2>/dev/null; do sleep 10; done   # pass 2's (512, 16) search
 export OMP_NUM_THREADS=1
 PY=python
 OUT=benchmarks/results/experiments
-search() { $PY -c "from factkernels.experiments.rgr_budget import main; main()" "$@" --out $OUT --threads 1; }
+search() { $PY -m factkernels rgr-search "$@" --out $OUT --threads 1; }
 search rgr-budget --pairs 256:16 --heads 64
 search rgr-budget --pairs 256:32,512:64 --heads 2
 search rgr-budget --pairs 256:64 --heads 1

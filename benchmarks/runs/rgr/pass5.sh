@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
 PY=python
 OUT=benchmarks/results/experiments
-search() { $PY -c "from factkernels.experiments.rgr_budget import main; main()" "$@" --out $OUT --threads 1; }
+search() { $PY -m factkernels rgr-search "$@" --out $OUT --threads 1; }
 search rgr-regular --pairs 128:32 --degree 8 --heads 16
 search rgr-regular --pairs 128:32 --degree 16 --heads 32,64,128
 search rgr-softmax --pairs 64:16,64:32 --aggregation softmax-sum --heads 1,2,4 --heads-window 2 --max-steps 20000

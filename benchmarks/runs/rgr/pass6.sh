@@ -5,7 +5,7 @@ cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
 PY=python
 OUT=benchmarks/results/experiments
-search() { $PY -c "from factkernels.experiments.rgr_budget import main; main()" "$@" --out $OUT --threads 1; }
+search() { $PY -m factkernels rgr-search "$@" --out $OUT --threads 1; }
 search rgr-softmax --pairs 64:16 --aggregation softmax-sum --heads 1,4 --max-steps 20000
 search rgr-softmax --pairs 64:32 --aggregation softmax-sum --heads 1,2 --max-steps 20000
 echo PASS6 DONE

@@ -8,5 +8,5 @@ OUT="$ROOT/benchmarks/results/experiments-seed"
 python "$ROOT/benchmarks/runs/rgr/share_cells.py" "$ROOT/benchmarks/results/experiments" rgr-softmax \
   128:32,128:16,64:16,64:32 "$OUT" || exit 1
 cd /tmp
-OMP_NUM_THREADS=1 python -c "from factkernels.experiments.rgr_budget import main; main()" rgr-softmax \
+OMP_NUM_THREADS=1 python -m factkernels rgr-search rgr-softmax \
   --pairs 128:32,128:16,64:16,64:32 --aggregation softmax-sum --heads 1,2,4,8,16 --out "$OUT" --threads 1
