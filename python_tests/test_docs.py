@@ -127,3 +127,15 @@ def test_named_files_and_modules_exist(path):
     missing = sorted(name for name in files if not (ROOT / name).exists())
     missing += sorted({name for name in re.findall(r"\bfactkernels(?:\.\w+)+", text) if not _resolves(name)})
     assert not missing, f"{path.relative_to(ROOT)} names what does not exist: {missing}"
+
+
+def test_readme_says_why_each_dependency_is_there():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    table = README.split("## Dependencies", 1)[1].split("\n## ", 1)[0]
+    named = {re.split(r"[<>=!~\[ ]", requirement, maxsplit=1)[0] for requirement in project["dependencies"]}
+    for extra, requirements in project["optional-dependencies"].items():
+        assert f"`{extra}` extra" in table, f"README's dependency table does not name the {extra} extra"
+        named |= {re.split(r"[<>=!~\[ ]", requirement, maxsplit=1)[0] for requirement in requirements}
+    missing = sorted(name for name in named if not re.search(rf"(^|[ ,|]){re.escape(name)}\b", table, re.M))
+    assert not missing, f"README's dependency table does not say why these are there: {missing}"
