@@ -238,7 +238,7 @@ def hf_insert() -> str:
 
 
 def real_lm_editing() -> str:
-    from factkernels.experiments.real_lm import markdown_table
+    from factkernels.experiments.real_lm_editing import markdown_table
 
     path = f"{RESULTS}/experiments/real-lm-editing/summary.json"
     return markdown_table(load(path)["summary"], best_only=True) + _source(path)

@@ -27,7 +27,7 @@ import torch
 from factkernels import hf
 from factkernels.environment import environment
 from factkernels.experiments import engine
-from factkernels.experiments.real_lm import _residual_step_key
+from factkernels.experiments.real_lm_editing import _residual_step_key
 from factkernels.hf import editors
 from factkernels.hf.capture import encode_requests
 from factkernels.hf.statistics import key_second_moments

@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("factkernels.hf.evaluate")  # hf.evaluate / hf.insert_facts (issue 12 part 3, 5)
 
-from factkernels.experiments import engine, real_lm  # noqa: E402
+from factkernels.experiments import engine, real_lm_editing as real_lm  # noqa: E402
 
 
 def test_tiny_grid_runs_every_method_and_leaves_the_model_unedited(tmp_path):

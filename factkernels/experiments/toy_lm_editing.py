@@ -4,7 +4,7 @@ ROME and AlphaEdit (efficacy, specificity, paraphrase, score).
     factkernels experiment editing --scale quick --out runs/
 
 Cells: one per GD expert width (F and the paper's parameters per fact): train the LM, then every split and
-editor. The same comparison on real Hugging Face models: :mod:`.real_lm`.
+editor. The same comparison on real Hugging Face models: :mod:`.real_lm_editing`.
 """
 
 from __future__ import annotations
