@@ -35,8 +35,16 @@ def _rows(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+# Links in a table name repository paths after REPO_LINK; render() turns it into the page's way up to the root.
+REPO_LINK = "<repository>/"
+
+
+def _link(path: str) -> str:
+    return f"[`{path}`]({REPO_LINK}{path})"
+
+
 def _source(*paths: str) -> str:
-    return "\n\nFrom " + ", ".join(f"`{path}`" for path in paths) + "."
+    return "\n\nFrom " + ", ".join(_link(path) for path in paths) + "."
 
 
 def _ms(seconds: float) -> str:
@@ -414,19 +422,19 @@ def headline() -> str:
     fit = load(budget)["summary"]["fits"]["key_budget"]
     rows = [
         [f"build and verify F = \\|V\\| = {construct['F']:,} facts, d = {construct['d']} (values, Cholesky, 2-core CPU)",
-         f"{_ms(construct['kernels_s'])} (pure torch {_ms(construct['torch_s'])})", f"`{cpu}`"],
+         f"{_ms(construct['kernels_s'])} (pure torch {_ms(construct['torch_s'])})", _link(cpu)],
         [f"largest matrix-free build on one H200 (d = {largest['d']})",
-         f"F = {largest['F']:,} in {largest['seconds']:.0f} s, {largest['peak_gpu_bytes'] / 2**30:.2f} GiB", f"`{h200}`"],
+         f"F = {largest['F']:,} in {largest['seconds']:.0f} s, {largest['peak_gpu_bytes'] / 2**30:.2f} GiB", _link(h200)],
         [f"F = \\|V\\| = {report['num_facts']:,}, d = {report['d_in']}, default outputs, CG, one CPU thread",
          f"{report['timings']['total'] / 60:.1f} min, {load(big)['usr_bin_time']['max_rss_bytes'] / 2**30:.2f} GiB, "
-         f"accuracy {report['accuracy']:.3f}", f"`{big}`"],
+         f"accuracy {report['accuracy']:.3f}", _link(big)],
         ["NTK MLPs / ours, ours / GD-trained MLPs, in parameters (Fig. 2b, seed grid)",
-         f"{_span([r['ntk_over_ours'] for r in ratios])}, {_span([r['ours_over_gd'] for r in ratios])}", f"`{SCALING}`"],
+         f"{_span([r['ntk_over_ours'] for r in ratios])}, {_span([r['ours_over_gd'] for r in ratios])}", _link(SCALING)],
         [f"{insert['report']['num_facts']:,} new facts into SmolLM2-135M (layer {insert['report']['layer']}, one CPU thread)",
          f"efficacy {insert['scores']['efficacy']:.3f}, neighbourhood {insert['scores']['neighborhood']:.3f}, "
-         f"perplexity ×{insert['scores']['perplexity_ratio']:.4f}, {insert['insert_seconds'] / 60:.1f} min", f"`{hf}`"],
+         f"perplexity ×{insert['scores']['perplexity_ratio']:.4f}, {insert['insert_seconds'] / 60:.1f} min", _link(hf)],
         ["minimal key budget of max-over-heads attention (seed 002)",
-         f"D_K* ≈ {fit['slope']:.2f} m log2(m) / d_model (R² {fit['r2']:.3f})", f"`{budget}`"],
+         f"D_K* ≈ {fit['slope']:.2f} m log2(m) / d_model (R² {fit['r2']:.3f})", _link(budget)],
     ]
     return _rows(["what", "measured", "JSON"], rows)
 
@@ -450,9 +458,8 @@ def claims_of(*experiments: str) -> Callable[[], str]:
                     rows.append([f"`{claim['id']}`", folder, claim["where"], claim["value"].replace("|", "\\|"),
                                  finding.get("verdict", "not run")])
         header = ["claim", "run", "where", "paper's number", "verdict"]
-        # Claims tables sit on the pages of docs/results/, two folders below the repository.
         return (_rows(header, rows) + "\n\nOurs, the setting that ran and the reason of each verdict: "
-                "[CLAIMS.md](../../benchmarks/results/CLAIMS.md)." + _source(*paths))
+                f"[CLAIMS.md]({REPO_LINK}benchmarks/results/CLAIMS.md)." + _source(*paths))
     return table
 
 
@@ -494,19 +501,21 @@ def pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
-def render(text: str) -> str:
-    """``text`` with every marked table regenerated; an unknown table name raises KeyError naming it."""
+def render(text: str, page: Path) -> str:
+    """``text`` of ``page`` with every marked table regenerated; an unknown table name raises KeyError naming it."""
+    way_up = "../" * (len(page.resolve().relative_to(ROOT).parts) - 1)
+
     def fill(match: re.Match) -> str:
         name = match["name"]
         if name not in TABLES:
             raise KeyError(f"no generator for <!-- table:{name} --> (known: {', '.join(TABLES)})")
-        return match[1] + TABLES[name]() + "\n" + match[4]
+        return match[1] + TABLES[name]().replace(REPO_LINK, way_up) + "\n" + match[4]
     return MARKED.sub(fill, text)
 
 
 def stale_pages() -> list[str]:
     """Pages whose committed tables differ from what the JSON gives (repository-relative paths)."""
-    return [str(page.relative_to(ROOT)) for page in pages() if render(page.read_text()) != page.read_text()]
+    return [str(page.relative_to(ROOT)) for page in pages() if render(page.read_text(), page) != page.read_text()]
 
 
 def main(argv=None) -> int:
@@ -520,7 +529,7 @@ def main(argv=None) -> int:
         return 1 if stale else 0
     for page in pages():
         text = page.read_text()
-        new = render(text)
+        new = render(text, page)
         if new != text:
             page.write_text(new)
             print(f"rewrote the tables of {page.relative_to(ROOT)}")

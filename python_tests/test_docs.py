@@ -68,12 +68,13 @@ def test_docs_tables_equal_what_the_json_gives():
 
 def test_make_docs_rewrites_a_changed_table_and_refuses_unknown_ones():
     make_docs = _make_docs()
-    page = (ROOT / "docs" / "results" / "kernels.md").read_text()
+    path = ROOT / "docs" / "results" / "kernels.md"
+    page = path.read_text()
     tampered = re.sub(r"(<!-- table:cpu-kernels -->\n)\| kernel(.*?)<!-- /table -->", r"\1| made up |\n<!-- /table -->",
                       page, flags=re.S)
-    assert tampered != page and make_docs.render(tampered) == page
+    assert tampered != page and make_docs.render(tampered, path) == page
     with pytest.raises(KeyError, match="no-such-table"):
-        make_docs.render("<!-- table:no-such-table -->\n<!-- /table -->")
+        make_docs.render("<!-- table:no-such-table -->\n<!-- /table -->", path)
 
 
 def _command_lines(text: str) -> list[str]:
