@@ -1,6 +1,6 @@
 """Do the real-LM MEMIT cells computed before memit_update's null-direction rule need a rerun?
 
-memit_update (factkernels.transformer.editing) treats eigen-directions of λC + KᵀK below √h·eps of its
+memit_update (factkernels.editing.rules) treats eigen-directions of λC + KᵀK below √h·eps of its
 largest eigenvalue as exactly null (commit 06cf390); before it, the system was solved as it stood. Where
 no direction falls below that floor the two rules give the same edit up to float64 rounding, so a cell
 computed with the old rule stands. This script replays the MEMIT edits of the ``real-lm-editing`` grid on
@@ -8,7 +8,8 @@ SmolLM2-135M (the same requests, layers, δ settings and λ) and, at every edite
 directions the rule nulls and how far its update is from the plain solve's. Only the edit runs, not the
 evaluation. At 1,000 facts δ takes hours to train, so there the spectrum of λC + KᵀK is checked at the
 unedited model's keys: exact at the first edited layer, close at the later ones. (The grid's shared
-1,000-fact δ cannot be read back: its checkpoint fingerprint was made by an earlier install.)
+1,000-fact δ cannot be read back: its checkpoint fingerprint was made by an earlier install.) The committed
+JSON replayed the editors of its day (bare prompts); a rerun replays today's (context prefixes, faithful δ).
 
     python benchmarks/memit_null_directions.py --out benchmarks/results/memit_null_directions.json
 
@@ -28,6 +29,7 @@ from factkernels import hf
 from factkernels.environment import environment
 from factkernels.experiments import engine
 from factkernels.experiments.real_lm_editing import _residual_step_key
+from factkernels.editing import rules
 from factkernels.hf import editors
 from factkernels.hf.capture import encode_requests
 from factkernels.hf.statistics import key_second_moments
@@ -57,7 +59,7 @@ def _plain_solve(weight, keys, values, cov, lam):
 
 
 def _recording_update(log: list):
-    real = editors.memit_update
+    real = rules.memit_update
 
     def update(weight, keys, values, cov, lam):
         new = real(weight, keys, values, cov, lam)
@@ -76,7 +78,7 @@ def _unedited_spectrum(model, tok, facts, layers, lam) -> list:
     batch = encode_requests(tok, facts.requests)
     out = []
     for layer in layers:
-        keys, _ = editors._keys_and_state(model, batch, layer, layer)
+        keys, _ = editors.keys_and_states(model, batch, layer, layer)
         out.append({"layer": layer} | _spectrum(keys, covs[layer], lam, covs[layer].dtype))
     return out
 
@@ -97,19 +99,19 @@ def main() -> None:
         facts = hf.book_requests(config["n_facts"], seed=config["seed"], paraphrases_per_fact=2)
         started = time.perf_counter()
         if config["n_facts"] >= SPECTRUM_ONLY_FROM:
-            layers, hp = editors._resolve("memit", None, hparams, len(model.model.layers))
-            log = _unedited_spectrum(model, tok, facts, layers, hp["mom2_weight"])
+            hp = editors.resolve_hparams(model, "memit", None, hparams)
+            log = _unedited_spectrum(model, tok, facts, hp.layers, hp.mom2_weight)
             rows.append({"config": config, "replayed": False, "seconds": time.perf_counter() - started,
                          "per_layer": log, "nulled_directions": sum(r["nulled_directions"] for r in log)})
         else:
-            step_key = _residual_step_key(config, hparams)
+            step_key = _residual_step_key(config, model, hparams)
             log = []
-            editors.memit_update, real = _recording_update(log), editors.memit_update
+            rules.memit_update, real = _recording_update(log), rules.memit_update
             try:
                 applied = editors.edit(model, tok, facts.requests, method="memit", progress=False,
                                        targets=targets_by_step.get(step_key), **hparams)
             finally:
-                editors.memit_update = real
+                rules.memit_update = real
             applied.restore()
             targets_by_step = {step_key: applied.targets}  # the next config of this step reuses δ
             rows.append({"config": config, "replayed": True, "seconds": time.perf_counter() - started,

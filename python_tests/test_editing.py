@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from factkernels import editing as rules
 from factkernels.transformer import editing
 from factkernels.transformer.lm import AuthorsBooks, AuthorsLM
 
@@ -21,7 +22,7 @@ def _problem(h=24, d_out=8, n=5, seed=0):
 
 def test_rome_inserts_key_exactly_and_spares_c_orthogonal_keys():
     weight, keys, values, cov = _problem(n=1)
-    new = editing.rome_update(weight, keys, values, cov)
+    new = rules.rome_update(weight, keys, values, cov)
     assert torch.allclose(keys @ new.T, values, atol=1e-10)
     # keys k with k^T C^-1 k* = 0 keep their outputs
     u = torch.linalg.solve(cov, keys[0])
@@ -33,21 +34,21 @@ def test_rome_inserts_key_exactly_and_spares_c_orthogonal_keys():
 
 def test_rome_sequential_edits_hit_the_last_key_exactly():
     weight, keys, values, cov = _problem(n=4)
-    new = editing.rome_update(weight, keys, values, cov)
+    new = rules.rome_update(weight, keys, values, cov)
     assert torch.allclose(keys[-1] @ new.T, values[-1], atol=1e-10)
     assert not torch.allclose(new, weight)
 
 
 def test_memit_small_lambda_recovers_least_squares_and_large_lambda_keeps_weight():
     weight, keys, values, cov = _problem(n=5)
-    exact = editing.memit_update(weight, keys, values, cov, lam=1e-6)
+    exact = rules.memit_update(weight, keys, values, cov, lam=1e-6)
     assert torch.allclose(keys @ exact.T, values, atol=1e-6)  # n < h: the edits are fit exactly
     # equals the minimum C-norm solution of (W + Δ) K = V*
     residual = values - keys @ weight.T
     cinv_k = torch.linalg.solve(cov, keys.T)  # (h, n)
     delta = residual.T @ torch.linalg.solve(keys @ cinv_k, cinv_k.T)
     assert torch.allclose(exact, weight + delta, atol=1e-5)
-    kept = editing.memit_update(weight, keys, values, cov, lam=1e9)
+    kept = rules.memit_update(weight, keys, values, cov, lam=1e9)
     assert torch.allclose(kept, weight, atol=1e-6)
 
 
@@ -60,7 +61,7 @@ def test_memit_with_rank_deficient_cov_is_the_minimum_norm_edit_and_stable():
     keys = torch.randn(3, h, generator=gen)
     values = torch.randn(3, d_out, generator=gen)
     cov = seen.T @ seen / 6
-    new = editing.memit_update(weight, keys, values, cov, lam=1.0)
+    new = rules.memit_update(weight, keys, values, cov, lam=1.0)
     # the minimum-norm minimiser Δ = Rᵀ K S⁺, S = λC + KᵀK, from float64 inputs (S's null space exact there)
     seen64, keys64, weight64 = seen.double(), keys.double(), weight.double()
     system = seen64.T @ seen64 / 6 + keys64.T @ keys64
@@ -74,26 +75,26 @@ def test_memit_with_rank_deficient_cov_is_the_minimum_norm_edit_and_stable():
     assert ((new.double() - weight.double()) @ outside.T).abs().max() < 1e-4
     # and rounding-size changes of C (another thread count) move the edit by rounding size, not by 1/rounding
     jitter = 1e-8 * cov.abs().max() * torch.randn(h, h, generator=gen)
-    moved = editing.memit_update(weight, keys, values, cov + (jitter + jitter.T) / 2, lam=1.0)
+    moved = rules.memit_update(weight, keys, values, cov + (jitter + jitter.T) / 2, lam=1.0)
     assert (moved - new).abs().max() < 1e-3 * (new - weight).abs().max()
 
 
 def test_memit_rejects_mismatched_shapes():
     weight, keys, values, cov = _problem()
     with pytest.raises(ValueError, match="values must be"):
-        editing.memit_update(weight, keys, values[:, :3], cov, lam=1.0)
+        rules.memit_update(weight, keys, values[:, :3], cov, lam=1.0)
     with pytest.raises(ValueError, match="lam"):
-        editing.memit_update(weight, keys, values, cov, lam=-1.0)
+        rules.memit_update(weight, keys, values, cov, lam=-1.0)
 
 
 def test_alphaedit_leaves_preserved_keys_unchanged():
     weight, keys, values, _ = _problem(h=32, n=4)
     preserved = torch.randn(10, 32, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     cov = preserved.T @ preserved / 10  # rank 10: a 22-dimensional null space
-    projector = editing.null_space_projector(cov, tol=1e-8)
+    projector = rules.null_space_projector(cov, threshold=1e-8)
     assert torch.allclose(projector @ projector, projector, atol=1e-10)
     assert round(float(projector.trace())) == 22
-    new = editing.alphaedit_update(weight, keys, values, projector)
+    new = rules.alphaedit_update(weight, keys, values, projector)
     assert (preserved @ new.T - preserved @ weight.T).abs().max() < 1e-5
     # the edits move the keys' outputs toward the targets
     before = (keys @ weight.T - values).norm()
@@ -137,17 +138,17 @@ def test_editors_on_untrained_lm_reach_their_targets():
     model = AuthorsLM(task, dim=16, seed=0)
     split = editing.make_split(task.facts, 10, 4, seed=0)
     prompts = editing.EditPrompts.build(model, task, split)
-    targets = editing.edit_targets(model, prompts, train_steps=50, lr=0.5)
+    targets = editing.edit_targets(model, prompts, steps=50, lr=0.5)
     state = prompts.weights[:, :1] * targets + prompts.weights[:, 1:] * prompts.language_out
     assert torch.equal(model.logits(state).argmax(-1), prompts.targets)  # the residual step works
     cov = editing.key_second_moment(model, task, split.preserved)
-    memit = editing._edited_expert("memit", model.moe.fact, prompts.keys, targets, cov, {"lam": 1e-6}, 10)
+    memit = editing._edited_expert("memit", model.moe.fact, prompts.keys, targets, cov, {"mom2_weight": 1e-6}, 10)
     assert torch.allclose(memit(prompts.z), targets, atol=1e-3)
     rome = editing._edited_expert("rome", model.moe.fact, prompts.keys, targets, cov, {}, 10)
     assert torch.allclose(rome(prompts.z[-1:]), targets[-1:], atol=1e-3)  # sequential: the last edit is exact
     result = editing.compare_editors(
         model, task, split, methods=("mlp_swap", "memit"), quiet=True,
-        grids={"memit": {"train_steps": (10,), "lr": (0.5,), "lam": (1.0,), "clip_norm": (1.0,)}})
+        grids={"memit": {"steps": (10,), "lr": (0.5,), "mom2_weight": (1.0,), "clamp_norm": (1.0,)}})
     assert set(result) == {"mlp_swap", "memit"}
     for method in result:
         best = result[method]["best"]

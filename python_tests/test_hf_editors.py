@@ -1,11 +1,14 @@
-"""factkernels.hf editors (ROME/MEMIT/AlphaEdit), key statistics and the shipped text, on a tiny random Llama."""
+"""factkernels.hf editors (ROME/MEMIT/AlphaEdit/GRACE/WISE), causal tracing, key statistics and the shipped text,
+on a tiny random Llama."""
 
 import pytest
 import torch
 
 from factkernels import hf
 from factkernels.hf.corpus import natural_text
-from factkernels.hf.editors import DEFAULT_HPARAMS, edit, residual_targets
+from factkernels.editing import hparams
+from factkernels.hf.editors import context_keys, edit
+from factkernels.hf.residual import residual_targets
 from factkernels.hf.statistics import key_second_moments
 
 REQUESTS = [
@@ -16,6 +19,8 @@ TEXTS = ["the old house of the river city in the morning rain", "people knows th
          "a new day on the stone tree light", "the reader of the novel knows the author of the book"] * 3
 # Random small weights pass little from the subject to the last token; these settings let δ get through.
 STRONG = {"clamp_norm": 1e3, "steps": 40, "lr": 0.5, "weight_decay": 0.0, "kl_factor": 0.0}
+# Fewer generated prefixes than published (1 + 2 contexts), to keep the tiny tests fast.
+FEW = {"prefixes": ((4, 2),)}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +34,7 @@ def llama(tiny_llama):
 
 
 def _target_nll(model, tok, requests):
-    from factkernels.hf.editors import _target_nll as nll
+    from factkernels.hf.residual import target_nll as nll
 
     with torch.no_grad():
         return nll(model, hf.encode_requests(tok, hf.parse_requests(requests), with_target=True))
@@ -44,14 +49,15 @@ def _logits(model, tok):
 @pytest.mark.parametrize("method, layers, extra", [
     ("rome", (1,), {}),
     ("memit", (1,), {}),
-    ("alphaedit", (1,), {"nullspace_tol": 1.0, "l2": 1e-4}),  # C's eigenvalues below 1 span 33 of 64 directions
+    ("alphaedit", (1,), {"nullspace_threshold": 1.0, "l2": 1e-4}),  # C's eigenvalues below 1: 33 of 64
 ])
 def test_edit_moves_the_target_and_restore_is_exact(llama, tmp_path, method, layers, extra):
     model, tok = llama
     stats = key_second_moments(model, tok, layers, texts=TEXTS, cache_dir=tmp_path)
     before_logits = _logits(model, tok)
     before_nll = _target_nll(model, tok, REQUESTS)
-    result = edit(model, tok, REQUESTS, method=method, layers=layers, stats=stats, progress=False, **STRONG, **extra)
+    result = edit(model, tok, REQUESTS, method=method, layers=layers, stats=stats, progress=False, **STRONG, **FEW,
+                  **extra)
     after_nll = _target_nll(model, tok, REQUESTS)
     edited_logits = _logits(model, tok)
     result.restore()
@@ -66,19 +72,33 @@ def test_edit_moves_the_target_and_restore_is_exact(llama, tmp_path, method, lay
 
 
 def test_rome_writes_its_targets_exactly(llama, tmp_path):
-    """ROME's rank-one edit makes W k* = v* = W k* + δ (δ from the same residual step)."""
+    """ROME's rank-one edit makes W k* = v* = h + δ for the bare prompt's key k* (δ from the same residual
+    step), along C⁻¹u with u the key averaged over the contexts (ROME's compute_u)."""
     model, tok = llama
     requests = hf.parse_requests(REQUESTS[:1])
     stats = key_second_moments(model, tok, [1], texts=TEXTS, cache_dir=tmp_path)
-    hp = {k: v for k, v in {**DEFAULT_HPARAMS["rome"], **STRONG}.items() if k not in ("layers", "ridge")}
-    targets = residual_targets(model, tok, requests, 1, clamp_to="mlp", progress=False, **hp)
-    keys = hf.capture_keys(model, tok, requests, 1, site="down_in")
-    result = edit(model, tok, requests, method="rome", layers=[1], stats=stats, progress=False, **STRONG)
+    result = edit(model, tok, requests, method="rome", layers=[1], stats=stats, progress=False, **STRONG, **FEW)
+    prefixes = result.report["prefixes"]
+    assert len(prefixes) == 2
     try:
+        edited = model.model.layers[1].mlp.down_proj.weight.detach().clone()
+        result.restore()
+        mean_keys, keys, _ = context_keys(model, tok, requests, prefixes, 1, 1)
+        contexts = hf.encode_requests(tok, [hf.Request(p + ". " + requests[0].prompt, requests[0].subject,
+                                                       requests[0].target_new) for p in prefixes])
+        each = hf.capture(model, contexts.input_ids, contexts.attention_mask, 1, site="down_in",
+                          positions=contexts.subject_last)
+        torch.testing.assert_close(mean_keys, torch.cat([keys, each]).mean(0, keepdim=True))
+        targets = result.targets
         with torch.no_grad():
-            written = model.model.layers[1].mlp.down_proj(keys)
+            written = keys @ edited.T
         torch.testing.assert_close(written, targets.mlp_out + targets.delta, rtol=1e-4, atol=1e-4)
         assert (targets.delta.norm(dim=1) > 1.0).all()
+        change = edited - model.model.layers[1].mlp.down_proj.weight.detach()
+        cov = stats[1] + 1e-4 * stats[1].diagonal().mean() * torch.eye(64)
+        direction = torch.linalg.solve(cov, mean_keys[0])
+        row = change[change.norm(dim=1).argmax()]
+        assert abs(float(torch.nn.functional.cosine_similarity(row, direction, dim=0))) > 0.999
     finally:
         result.restore()
 
@@ -87,7 +107,7 @@ def test_reused_targets_give_the_same_edit_and_are_checked(llama, tmp_path, monk
     """An update-rule grid reuses δ: the same mom2_weight gives the same weights without a residual step."""
     model, tok = llama
     stats = key_second_moments(model, tok, [0, 1], texts=TEXTS, cache_dir=tmp_path)
-    first = edit(model, tok, REQUESTS, method="memit", layers=[0, 1], stats=stats, progress=False, **STRONG)
+    first = edit(model, tok, REQUESTS, method="memit", layers=[0, 1], stats=stats, progress=False, **STRONG, **FEW)
     edited = model.model.layers[0].mlp.down_proj.weight.detach().clone()
     first.restore()
     import factkernels.hf.editors as editors
@@ -97,21 +117,21 @@ def test_reused_targets_give_the_same_edit_and_are_checked(llama, tmp_path, monk
 
     monkeypatch.setattr(editors, "residual_targets", no_step)
     again = edit(model, tok, REQUESTS, method="memit", layers=[0, 1], stats=stats, progress=False,
-                 targets=first.targets, **STRONG)
+                 targets=first.targets, **STRONG, **FEW)
     assert torch.equal(model.model.layers[0].mlp.down_proj.weight, edited) and again.report["targets_reused"]
     again.restore()
     weaker = edit(model, tok, REQUESTS, method="memit", layers=[0, 1], stats=stats, progress=False,
-                  targets=first.targets, mom2_weight=1e6, **STRONG)
+                  targets=first.targets, mom2_weight=1e6, **STRONG, **FEW)
     assert not torch.equal(model.model.layers[0].mlp.down_proj.weight, edited)
     weaker.restore()
     weights = [p.detach().clone() for p in model.parameters()]
     for kwargs, message in [({"layers": [0]}, "trained at layer 1"), ({"lr": 0.1}, "lr=0.5/0.1"),
                             ({"requests": REQUESTS[:1]}, "hold 2 facts but 1")]:
-        args = {"layers": [0, 1], "requests": REQUESTS, **STRONG, **kwargs}
+        args = {"layers": [0, 1], "requests": REQUESTS, **STRONG, **FEW, **kwargs}
         with pytest.raises(ValueError, match=message):
             edit(model, tok, method="memit", stats=stats, progress=False, targets=first.targets, **args)
     with pytest.raises(TypeError, match="ResidualTargets"):
-        edit(model, tok, REQUESTS, method="memit", layers=[0, 1], stats=stats, targets=first.targets.delta)
+        edit(model, tok, REQUESTS, method="memit", layers=[0, 1], stats=stats, targets=first.targets.delta, **FEW)
     assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
 
 
@@ -135,7 +155,7 @@ def test_residual_targets_run_the_later_blocks_only_as_the_full_forward(llama, m
     """The residual step runs the blocks after the edited layer on their cached input: same δ, NLLs and early
     stops as adding δ by a hook in the full forward (the path kept for models whose tail does not match),
     with the KL prompt too."""
-    import factkernels.hf.editors as editors
+    import factkernels.hf.residual as editors
 
     model, tok = llama
     requests = hf.parse_requests(REQUESTS + [{"prompt": "the novel {} is by", "subject": "dune",
@@ -185,7 +205,7 @@ def test_checkpoint_fingerprint_ignores_where_the_model_was_loaded_from(llama):
 def test_residual_targets_resume_from_a_chunk_checkpoint(llama, tmp_path, monkeypatch):
     """Each finished chunk is written at once: a run stopped after its first chunk resumes there, gives the same
     δ as one run, counts the stored chunk's seconds, and the file is refused for other settings."""
-    import factkernels.hf.editors as editors
+    import factkernels.hf.residual as residual
 
     model, tok = llama
     requests = hf.parse_requests(REQUESTS + [{"prompt": "the novel {} is by", "subject": "dune",
@@ -194,18 +214,18 @@ def test_residual_targets_resume_from_a_chunk_checkpoint(llama, tmp_path, monkey
                     progress=False)
     whole = residual_targets(model, tok, requests, 1, chunk=2, **settings)
     path = tmp_path / "targets.safetensors"
-    real, calls = editors._hidden_with_delta, []
+    real, calls = residual.hidden_with_delta, []
 
-    def stop_in_second_chunk(model, layer, batch, states, where, delta):
+    def stop_in_second_chunk(model, layer, batch, states, rows, where, delta):
         calls.append(len(batch))
         if len(calls) > 1 and len(batch) == 1:  # the second chunk (one request) starts: the session ends
             raise KeyboardInterrupt
-        return real(model, layer, batch, states, where, delta)
+        return real(model, layer, batch, states, rows, where, delta)
 
-    monkeypatch.setattr(editors, "_hidden_with_delta", stop_in_second_chunk)
+    monkeypatch.setattr(residual, "hidden_with_delta", stop_in_second_chunk)
     with pytest.raises(KeyboardInterrupt):
         residual_targets(model, tok, requests, 1, chunk=2, checkpoint=path, **settings)
-    monkeypatch.setattr(editors, "_hidden_with_delta", real)
+    monkeypatch.setattr(residual, "hidden_with_delta", real)
     resumed = residual_targets(model, tok, requests, 1, chunk=2, checkpoint=path, **settings)
     for name in ("delta", "mlp_out", "layer_out", "nll_before", "nll_after"):
         torch.testing.assert_close(getattr(resumed, name), getattr(whole, name), rtol=1e-5, atol=1e-6)
@@ -219,7 +239,7 @@ def test_alphaedit_with_an_empty_null_space_changes_nothing(llama, tmp_path):
     stats = key_second_moments(model, tok, [0, 1], texts=TEXTS, cache_dir=tmp_path)
     weights = [p.detach().clone() for p in model.parameters()]
     result = edit(model, tok, REQUESTS, method="alphaedit", layers=[0, 1], stats=stats, progress=False,
-                  nullspace_tol=-1.0, **STRONG)
+                  nullspace_threshold=-1.0, **STRONG, **FEW)
     assert result.report["null_space_dims"] == {0: 0, 1: 0}
     assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
 
@@ -247,6 +267,7 @@ def test_second_moments_match_captured_keys_and_cache_round_trips(llama, tmp_pat
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"method": "lora"}, "method must be one of"),
+    ({"method": "mlp_swap"}, "method must be one of"),
     ({"method": "memit", "bogus": 1}, "unknown hyperparameters"),
     ({"method": "rome", "layers": (0, 1)}, "must be one layer"),
     ({"method": "memit", "layers": (1, 0)}, "increasing"),
@@ -260,9 +281,14 @@ def test_bad_edit_arguments(llama, kwargs, message):
     assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
 
 
-def test_default_layers_follow_the_published_depth():
-    assert DEFAULT_HPARAMS["memit"]["layers"] == (3, 4, 5, 6, 7, 8)
-    assert DEFAULT_HPARAMS["rome"]["layers"] == (5,)
+def test_default_layers_follow_the_published_depth_and_lambda_the_width():
+    smollm2 = {"num_layers": 30, "mlp_width": 1536}
+    assert hparams("memit", **smollm2).layers == (3, 4, 5, 6, 7, 8)
+    assert hparams("rome", **smollm2).layers == (5,)
+    assert hparams("alphaedit", **smollm2).layers == (4, 5, 6, 7, 8)
+    assert hparams("memit", **smollm2).mom2_weight == pytest.approx(1.5e4 * 1536 / 16384)  # GPT-J's, by width
+    assert hparams("memit", **smollm2, mom2_weight=1.0).mom2_weight == 1.0  # sweepable
+    assert hparams("memit", num_layers=3, mlp_width=64).layers == (0, 1, 2)
 
 
 def test_shipped_text_splits():
@@ -271,3 +297,90 @@ def test_shipped_text_splits():
     assert sum(len(t.split()) for t in stats + held_out) > 15000  # ≥ 20k SmolLM2 tokens
     with pytest.raises(ValueError, match="split must be one of"):
         natural_text("train")
+
+
+def test_delta_penalty_is_the_references_norm_over_squared_norm():
+    from factkernels.hf.residual import delta_penalty
+
+    delta = torch.tensor([[3.0, 4.0], [0.0, 1.0]])  # ||δ|| = 5, 1
+    ref = torch.tensor([2.0, 10.0])
+    torch.testing.assert_close(delta_penalty(delta, ref, 0.5), torch.tensor([0.5 * 5 / 4, 0.5 * 1 / 100]))
+
+
+def test_kl_term_reads_the_subjects_last_token_of_the_essence_prompt(llama):
+    from factkernels.hf.residual import KL_PROMPT, subject_log_probs
+
+    model, tok = llama
+    batch = hf.encode_requests(tok, [hf.Request(KL_PROMPT, "the hobbit", " x")])
+    assert int(batch.subject_last[0]) == 1 and int(batch.prompt_last[0]) == 3  # "the hobbit | is a"
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids).logits
+        torch.testing.assert_close(subject_log_probs(model, batch), logits[:, 1].log_softmax(-1))
+
+
+def test_context_prefixes_are_generated_deterministically(llama):
+    from factkernels.hf.contexts import _CACHE, context_prefixes, with_prefixes
+
+    model, tok = llama
+    rome, memit = hparams("rome"), hparams("memit")
+    first = context_prefixes(model, tok, rome.prefixes, rome.prefix_starts)
+    _CACHE.clear()
+    assert context_prefixes(model, tok, rome.prefixes, rome.prefix_starts) == first  # seeded: same texts again
+    words = [len(p.split()) for p in first]  # word-level tokens; special tokens decode to nothing
+    assert len(first) == 20 and max(words[:10]) <= 5 < max(words[10:]) <= 10
+    five = context_prefixes(model, tok, memit.prefixes, memit.prefix_starts)
+    assert len(five) == 5 and five[0].split()[0] == "the"  # one from each start word (the rest are unknown here)
+    rows = with_prefixes(hf.parse_requests(REQUESTS), five[:2])
+    assert [r.prompt for r in rows[:3]] == ["the book {} was written by", five[0] + ". the book {} was written by",
+                                            five[1] + ". the book {} was written by"]
+
+
+def test_alphaedit_runs_sequential_batches_and_records_its_null_space(llama, tmp_path):
+    model, tok = llama
+    stats = key_second_moments(model, tok, [0, 1], texts=TEXTS, cache_dir=tmp_path)
+    before = _target_nll(model, tok, REQUESTS)
+    result = edit(model, tok, REQUESTS, method="alphaedit", layers=[0, 1], stats=stats, progress=False,
+                  batch_size=1, nullspace_threshold=1.0, l2=1e-4, **STRONG, **FEW)
+    after = _target_nll(model, tok, REQUESTS)
+    result.restore()
+    assert result.report["batches"] == 2 and result.targets is None  # δ of batch 2 on the model edited by batch 1
+    assert result.report["nullspace_threshold_used"] == {0: 1.0, 1: 1.0}
+    assert all(0 < d < 64 for d in result.report["null_space_dims"].values())
+    assert float(after.mean()) < float(before.mean()) - 0.1
+    with pytest.raises(ValueError, match="sequential"):
+        edit(model, tok, REQUESTS, method="alphaedit", layers=[1], stats=stats, batch_size=1, targets=object(),
+             **FEW)
+
+
+@pytest.mark.parametrize("method, extra", [("grace", {"eps": 1.0, "steps": 30}), ("wise", {"steps": 30})])
+def test_side_memories_answer_the_edit_and_restore_removes_them(llama, method, extra):
+    model, tok = llama
+    before = _target_nll(model, tok, REQUESTS)
+    plain = _logits(model, tok)
+    other = hf.encode_texts(tok, TEXTS[:1])[0]
+    with torch.no_grad():
+        other_logits = model(input_ids=other).logits
+    result = edit(model, tok, REQUESTS, method=method, layers=[1], progress=False, **extra)
+    after = _target_nll(model, tok, REQUESTS)
+    with torch.no_grad():
+        other_after = model(input_ids=other).logits
+    result.restore()
+    assert float(after.max()) < float(before.min()) - 0.5  # both edits answered
+    torch.testing.assert_close(other_after, other_logits)  # unrelated text outside the memory's reach
+    assert torch.equal(_logits(model, tok), plain)
+    if method == "grace":
+        assert result.report["codebook_entries"] == 2
+    else:
+        assert result.report["routing_threshold"] > 0
+
+
+def test_causal_trace_restores_clean_states(llama):
+    model, tok = llama
+    trace = hf.causal_trace(model, tok, "the book {} was written by", "war and peace", samples=3)
+    tokens = len(trace.tokens)
+    assert trace.scores.shape == (3, tokens) and trace.subject == (2, 5)
+    # the clean state after the last layer at the last token gives the clean answer probability
+    assert float(trace.scores[-1, -1]) == pytest.approx(trace.clean, rel=1e-5)
+    # states before the subject are the same in both runs: restoring them changes nothing
+    torch.testing.assert_close(trace.scores[:, :2], torch.full((3, 2), trace.corrupted), rtol=1e-5, atol=1e-7)
+    assert 0 <= trace.best_layer() < 3 and trace.clean != trace.corrupted

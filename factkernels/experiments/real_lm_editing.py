@@ -27,19 +27,22 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Optional
 
+from ..editing import hparams as _hparams, method_names
 from . import engine
 
 NAME = "real-lm-editing"
-METHODS = ("ours", "rome", "memit", "alphaedit")
+METHODS = ("ours", *method_names(real_lm=True, kind="weights"))
 EDITOR_LAYERS = -1  # "the editor's published default layers"
 METRICS = ("efficacy", "paraphrase", "neighborhood", "score", "perplexity_ratio", "kl_mean", "edit_seconds")
 # Residual steps: the published one ({}) and a stronger one; per method, the update-rule grid (the seed's
-# App. A.3.4 values; AlphaEdit's published tol 2e-2 in place of the seed grid's 1e-2).
+# App. A.3.4 values, MEMIT's published λ rescaled to SmolLM2's MLP width first; AlphaEdit's published threshold
+# 2e-2 in place of the seed grid's 1e-2).
 STRONG_STEP = {"steps": 100, "lr": 0.5}
+MEMIT_LAMBDA = _hparams("memit", num_layers=30, mlp_width=1536).mom2_weight  # 1.5e4 · 1536 / 16384
 EDITOR_GRIDS: dict[str, list[dict]] = {
     "rome": [{}, STRONG_STEP],
-    "memit": [{**step, "mom2_weight": lam} for step in ({}, STRONG_STEP) for lam in (1.5e4, 1.5e3, 1.5e2, 1.0)],
-    "alphaedit": [{**step, "nullspace_tol": tol} for step in ({}, STRONG_STEP) for tol in (2e-2, 1.0, 10.0)],
+    "memit": [{**step, "mom2_weight": lam} for step in ({}, STRONG_STEP) for lam in (MEMIT_LAMBDA, 1.5e4, 1.5e2, 1.0)],
+    "alphaedit": [{**step, "nullspace_threshold": tol} for step in ({}, STRONG_STEP) for tol in (2e-2, 1.0, 10.0)],
 }
 
 
@@ -71,9 +74,10 @@ def _editor_cell(model: str, method: str, n: int, hparams: dict) -> dict:
 
 
 def _published(method: str) -> dict:
-    from ..hf.editors import DEFAULT_HPARAMS
+    """The method's published settings moved to SmolLM2-135M (30 layers, MLP width 1,536)."""
+    from ..editing import as_dict, hparams
 
-    return DEFAULT_HPARAMS[method]
+    return as_dict(hparams(method, num_layers=30, mlp_width=1536))
 
 
 def _tiny_model(words: tuple[str, ...]) -> tuple[Any, Any]:
@@ -129,15 +133,15 @@ def _setup(config: dict) -> tuple[Any, list[str], Any, Any]:
 _SHARED_TARGETS: dict[tuple, tuple[Any, float]] = {}
 
 
-def _residual_step_key(config: dict, hparams: dict) -> tuple:
+def _residual_step_key(config: dict, model: Any, hparams: dict) -> tuple:
     """What δ depends on: model, facts, the layer it is trained at (the method's last edited layer), what its
     norm is clamped against (ROME: the MLP output; MEMIT, AlphaEdit: the layer output) and the residual-step
     settings; not the method, so MEMIT and AlphaEdit cells with one last layer and step share one δ."""
-    from ..hf.editors import TARGET_HPARAMS
+    from ..hf.editors import resolve_hparams
 
-    settings = {**_published(config["method"]), **hparams}
-    return (config["model"], config["n_facts"], config["seed"], int(settings["layers"][-1]),
-            "mlp" if config["method"] == "rome" else "layer", tuple((k, settings[k]) for k in TARGET_HPARAMS))
+    hp = resolve_hparams(model, config["method"], None, hparams)
+    return (config["model"], config["n_facts"], config["seed"], int(hp.layers[-1]),
+            "mlp" if config["method"] == "rome" else "layer", repr(sorted(hp.residual_settings().items())))
 
 
 def run_cell(config: dict) -> dict:
@@ -163,14 +167,14 @@ def run_cell(config: dict) -> dict:
                                         "insert_efficacy": applied.report.efficacy}
         start -= applied.report.values.get("value_restored_seconds", 0.0)  # chunks done by an earlier run
     else:
-        hparams = {"layers": [1], "steps": 10} if tiny else {}
+        hparams = {"layers": [1], "steps": 10, "prefixes": [[4, 2]]} if tiny else {}
         hparams.update(config.get("hparams", {}))
         stats = None
         if tiny:  # tiny vocabulary: the shipped text is mostly unknown words; use the tiny texts
             from ..hf.statistics import key_second_moments
 
             stats = key_second_moments(model, tok, hparams["layers"], texts=texts, cache_dir=False)
-        step_key = _residual_step_key(config, hparams)
+        step_key = _residual_step_key(config, model, hparams)
         shared = _SHARED_TARGETS.get(step_key)
         # the residual step's chunks go to a file of the step, not of the cell: every cell of that step (in
         # any process or session) reads them back instead of training δ again
@@ -179,16 +183,17 @@ def run_cell(config: dict) -> dict:
                           targets=shared[0] if shared else None,
                           checkpoint=None if step_file is None else step_file.with_suffix(".safetensors"), **hparams)
         step_seconds = shared[1] if shared else applied.report["targets_seconds"]
-        if shared is None:
+        if shared is None and applied.targets is not None:  # sequential edits train δ on the edited model
             _SHARED_TARGETS.clear()  # one residual step is kept: the grid's cells of one step run in a row
             _SHARED_TARGETS[step_key] = (applied.targets, step_seconds)
         undo, report = applied.restore, {"nll_before": applied.report["nll_before"],
                                          "nll_target": applied.report["nll_target"],
                                          "targets_reused": applied.report["targets_reused"],
                                          "targets_seconds": step_seconds,
-                                         "targets_restored_seconds": 0.0 if shared else applied.targets.restored_seconds}
+                                         "targets_restored_seconds": 0.0 if shared or applied.targets is None
+                                         else applied.targets.restored_seconds}
         # a standalone edit trains its δ; chunks of it read from a checkpoint count the time they took then
-        start -= shared[1] if shared else applied.targets.restored_seconds
+        start -= shared[1] if shared else report["targets_restored_seconds"]
     edit_seconds = time.perf_counter() - start
     try:
         scores = evaluate(model, tok, facts.requests, paraphrases=facts.paraphrases, neighborhood=facts.neighborhood,

@@ -25,8 +25,8 @@ CLAIMS = (
     Claim("000-fig4-editing", "000", "§5.4, Fig. 4", "MLP swapping about doubles the fact-editing score of MEMIT, "
           "ROME and AlphaEdit when 10% of the facts are altered", "~2× the editors' score at 10% altered (16,000 facts)"),
 )
-_TINY_GRIDS = {"memit": {"train_steps": [10], "lr": [0.5], "lam": [1.0], "clip_norm": [1.0]},
-               "rome": {"train_steps": [10], "lr": [0.5], "weight_decay": [0.0], "early_stop": [None]}}
+_TINY_GRIDS = {"memit": {"steps": [10], "lr": [0.5], "mom2_weight": [1.0], "clamp_norm": [1.0]},
+               "rome": {"steps": [10], "lr": [0.5], "weight_decay": [0.0], "early_stop": [None]}}
 
 
 # The paper's editing expert: a GD SwiGLU of width 512 at d = 256 for 16,384 facts, i.e. 24 parameters

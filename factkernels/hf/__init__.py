@@ -11,12 +11,14 @@
     hf.evaluate(model, tok, facts.requests, paraphrases=facts.paraphrases, neighborhood=facts.neighborhood,
                 texts=hf.natural_text("eval"), reference=ref)   # efficacy, paraphrase, neighborhood, ppl, KL
     ins.remove()                                                    # bit-for-bit the original again
+    trace = hf.causal_trace(model, tok, "The Hobbit was written by", "The Hobbit")  # (layers, tokens) effects
 
 Needs the ``hf`` extra (transformers, gguf, accelerate); importing this package does not.
 """
 
 from .capture import (PromptBatch, capture, capture_keys, encode_requests, encode_texts, record_inputs,
                       site_module)
+from .causal_trace import TraceResult, causal_trace
 from .corpus import natural_text
 from .editors import EditResult, edit
 from .evaluate import Reference, evaluate, fact_margins, record_reference
@@ -30,7 +32,7 @@ __all__ = [
     "load", "packaged_gguf", "PACKAGED_MODELS",
     "mlp_layers", "mlp_module",
     "Request", "RequestSet", "make_request", "parse_requests", "book_requests", "BOOK_PROMPTS",
-    "edit", "EditResult", "key_second_moments", "natural_text",
+    "edit", "EditResult", "key_second_moments", "natural_text", "causal_trace", "TraceResult",
     "insert_facts", "Insertion", "InsertionReport", "evaluate", "record_reference", "Reference", "fact_margins",
     "PromptBatch", "encode_requests", "encode_texts", "capture", "capture_keys", "record_inputs", "site_module",
 ]

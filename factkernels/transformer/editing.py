@@ -1,16 +1,10 @@
 """Fact editing on the authors/books LM (seed 000 §5.4, App. A.3.4): MLP swap vs ROME, MEMIT, AlphaEdit.
 
 The three weight editors change the fact expert's down projection W (d, h), a linear map from
-the MLP's hidden keys k = σ(G z) ⊙ (A z) to its output. Each takes keys (n, h) and target
-outputs v* (n, d) for the edited facts and the keys' second moment C = E[k kᵀ] (h, h):
-
-    ROME       W + (v* − W k)(C⁻¹k)ᵀ / ((C⁻¹k)ᵀ k)            one rank-one edit per fact, in turn
-    MEMIT      W + R Kᵀ (λ C + K Kᵀ)⁻¹,  R = V* − W K          one batch least-squares edit
-    AlphaEdit  W + R Kᵀ P (K Kᵀ P + I)⁻¹                       P: projector onto the null space of C
-
-(here K and V* hold keys and targets as columns in the formulas, as rows in the code). The
+the MLP's hidden keys k = σ(G z) ⊙ (A z) to its output, by the update rules of
+:mod:`factkernels.editing` (keys (n, h), target outputs v* (n, d), C = E[k kᵀ] (h, h)). The
 targets come from the seed's residual step: a vector δ added to the fact expert's output at the
-last token of the edit prompt, trained for ``train_steps`` Adam steps at ``lr`` to make the new
+last token of the edit prompt, trained for ``steps`` Adam steps at ``lr`` to make the new
 author most likely, with the editors' norm clip (MEMIT/AlphaEdit), weight decay and early
 stopping (ROME); v* = g(z) + δ. MLP swap instead builds a new FactMLP for the whole edited fact
 set and puts it in the expert slot.
@@ -26,7 +20,6 @@ templates; score = their harmonic mean.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -34,103 +27,29 @@ import torch
 import torch.nn.functional as F_nn
 
 from .. import _ops
+from ..editing import hparams, method_names, null_space_projector, update_weight
 from ..mlp import FactMLP
 from ..progress import progress_bar
 from .lm import TEMPLATES, AuthorsBooks, AuthorsLM
 
 EDIT_TEMPLATE = 0  # a single templated prompt per fact (App. A.3.4)
 PARAPHRASE_TEMPLATES = list(range(1, len(TEMPLATES)))
-METHODS = ("mlp_swap", "memit", "alphaedit", "rome")
+METHODS = method_names(toy_lm=True)  # ("rome", "memit", "alphaedit", "mlp_swap")
 # (preserved, altered) fact counts of App. A.3.4, out of a 16,000-fact set.
 SEED_SPLITS = ((6554, 1638), (3277, 819), (1311, 327))
 SEED_FACTS = 16000
-# Hyperparameter grids of App. A.3.4.
+# Hyperparameter grids of App. A.3.4, by the registry's field names (train steps, λ, norm clip, tolerance:
+# steps, mom2_weight, clamp_norm, nullspace_threshold).
 SEED_GRIDS = {
-    "memit": {"train_steps": (10, 25, 100), "lr": (0.005, 0.05, 0.5), "lam": (1.5e4, 1.5e3, 1.5e2, 1.0),
-              "clip_norm": (0.5, 0.75, 1.0)},
-    "alphaedit": {"train_steps": (10, 25, 100), "lr": (0.005, 0.05, 0.5), "clip_norm": (0.5, 0.75, None),
-                  "tol": (1e-2, 1.0, 10.0)},
-    "rome": {"train_steps": (10, 25, 100), "lr": (0.005, 0.05, 0.5), "weight_decay": (1.5e-3, 1.5e-4, 0.0),
+    "memit": {"steps": (10, 25, 100), "lr": (0.005, 0.05, 0.5), "mom2_weight": (1.5e4, 1.5e3, 1.5e2, 1.0),
+              "clamp_norm": (0.5, 0.75, 1.0)},
+    "alphaedit": {"steps": (10, 25, 100), "lr": (0.005, 0.05, 0.5), "clamp_norm": (0.5, 0.75, None),
+                  "nullspace_threshold": (1e-2, 1.0, 10.0)},
+    "rome": {"steps": (10, 25, 100), "lr": (0.005, 0.05, 0.5), "weight_decay": (1.5e-3, 1.5e-4, 0.0),
              "early_stop": (5e-2, None)},
 }
-
-
-# ----------------------------------------------------------------------------- update rules
-
-
-def _check_edit(weight: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-    if weight.dim() != 2:
-        raise ValueError(f"weight must be (d_out, h), got shape {tuple(weight.shape)}")
-    d_out, h = weight.shape
-    if keys.dim() != 2 or keys.shape[1] != h:
-        raise ValueError(f"keys must be (n, {h}), got shape {tuple(keys.shape)}")
-    if values.shape != (keys.shape[0], d_out):
-        raise ValueError(f"values must be ({keys.shape[0]}, {d_out}) (one target output per key), "
-                         f"got shape {tuple(values.shape)}")
-
-
-def rome_update(weight: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
-    """ROME's rank-one edit, applied for one key after another (n, h), each to the current W.
-
-    Each edit makes W k* = v* exactly and leaves W k unchanged for every k with kᵀ C⁻¹ k* = 0.
-    weight (d_out, h), values (n, d_out), cov (h, h) symmetric positive definite -> (d_out, h).
-    """
-    _check_edit(weight, keys, values)
-    cinv_keys = torch.linalg.solve(cov, keys.T).T  # (n, h) rows C⁻¹ k*
-    weight = weight.clone()
-    for key, value, u in zip(keys, values, cinv_keys):
-        weight += torch.outer(value - weight @ key, u) / (u @ key)
-    return weight
-
-
-def memit_update(weight: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cov: torch.Tensor,
-                 lam: float) -> torch.Tensor:
-    """MEMIT's batch edit W + R Kᵀ (λC + K Kᵀ)⁻¹ with R = V* − W K (keys/values as rows here).
-
-    It minimises λ tr(Δ C Δᵀ) + ||(W + Δ) K − V*||²: λ → 0 gives the minimum-(C-)norm exact
-    least-squares fit of the edits, large λ keeps W close to the old map on the keys C stands for.
-    When C comes from fewer keys than h, λC + K Kᵀ is singular: directions that neither C nor the
-    edited keys reach leave the objective unchanged, and a plain solve fills them with rounding noise
-    divided by rounding noise (the edit then depends on the thread count). The system is solved in
-    float64 (as MEMIT's released code does); eigen-directions below √h·eps of its largest eigenvalue
-    (eps of the weight's dtype: the norm of rounding errors of that size in an h × h matrix) count as
-    exactly null, and Δ is the minimum-norm minimiser, zero along them; a well-conditioned system is
-    solved as before.
-    weight (d_out, h), keys (n, h), values (n, d_out), cov (h, h) -> (d_out, h).
-    """
-    _check_edit(weight, keys, values)
-    if not lam >= 0:
-        raise ValueError(f"lam must be >= 0, got {lam!r}")
-    residual = values - keys @ weight.T  # (n, d_out)
-    keys64 = keys.double()
-    eigenvalues, vectors = torch.linalg.eigh(lam * cov.double() + keys64.T @ keys64)  # (h,), (h, h)
-    floor = eigenvalues[-1].clamp_min(0) * math.sqrt(weight.shape[1]) * torch.finfo(weight.dtype).eps
-    kept = eigenvalues > floor
-    basis = vectors[:, kept]  # (h, r)
-    delta = basis @ ((basis.T @ keys64.T @ residual.double()) / eigenvalues[kept, None])  # (h, d_out)
-    return weight + delta.T.to(weight.dtype)
-
-
-def null_space_projector(cov: torch.Tensor, tol: float) -> torch.Tensor:
-    """AlphaEdit's P (h, h): projector onto the eigenvectors of ``cov`` with eigenvalue < ``tol``."""
-    eigenvalues, eigenvectors = torch.linalg.eigh(cov)
-    basis = eigenvectors[:, eigenvalues < tol]
-    return basis @ basis.T
-
-
-def alphaedit_update(weight: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, projector: torch.Tensor,
-                     l2: float = 1.0) -> torch.Tensor:
-    """AlphaEdit's null-space-constrained edit W + R Kᵀ P (K Kᵀ P + l2 I)⁻¹ (keys as rows here).
-
-    The update Δ satisfies Δ = Δ P, so keys in the preserved span (P k = 0) keep their outputs.
-    weight (d_out, h), keys (n, h), values (n, d_out), projector (h, h) -> (d_out, h).
-    """
-    _check_edit(weight, keys, values)
-    residual = values - keys @ weight.T  # (n, d_out)
-    eye = torch.eye(weight.shape[1], dtype=weight.dtype, device=weight.device)
-    # Δᵀ = (P K Kᵀ + l2 I)⁻¹ P K R: the transposed form of the formula above.
-    delta_t = torch.linalg.solve(projector @ keys.T @ keys + l2 * eye, projector @ keys.T @ residual)
-    return weight + delta_t.T
+# The seed protocol's residual step: the norm clip for MEMIT and AlphaEdit, weight decay and early stop for ROME.
+TARGET_OPTIONS = {"memit": ("clamp_norm",), "alphaedit": ("clamp_norm",), "rome": ("weight_decay", "early_stop")}
 
 
 # ----------------------------------------------------------------------------- the fact expert's keys
@@ -276,21 +195,21 @@ class EditPrompts:
                    data.targets()[rows, data.value_position])
 
 
-def edit_targets(model: AuthorsLM, prompts: EditPrompts, *, train_steps: int, lr: float,
-                 clip_norm: Optional[float] = None, weight_decay: float = 0.0,
+def edit_targets(model: AuthorsLM, prompts: EditPrompts, *, steps: int, lr: float,
+                 clamp_norm: Optional[float] = None, weight_decay: float = 0.0,
                  early_stop: Optional[float] = None) -> torch.Tensor:
     """Target outputs v* = g(z) + δ (n, d) of the fact expert for the altered facts.
 
     δ (one row per fact) is added to the fact expert's output at the edit prompt's last token
-    and trained with Adam to minimise the new author's cross-entropy plus
-    ``weight_decay`` ||δ||²/||g||² (ROME); ``clip_norm`` keeps ||δ|| <= clip_norm ||g|| (MEMIT,
+    and trained with Adam for ``steps`` steps to minimise the new author's cross-entropy plus
+    ``weight_decay`` ||δ||²/||g||² (ROME, as the seed protocol); ``clamp_norm`` keeps ||δ|| <= clamp_norm ||g|| (MEMIT,
     AlphaEdit); a fact stops updating once its loss is below ``early_stop`` (ROME).
     """
     delta = torch.zeros_like(prompts.fact_out, requires_grad=True)
     opt = torch.optim.Adam([delta], lr=lr)
     out_norm = prompts.fact_out.norm(dim=1, keepdim=True)
     p_fact, p_lang = prompts.weights[:, :1], prompts.weights[:, 1:]
-    for _ in range(train_steps):
+    for _ in range(steps):
         state = p_fact * (prompts.fact_out + delta) + p_lang * prompts.language_out
         losses = F_nn.cross_entropy(model.logits(state), prompts.targets, reduction="none")
         active = torch.ones_like(losses) if early_stop is None else (losses.detach() >= early_stop).to(losses.dtype)
@@ -300,9 +219,9 @@ def edit_targets(model: AuthorsLM, prompts: EditPrompts, *, train_steps: int, lr
         opt.zero_grad(set_to_none=True)
         ((losses + decay) * active).sum().backward()
         opt.step()
-        if clip_norm is not None:
+        if clamp_norm is not None:
             with torch.no_grad():
-                delta.mul_(torch.clamp(clip_norm * out_norm / delta.norm(dim=1, keepdim=True).clamp_min(1e-12),
+                delta.mul_(torch.clamp(clamp_norm * out_norm / delta.norm(dim=1, keepdim=True).clamp_min(1e-12),
                                        max=1.0))
     return (prompts.fact_out + delta).detach()
 
@@ -313,23 +232,17 @@ def _grid_points(grid: dict) -> list[dict]:
 
 def _edited_expert(method: str, fact: FactMLP, keys: torch.Tensor, targets: torch.Tensor, cov: torch.Tensor,
                    config: dict, num_preserved: int) -> FactMLP:
-    """The fact expert edited by ``method``. AlphaEdit's ``tol`` thresholds the eigenvalues of the
-    preserved keys' Gram matrix K Kᵀ = num_preserved · C, as in the authors' released code."""
+    """The fact expert edited by ``method``'s rule (:func:`factkernels.editing.update_weight`). AlphaEdit's
+    threshold applies to the eigenvalues of the preserved keys' Gram matrix K Kᵀ = num_preserved · C, as in
+    the authors' released code; ROME inverts C as it is (its ridge is in C already)."""
     weight = fact.down_weight.detach()
     if fact.down_bias is not None:  # the editors fit W k + b = v*
         targets = targets - fact.down_bias.detach()
-    if method == "memit":
-        weight = memit_update(weight, keys, targets, cov, config["lam"])
-    elif method == "alphaedit":
-        weight = alphaedit_update(weight, keys, targets, null_space_projector(num_preserved * cov, config["tol"]))
-    elif method == "rome":
-        weight = rome_update(weight, keys, targets, cov)
-    else:
-        raise ValueError(f"method must be one of {METHODS[1:]}, got {method!r}")
-    return with_down_weight(fact, weight)
-
-
-_TARGET_OPTIONS = {"memit": ("clip_norm",), "alphaedit": ("clip_norm",), "rome": ("weight_decay", "early_stop")}
+    rule = {k: v for k, v in config.items() if k in ("mom2_weight", "nullspace_threshold")}
+    hp = hparams(method, **rule, **({"ridge": 0.0} if method == "rome" else {}))
+    projector = (null_space_projector(num_preserved * cov, hp.nullspace_threshold) if method == "alphaedit"
+                 else None)
+    return with_down_weight(fact, update_weight(hp, weight, keys, targets, cov, projector=projector))
 
 
 def grid_search(model: AuthorsLM, task: AuthorsBooks, split: EditSplit, method: str, grid: dict, *,
@@ -337,9 +250,9 @@ def grid_search(model: AuthorsLM, task: AuthorsBooks, split: EditSplit, method: 
                 key_positions: str = "edit_prompt", quiet: bool = False) -> dict:
     """Every grid point of ``method`` ("memit" | "alphaedit" | "rome"): its config and metrics,
     and the best one by score (ties: first). Returns {"best": {...}, "runs": [...]}."""
-    if method not in _TARGET_OPTIONS:
-        raise ValueError(f"method must be one of {tuple(_TARGET_OPTIONS)}, got {method!r}")
-    missing = {"train_steps", "lr", *_TARGET_OPTIONS[method]} - set(grid)
+    if method not in TARGET_OPTIONS:
+        raise ValueError(f"method must be one of {tuple(TARGET_OPTIONS)}, got {method!r}")
+    missing = {"steps", "lr", *TARGET_OPTIONS[method]} - set(grid)
     if missing:
         raise ValueError(f"grid for {method} misses {sorted(missing)}")
     prompts = EditPrompts.build(model, task, split)
@@ -349,7 +262,7 @@ def grid_search(model: AuthorsLM, task: AuthorsBooks, split: EditSplit, method: 
     cache: dict[tuple, torch.Tensor] = {}
     runs = []
     for config in progress_bar(_grid_points(grid), desc=method, enabled=not quiet, leave=False):
-        target_keys = ("train_steps", "lr", *_TARGET_OPTIONS[method])
+        target_keys = ("steps", "lr", *TARGET_OPTIONS[method])
         options = tuple(config[k] for k in target_keys)
         if options not in cache:
             cache[options] = edit_targets(model, prompts, **{k: config[k] for k in target_keys})
