@@ -204,10 +204,13 @@ def attention_kernel_cpu() -> str:
 
 
 def _budget_points(path: str) -> str:
-    summary = load(path)["summary"]
-    rows = [[p["m"], p["d_model"], p["key_budget"], f"{p['key_budget_lower']}–{p['key_budget_upper']}", p["best_heads"],
-             "–".join(str(h) for h in sorted(set(p["heads_range"] or ["–"])))] for p in summary["points"]]
-    return _rows(["m", "d_model", "D_K*", "interval", "h*", "head counts not significantly worse (App. A.2)"], rows)
+    points = load(path)["summary"]["points"]
+    degree = ["r"] if "degree" in points[0] else []
+    rows = [[p["m"], p["d_model"]] + [p[k] for k in ("degree",) if degree] + [p["key_budget"],
+             f"{p['key_budget_lower']}–{p['key_budget_upper']}", p["best_heads"],
+             "–".join(str(h) for h in sorted(set(p["heads_range"] or ["–"])))] for p in points]
+    return _rows(["m", "d_model"] + degree + ["D_K*", "interval", "h*",
+                                              "head counts not significantly worse (App. A.2)"], rows)
 
 
 def rgr_budget() -> str:
@@ -219,6 +222,24 @@ def rgr_budget() -> str:
                 f"{heads['intercept']:+.2f} (R² {heads['r2']:.3f}; seed {seed['heads_slope']}, {seed['heads_intercept']}, "
                 f"R² {seed['heads_r2']}).")
     return _budget_points(path) + fit_line + _source(path)
+
+
+def rgr_regular() -> str:
+    path = f"{RESULTS}/experiments/rgr-regular/summary.json"
+    summary = load(path)["summary"]
+    fit = summary["fit"]
+    return (_budget_points(path) + f"\n\nFit: D_K* ≈ {fit['slope']:.2f} x (R² {fit['r2']:.3f}; seed "
+            f"{summary['seed_fit']['slope']})." + _source(path))
+
+
+def rgr_softmax() -> str:
+    path = f"{RESULTS}/experiments-seed/rgr-softmax/summary.json"
+    rows = [[p["m"], p["d_model"], p["aggregation"], p["key_budget"] or "–", p["best_heads"] or "–",
+             p["single_head_budget"] or "never", p["multi_head_budget"] or "never"]
+            for p in load(path)["summary"]["panels"]]
+    header = ["m", "d_model", "model", "D_K*", "h*", "smallest D_K where one head's F1 interval clears 0.99",
+              "where several heads' does"]
+    return _rows(header, rows) + _source(path)
 
 
 def rgr_diagonal() -> str:
@@ -487,6 +508,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "construction2-f1": construction2_f1,
     "rgr-budget": rgr_budget,
     "rgr-diagonal": rgr_diagonal,
+    "rgr-regular": rgr_regular,
+    "rgr-softmax": rgr_softmax,
     "hf-insert": hf_insert,
     "real-lm-editing": real_lm_editing,
     "claims-capacity": claims_of("rho-vs-cost", "whitening", "scaling", "hybrids", "ntk-ustar", "method-costs"),
