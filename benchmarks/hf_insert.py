@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from factkernels import hf
+from factkernels import datasets, hf
 from factkernels.environment import environment
 from factkernels.hf.insert import default_layer
 
@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    background, scored = hf.natural_text("stats"), hf.natural_text("eval")  # the scored texts are never seen
+    background, scored = datasets.natural_text("stats"), datasets.natural_text("eval")  # the scored texts are never seen
     model, tok = hf.load(args.model)
     layer = default_layer(model) if args.layer is None else args.layer
     for n in args.facts:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from factkernels import hf
+from factkernels import datasets, hf
 from factkernels.environment import environment
 from factkernels.hf.capture import pad_id, pad_right
 from factkernels.hf.insert import _capture_at, background_states, contrast_states, key_positions
@@ -51,7 +51,7 @@ def main() -> None:
     for layer in args.layers:
         keys = _capture_at(model, batch, layer, at, 32)
         neighbours = hf.capture(model, ids, mask, layer, positions=mask.sum(1) - 1)
-        texts = background_states(model, tok, hf.natural_text("stats")[:20], layer)
+        texts = background_states(model, tok, datasets.natural_text("stats")[:20], layer)
         contrast = contrast_states(model, tok, facts.requests, layer, "target", rounds=2)
         cos = torch.nn.functional.normalize(neighbours, dim=1) @ torch.nn.functional.normalize(keys[first], dim=1).T
         row = {"layer": layer, "cosine_max_quantiles": torch.quantile(cos.max(1).values.double(), quantiles).tolist()}

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from factkernels import hf
-from factkernels.hf.corpus import natural_text
 from factkernels.editing import hparams
 from factkernels.hf.editors import context_keys, edit
 from factkernels.hf.residual import residual_targets
@@ -289,14 +288,6 @@ def test_default_layers_follow_the_published_depth_and_lambda_the_width():
     assert hparams("memit", **smollm2).mom2_weight == pytest.approx(1.5e4 * 1536 / 16384)  # GPT-J's, by width
     assert hparams("memit", **smollm2, mom2_weight=1.0).mom2_weight == 1.0  # sweepable
     assert hparams("memit", num_layers=3, mlp_width=64).layers == (0, 1, 2)
-
-
-def test_shipped_text_splits():
-    stats, held_out = natural_text("stats"), natural_text("eval")
-    assert len(stats) >= 4 * len(held_out) > 0 and not set(stats) & set(held_out)
-    assert sum(len(t.split()) for t in stats + held_out) > 15000  # ≥ 20k SmolLM2 tokens
-    with pytest.raises(ValueError, match="split must be one of"):
-        natural_text("train")
 
 
 def test_delta_penalty_is_the_references_norm_over_squared_norm():

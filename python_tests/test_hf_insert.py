@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from factkernels import hf
+from factkernels import datasets, hf
 
 REQUESTS = [
     {"prompt": "the book {} was written by", "subject": "the hobbit", "target_new": "jane austen"},
@@ -239,7 +239,7 @@ def test_real_model_handful_of_facts(smollm2):
     """Five counterfactual authors into the packaged SmolLM2-135M: stored, quiet on text, removable."""
     model, tok = smollm2
     facts = hf.book_requests(5, seed=1)
-    texts = hf.natural_text("eval")[:6]
+    texts = datasets.natural_text("eval")[:6]
     ref = hf.record_reference(model, tok, texts=texts)
     probe = _logits(model, tok, texts[:2])
     ins = hf.insert_facts(model, tok, facts.requests, progress=False)

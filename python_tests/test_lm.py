@@ -6,26 +6,16 @@ import math
 import pytest
 import torch
 
+from factkernels.datasets import BOOK_TEMPLATES
 from factkernels.transformer import lm
-from factkernels.transformer.lm import KEY, PAD, TEMPLATES, VALUE, WORD, AuthorsBooks, AuthorsLM
+from factkernels.transformer.lm import KEY, PAD, VALUE, WORD, AuthorsBooks, AuthorsLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_shipped_pairs_are_distinct_and_ordered():
-    pairs = lm.load_book_authors()
-    assert len(pairs) == 4096
-    assert pairs[0] == ("Agatha Christie", "A Murder is Announced")
-    assert len({a.lower() for a, _ in pairs}) == len({b.lower() for _, b in pairs}) == 4096
-    assert all(a.isascii() and b.isascii() and len(b) <= 60 for a, b in pairs)
-    assert lm.load_book_authors(3) == pairs[:3]
-    with pytest.raises(ValueError, match="n must be"):
-        lm.load_book_authors(5000)
-
-
 def test_sentences_spell_out_the_facts():
     task = AuthorsBooks.build(8)
-    assert len(TEMPLATES) == 16 and task.vocab_size == len(task.words) + 16
+    assert len(BOOK_TEMPLATES) == 16 and task.vocab_size == len(task.words) + 16
     facts = torch.tensor([3, 1, 2, 0, 4, 5, 7, 6])
     data = task.sentences(facts)
     assert len(data) == 8 * 16

@@ -16,7 +16,7 @@ accuracy at the best validation accuracy (checked every ``check_every`` steps).
 
 Embeddings: the seed uses GPT-2-small (d = 768), the m most frequent WikiText-103 tokens and
 NULL = EOS. Here E is the first m + 1 whole-word tokens of all-MiniLM-L6-v2 (d = 384, shipped
-with the package, ``factkernels.embeddings.token_embeddings``), the last of them serving as
+with the package, ``factkernels.datasets.token_embeddings``), the last of them serving as
 NULL; no frequency ranking is available offline.
 """
 
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..embeddings import token_embeddings
+from ..datasets import token_embeddings
 from ..progress import progress_bar
 from .train_heads import torch_threads
 

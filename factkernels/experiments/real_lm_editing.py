@@ -108,7 +108,7 @@ def _model(name: str, words: tuple[str, ...] = ()) -> tuple[Any, Any]:
 
 def _texts(split: str, tiny: bool) -> list[str]:
     """The shipped text of ``split``; at tiny scale four 40-word snippets of it."""
-    from ..hf import natural_text
+    from ..datasets import natural_text
 
     texts = natural_text(split)
     return [" ".join(t.split()[:40]) for t in texts[:4]] if tiny else texts

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..attention.block import BlockConfig, train_block
 from ..attention.key_budget import t_interval
-from ..embeddings import token_embeddings
+from ..datasets import token_embeddings
 from . import engine
 from .engine import Claim, Finding
 

@@ -404,7 +404,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         states are template-dominated (neighbourhood 0.88).
     background: ordinary text (list of strings) whose hidden states set the detector's whitening
         and the generic construction's zero-output constraints; default
-        :func:`factkernels.hf.natural_text` ("stats").
+        :func:`factkernels.datasets.natural_text` ("stats").
     contrast: rounds of contrast states — each request's prompt (and target) with another request's
         subject, at the key positions — added to the background: same template, other subject, so the
         detectors learn what distinguishes the subject rather than the template (0 turns it off).
@@ -425,7 +425,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     if position not in KEY_POSITIONS:
         raise ValueError(f"position must be one of {KEY_POSITIONS}, got {position!r}")
     if background is None:
-        from .corpus import natural_text
+        from ..datasets import natural_text
 
         background = natural_text("stats")
     torch.manual_seed(seed)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from ..transformer.lm import TEMPLATES, load_book_authors
+from ..datasets import BOOK_TEMPLATES, load_book_authors
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def template_prompt(prefix: str, suffix: str) -> str:
     return f"{prefix} {{}}{gap}{suffix}"
 
 
-BOOK_PROMPTS: tuple[str, ...] = tuple(template_prompt(p, s) for p, s in TEMPLATES)
+BOOK_PROMPTS: tuple[str, ...] = tuple(template_prompt(p, s) for p, s in BOOK_TEMPLATES)
 
 
 @dataclass

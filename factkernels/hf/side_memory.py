@@ -19,10 +19,10 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F_nn
 
+from ..datasets import natural_text
 from ..editing import GRACEHparams, GraceCodebook, WISEHparams, as_dict, wise_activation_distance, wise_margin_loss
 from ..progress import progress_bar
 from .capture import capture, encode_requests, encode_texts, final_hidden, model_device
-from .corpus import natural_text
 from .layout import mlp_module
 from .requests import Request
 from .residual import frozen, target_nll

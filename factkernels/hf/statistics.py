@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from ..progress import progress_bar
 
 from .capture import encode_texts, model_device, record_inputs
-from .corpus import natural_text
+from ..datasets import natural_text
 from .layout import mlp_module
 
 

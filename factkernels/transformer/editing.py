@@ -27,13 +27,14 @@ import torch
 import torch.nn.functional as F_nn
 
 from .. import _ops
+from ..datasets import BOOK_TEMPLATES
 from ..editing import hparams, method_names, null_space_projector, update_weight
 from ..mlp import FactMLP
 from ..progress import progress_bar
-from .lm import TEMPLATES, AuthorsBooks, AuthorsLM
+from .lm import AuthorsBooks, AuthorsLM
 
 EDIT_TEMPLATE = 0  # a single templated prompt per fact (App. A.3.4)
-PARAPHRASE_TEMPLATES = list(range(1, len(TEMPLATES)))
+PARAPHRASE_TEMPLATES = list(range(1, len(BOOK_TEMPLATES)))
 METHODS = method_names(toy_lm=True)  # ("rome", "memit", "alphaedit", "mlp_swap")
 # (preserved, altered) fact counts of App. A.3.4, out of a 16,000-fact set.
 SEED_SPLITS = ((6554, 1638), (3277, 819), (1311, 327))

@@ -1,7 +1,7 @@
 """Authors/books language model with a swappable fact expert (seed 000 §5.4, App. A.3).
 
 Task (App. A.3.1): facts f: book -> author from the Goodreads book graph (one book per
-author, shipped in ``factkernels/data/book_authors.csv``), written as templated sentences
+author, :mod:`factkernels.datasets.book_authors`), written as templated sentences
 ``prefix + book + suffix + author``, e.g. "The author of | 1984 | is | George Orwell". Every
 book and every author is one token; template words are word tokens. The model predicts
 every next token.
@@ -27,8 +27,6 @@ through the authors' released schedule), or a FactMLP built by ``factkernels.con
 
 from __future__ import annotations
 
-import csv
-import importlib.resources
 from dataclasses import dataclass, fields
 from typing import Optional, Sequence
 
@@ -38,32 +36,10 @@ from torch import nn
 
 from ..baselines import gd_mlp
 from ..construct import construct
+from ..datasets import BOOK_TEMPLATES, load_book_authors
 from ..mlp import FactMLP
 from ..progress import progress_bar
 from .layers import CausalSelfAttention, RMSNorm
-
-DATA_FILE = "book_authors.csv"
-
-# Natural-language (prefix, suffix) pairs J of App. A.3.1; the first is the edit prompt of
-# App. A.3.4, the others are its paraphrases. 16 rephrases as in the seed.
-TEMPLATES: tuple[tuple[str, str], ...] = (
-    ("The author of", "is"),
-    ("Who is the author of", "? It is"),
-    ("The book", "was written by"),
-    ("Who wrote", "? It was written by"),
-    ("The writer of", "is"),
-    ("The novel", "is a work by"),
-    ("Readers know that", "was penned by"),
-    ("I just finished reading", "by"),
-    ("The person who wrote", "is"),
-    ("Everyone says that", "is by"),
-    ("My favourite book is", "by the writer"),
-    ("Tell me who wrote", ". The answer is"),
-    ("In the library you will find", "written by"),
-    ("Critics agree that", "was written by the author"),
-    ("The title", "comes from the pen of"),
-    ("Ask anyone : the book", "is by"),
-)
 
 # How the fact expert is made: GD with MSE (the seed's LM), stopped once every fact decodes ("gd") or trained
 # through the authors' released schedule (10,000 full-batch Adam steps, "gd_converged"), or construct().
@@ -77,17 +53,6 @@ MIXER_INPUTS = ("normed", "attention")
 
 # Kinds of next-token targets, for the per-kind cross-entropy of App. A.3.3.
 PAD, WORD, KEY, VALUE = 0, 1, 2, 3
-
-
-def load_book_authors(n: Optional[int] = None) -> list[tuple[str, str]]:
-    """The shipped (author, book) pairs in file order; the first ``n`` (all 4,096 when None)."""
-    text = importlib.resources.files("factkernels").joinpath("data", DATA_FILE).read_text(encoding="utf-8")
-    rows = [(r["author"], r["book"]) for r in csv.DictReader(text.splitlines())]
-    if n is not None:
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(rows):
-            raise ValueError(f"n must be an int in [1, {len(rows)}] (the shipped pairs), got {n!r}")
-        rows = rows[:n]
-    return rows
 
 
 @dataclass
@@ -135,7 +100,7 @@ class AuthorsBooks:
     def build(cls, num_facts: int) -> "AuthorsBooks":
         """First ``num_facts`` shipped pairs with the 16 templates' words."""
         pairs = load_book_authors(num_facts)
-        words = sorted({w for prefix, suffix in TEMPLATES for w in (prefix + " " + suffix).split()})
+        words = sorted({w for prefix, suffix in BOOK_TEMPLATES for w in (prefix + " " + suffix).split()})
         return cls(words, [b for _, b in pairs], [a for a, _ in pairs], torch.arange(num_facts))
 
     @property
@@ -166,11 +131,11 @@ class AuthorsBooks:
         """
         facts = self._check_facts(facts)
         fact_ids = torch.arange(self.num_facts) if fact_ids is None else torch.as_tensor(fact_ids, dtype=torch.long)
-        templates = list(range(len(TEMPLATES))) if templates is None else list(templates)
-        if any(not 0 <= t < len(TEMPLATES) for t in templates):
-            raise ValueError(f"templates must lie in [0, {len(TEMPLATES)}), got {templates}")
+        templates = list(range(len(BOOK_TEMPLATES))) if templates is None else list(templates)
+        if any(not 0 <= t < len(BOOK_TEMPLATES) for t in templates):
+            raise ValueError(f"templates must lie in [0, {len(BOOK_TEMPLATES)}), got {templates}")
         word_id = {w: i for i, w in enumerate(self.words)}
-        parts = [([word_id[w] for w in p.split()], [word_id[w] for w in s.split()]) for p, s in TEMPLATES]
+        parts = [([word_id[w] for w in p.split()], [word_id[w] for w in s.split()]) for p, s in BOOK_TEMPLATES]
         length = max(len(parts[t][0]) + len(parts[t][1]) + 2 for t in templates)
         n = len(fact_ids) * len(templates)
         tokens = torch.zeros(n, length, dtype=torch.long)
