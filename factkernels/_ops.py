@@ -383,7 +383,7 @@ def gated_forward(
 
 def decode(
     y: torch.Tensor, values: torch.Tensor, target: Optional[torch.Tensor] = None, *, backend: str = "auto",
-    chunk: int = 4096,
+    chunk: int = 4096, target_checked: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused dot-product decode: ``argmax_j <y_i, v_j>`` and the margin, never the n×|V| matrix.
 
@@ -392,14 +392,16 @@ def decode(
     i.e. top-1 minus top-2 score, when target is None); a fact is stored iff margin > 0.
     A NaN score ranks above every number, as in ``torch.argmax``: a row with any NaN score
     gets the index of its first NaN and margin NaN (kernels and twin alike).
-    The torch twin streams over rows of y in chunks of ``chunk``.
+    The torch twin streams over rows of y in chunks of ``chunk``. target_checked: the caller has
+    checked that target (int64, on y's device) lies in [0, |V|), which skips the range check (a read
+    back from the device).
     """
     _matrix("y", y)
     _matrix("values", values, cols=y.shape[1])
     _same("y", y, values=values)
     if values.shape[0] == 0:
         raise ValueError("values must have at least one row: there is nothing to decode to")
-    if target is not None:
+    if target is not None and not target_checked:
         target = _indices("target", target, y, values.shape[0], "the rows of values")
     n, nv = y.shape[0], values.shape[0]
     if not _use_kernel(backend, "decode", y, values):
@@ -737,14 +739,15 @@ def star_topk(
     n, d = values.shape
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
-    if rows is None:
+    if rows is None:  # every value, in order: nothing to check (or read back from the device)
         rows = torch.arange(n, device=values.device)
-    if not isinstance(rows, torch.Tensor) or rows.dim() != 1 or rows.dtype != torch.int64:
-        raise TypeError("rows must be a 1-D int64 tensor of value indices")
-    if rows.device != values.device:
-        raise ValueError(f"rows is on {rows.device} but values is on {values.device}")
-    if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n):
-        raise ValueError(f"rows must lie in [0, {n}) (indices of values)")
+    else:
+        if not isinstance(rows, torch.Tensor) or rows.dim() != 1 or rows.dtype != torch.int64:
+            raise TypeError("rows must be a 1-D int64 tensor of value indices")
+        if rows.device != values.device:
+            raise ValueError(f"rows is on {rows.device} but values is on {values.device}")
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n):
+            raise ValueError(f"rows must lie in [0, {n}) (indices of values)")
     if outputs is not None:
         _matrix("outputs", outputs, rows=rows.shape[0], cols=d)
         _same("values", values, outputs=outputs)

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import contextmanager
-from typing import Iterator, Optional, Union
+from typing import Optional, Union
 
 import torch
 
 from . import _ops, geometry
-from .decoder import OUTPUTS, choose_m, decoder_failures, output_embeddings, verify_margins
+from .decoder import OUTPUTS, check_decodable, choose_m, decoder_failures, jl_decoder, output_embeddings, verify_margins
 from .encoder import assemble, build_per_gadget, build_shared_gate, gadget_width
 from .memory import check_fits, estimate_build
 from .mlp import FactMLP
@@ -29,13 +28,29 @@ from .validation import check_choice, check_positive_int, validate_inputs
 # ----------------------------------------------------------------------------- helpers
 
 
-@contextmanager
-def _timed(timings: dict, name: str, device: torch.device) -> Iterator[None]:
-    start = time.perf_counter()
-    yield
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    timings[name] = time.perf_counter() - start
+class _PhaseClock:
+    """Phase timings without a host sync per phase: CUDA events on a GPU (read once the final
+    report has synchronized), the host clock on a CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        self.marks: list = [("start", self._now())]
+
+    def _now(self):
+        if self.stream is None:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(self.stream)
+        return event
+
+    def lap(self, name: str) -> None:
+        """End the phase ``name`` (it began where the previous one ended)."""
+        self.marks.append((name, self._now()))
+
+    def seconds(self) -> dict:
+        """Seconds per phase; on a GPU only after a synchronization."""
+        return {name: (begin.elapsed_time(end) / 1e3 if self.stream is not None else end - begin)
+                for (_, begin), (name, end) in zip(self.marks, self.marks[1:])}
 
 
 def _memory_guard(num_facts: int, values: torch.Tensor, d_in: int, m: int, width: int, solver: str, outputs,
@@ -152,7 +167,6 @@ def construct(
     Returns:
         FactMLP with ``.report`` (a :class:`ConstructionReport`).
     """
-    timings: dict = {}
     facts = validate_inputs(K, V, f)
     _check_options(m, solver, outputs, V, activation, width_multiplier, hidden, whiten, verify, backend)
     check_positive_int("max_memory", max_memory, allow_none=True)
@@ -166,56 +180,89 @@ def construct(
                   outputs, verify, hidden, max_memory, backend)
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
+    # From here to the report nothing is read back from the device (with an integer m and the dense
+    # solver): every phase queues its work, and the report reads its numbers in one transfer.
+    clock = _PhaseClock(device)
 
-    with _timed(timings, "whiten", device):
-        alpha = float(whiten)
-        if alpha > 0:
-            keys, key_transform = geometry.whiten(K, alpha)
-            values, value_transform = geometry.whiten(V, alpha)
-        else:
-            keys, values, key_transform, value_transform = K, V, None, None
+    alpha = float(whiten)
+    if alpha > 0:
+        keys, key_transform = geometry.whiten(K, alpha)
+        values, value_transform = geometry.whiten(V, alpha)
+    else:
+        keys, values, key_transform, value_transform = K, V, None, None
+    clock.lap("whiten")
 
-    used = torch.unique(facts)
-    with _timed(timings, "outputs", device):
-        out_embed, rho = output_embeddings(values, outputs, backend=backend)
+    out_embed, rho = output_embeddings(values, outputs, backend=backend)
+    clock.lap("outputs")
 
-    with _timed(timings, "m_search", device):
-        decoder, m_search = choose_m(m, out_embed, values, used, rho, generator, backend)
+    if isinstance(m, int):
+        decoder, m_search = jl_decoder(out_embed, m, generator), "given"
+    else:  # the search is decided on the host: it reads rho and each trial's decode back
+        decoder, m_search = choose_m(m, out_embed, values, torch.unique(facts), check_decodable(float(rho), outputs),
+                                     generator, backend)
+    clock.lap("m_search")
     targets = decoder.codes[facts]  # (F, m)
 
     chosen = _memory_guard(num_facts, V, d_in, decoder.m, width, solver, outputs, verify, hidden, max_memory, backend)
-    with _timed(timings, "solve", device):
+
+    def build(gate=None, deferred=False):
+        """Encoder, MLP and (when verifying) the margins (F,) of every fact, all left on the device."""
         if chosen == "per_gadget":
             encoder = build_per_gadget(keys, targets, width_multiplier=width_multiplier, activation=activation,
                                        generator=generator, gate_scale=gate_scale, progress=progress)
         else:
             encoder = build_shared_gate(keys, targets, width_multiplier=width_multiplier, activation=activation,
                                         solver=chosen, generator=generator, backend=backend, gate_scale=gate_scale,
-                                        cg_tol=cg_tol, cg_max_iter=cg_max_iter, progress=progress)
-
-    with _timed(timings, "assemble", device):
+                                        cg_tol=cg_tol, cg_max_iter=cg_max_iter, progress=progress, gate=gate,
+                                        deferred=deferred)
+        clock.lap("solve")
         mlp = assemble(encoder, decoder.projection, activation=activation, backend=backend,
                        key_transform=key_transform, value_transform=value_transform)
+        clock.lap("assemble")
+        margins = verify_margins(mlp, K, V, facts) if verify is not False else None
+        clock.lap("verify")
+        return encoder, mlp, margins
+
+    encoder, mlp, margins = build(deferred=chosen == "cholesky")
+    rho, accepted, residual, failed, min_margin = _read_back(rho, encoder.solve, margins, device)
+    if not accepted:  # the float32 factorization failed or missed the residual: refine, or redo in float64
+        encoder, mlp, margins = build(gate=(encoder.gate_weight, encoder.gate_bias))
+        _, _, residual, failed, min_margin = _read_back(torch.zeros(()), encoder.solve, margins, device)
+    encoder.solve.residual, encoder.solve.accepted = residual, None
+    check_decodable(rho, outputs)
 
     report = ConstructionReport(
         num_facts=num_facts, num_values=V.shape[0], d_in=d_in, d_out=V.shape[1], m=decoder.m, m_search=m_search,
         rho=rho, outputs=outputs if isinstance(outputs, str) else "given", hidden=mlp.hidden_size, gadget_width=width,
         width_multiplier=round(width_multiplier, 4), params=mlp.num_parameters, activation=activation,
-        solver=encoder.solve.solver, precision=encoder.solve.precision, residual=encoder.solve.residual,
+        solver=encoder.solve.solver, precision=encoder.solve.precision, residual=residual,
         cg_iterations=encoder.solve.iterations, whiten_alpha=alpha, backend=backend, device=str(device),
         verified=verify is not False,
     )
     if verify is not False:
-        with _timed(timings, "verify", device):
-            margins = verify_margins(mlp, K, V, facts)
-        failed = int((margins <= 0).sum())
-        report.failed, report.accuracy, report.min_margin = failed, 1.0 - failed / num_facts, float(margins.min())
-    timings["total"] = time.perf_counter() - start
-    report.timings = timings
+        report.failed, report.accuracy, report.min_margin = failed, 1.0 - failed / num_facts, min_margin
+    report.timings = clock.seconds()
+    report.timings["total"] = time.perf_counter() - start
     mlp.report = report
     if verify is True and report.failed:
-        raise FactStorageError(_failure_message(report, decoder_failures(decoder, values, used, backend)), report)
+        raise FactStorageError(_failure_message(report, decoder_failures(decoder, values, torch.unique(facts), backend)),
+                               report)
     return mlp
+
+
+def _read_back(rho: torch.Tensor, solve, margins: Optional[torch.Tensor],
+               device: torch.device) -> tuple[float, bool, float, int, float]:
+    """The build's one read back from the device: (rho, whether the solve was accepted, its relative
+    residual, failed facts, min margin); the last two are 0 and nan without verification."""
+    accepted = solve.accepted if solve.accepted is not None else torch.ones((), dtype=torch.bool)
+    scalars = [rho, accepted, solve.residual]
+    if margins is not None:
+        scalars += [(margins <= 0).sum(), margins.min()]
+    scalars = [torch.as_tensor(x).to(device=device, dtype=torch.float64) for x in scalars]
+    out = torch.stack(scalars).tolist()
+    if margins is None:
+        out += [0, float("nan")]
+    return out[0], bool(out[1]), out[2], int(out[3]), out[4]
 
 
 def _failure_message(report: ConstructionReport, decoder_failed: int) -> str:

@@ -14,6 +14,7 @@ from typing import Union
 import torch
 
 from . import _ops, geometry, ustar
+from .encoder import host_to_device
 from .memory import VERIFY_CHUNK
 
 OUTPUTS = ("margin_optimal", "values")
@@ -35,7 +36,7 @@ class JLDecoder:
 def jl_decoder(outputs: torch.Tensor, m: int, generator: torch.Generator) -> JLDecoder:
     """Sample D (d, m) ~ N(0, 1/m) and codes C = U D.  outputs: (|V|, d)."""
     d = outputs.shape[1]
-    projection = torch.randn(d, m, generator=generator, dtype=torch.float64).to(outputs) / math.sqrt(m)
+    projection = host_to_device(torch.randn(d, m, generator=generator, dtype=torch.float64), outputs) / math.sqrt(m)
     return JLDecoder(projection, outputs @ projection)
 
 
@@ -61,21 +62,27 @@ def initial_m(rho: float, num_values: int) -> int:
 
 
 def output_embeddings(values: torch.Tensor, outputs: Union[str, torch.Tensor], *,
-                      backend: str = "auto") -> tuple[torch.Tensor, float]:
-    """Output embeddings U (|V|, d) and their margin ρ for ``outputs`` = "margin_optimal" (U*),
-    "values" (U = V) or a given U; raise ValueError when ρ <= 0 (some value cannot be decoded).
-    backend: for the streaming passes of U* and of the margins ("auto" | "kernels" | "torch")."""
+                      backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Output embeddings U (|V|, d) and their margin ρ (0-dim tensor on the values' device, not read
+    back: :func:`check_decodable` reads it) for ``outputs`` = "margin_optimal" (U*), "values" (U = V)
+    or a given U. backend: for the streaming margin pass of given outputs ("auto" | "kernels" | "torch")."""
     if isinstance(outputs, torch.Tensor):
-        out_embed, rho = outputs, float(geometry.output_margins(values, outputs, backend=backend).min())
+        out_embed, rho = outputs, geometry.output_margins(values, outputs, backend=backend).min()
     elif outputs == "margin_optimal":
         out_embed, rho = ustar.margin_optimal_outputs(values, backend=backend)
+        rho = torch.as_tensor(rho, dtype=torch.float64)
     else:
-        out_embed, rho = values, float(geometry.output_margins(values, values, backend=backend).min())
+        out_embed, rho = values, geometry.checked_output_margins(values, values, backend=backend).min()
+    return out_embed, rho
+
+
+def check_decodable(rho: float, outputs: Union[str, torch.Tensor]) -> float:
+    """Return ρ, or raise ValueError when ρ <= 0 (some value cannot be decoded with these outputs)."""
     if not rho > 0:
         hint = " (try outputs='margin_optimal')" if isinstance(outputs, str) and outputs == "values" else ""
         label = "the given outputs" if isinstance(outputs, torch.Tensor) else f"outputs={outputs!r}"
         raise ValueError(f"V is not decodable with {label}: rho = {rho:.3g} <= 0{hint}")
-    return out_embed, rho
+    return rho
 
 
 def choose_m(m: Union[int, str, None], outputs: torch.Tensor, values: torch.Tensor, used: torch.Tensor, rho: float,
@@ -104,6 +111,8 @@ def choose_m(m: Union[int, str, None], outputs: torch.Tensor, values: torch.Tens
 
 def verify_margins(mlp: torch.nn.Module, keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor,
                    chunk: int = VERIFY_CHUNK) -> torch.Tensor:
-    """Decode margins (F,) of every fact, ``chunk`` keys at a time (bounds the hidden activations)."""
-    return torch.cat([mlp.margins(keys[i : i + chunk], values, facts[i : i + chunk])
-                      for i in range(0, keys.shape[0], chunk)])
+    """Decode margins (F,) of every fact, ``chunk`` keys at a time (bounds the hidden activations).
+    facts: (F,) int64, already checked to index ``values`` (nothing is read back from the device)."""
+    with torch.no_grad():
+        return torch.cat([_ops.decode(mlp(keys[i : i + chunk]), values, facts[i : i + chunk], backend=mlp.backend,
+                                      target_checked=True)[1] for i in range(0, keys.shape[0], chunk)])

@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from . import _ops
-from .decoder import OUTPUTS, choose_m, decoder_failures, output_embeddings, verify_margins
+from .decoder import OUTPUTS, check_decodable, choose_m, decoder_failures, output_embeddings, verify_margins
 from .encoder import GatedEncoder, assemble, augment, gadget_width, sample_gate
 from .mlp import FactMLP
 from .report import FactStorageError
-from .solvers import GadgetOperator, cg_iterations_hint, inverse_sqrt, solve_cg
+from .solvers import GadgetOperator, cg_iterations_hint, solve_cg, whitening
 from .validation import check_choice, check_facts, check_matrix, check_positive_int
 
 
@@ -81,6 +81,7 @@ def construct_sharded(
 
     # every rank computes the same outputs and decoder (deterministic, replicated)
     out_embed, rho = output_embeddings(V, outputs)
+    rho = check_decodable(float(rho), outputs)
     used = torch.zeros(V.shape[0], dtype=torch.float64, device=K.device)
     used[facts] = 1.0
     used = torch.nonzero(_all_reduce(used)).flatten()
@@ -93,8 +94,8 @@ def construct_sharded(
     gate = sample_gate(K, width, generator, gate_scale, key_rms=(sums[1] / num_facts).sqrt().to(K.dtype))
     features = _ops.gate_features(K, *gate, activation, backend=backend)
     keys_aug = augment(K)
-    ws = inverse_sqrt(_all_reduce((features.T @ features).double()) / num_facts).to(K.dtype)
-    wp = inverse_sqrt(_all_reduce((keys_aug.T @ keys_aug).double()) / num_facts).to(K.dtype)
+    ws = whitening(_all_reduce((features.T @ features).double()) / num_facts).to(K.dtype)
+    wp = whitening(_all_reduce((keys_aug.T @ keys_aug).double()) / num_facts).to(K.dtype)
     op = GadgetOperator(features @ ws, keys_aug @ wp, ws, wp, backend, reduce=_all_reduce)
     alpha, info = solve_cg(op, decoder.codes[facts], tol=cg_tol, progress=progress,
                            max_iter=cg_max_iter or cg_iterations_hint(width_multiplier))

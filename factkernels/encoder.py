@@ -82,6 +82,15 @@ def assemble(
                    activation=activation, backend=backend)
 
 
+def host_to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A host tensor (e.g. drawn from a CPU generator, so that a seed gives the same draw on every
+    device) in ``like``'s dtype on its device, copied from pinned memory without waiting for the
+    device: a plain host-to-GPU copy synchronizes the stream."""
+    if like.device.type == "cuda":
+        return t.to(like.dtype).pin_memory().to(like.device, non_blocking=True)
+    return t.to(like)
+
+
 def gadget_width(num_facts: int, dim: int, width_multiplier: float) -> int:
     """h̃ = ⌈multiplier · F / (d+1)⌉, so that h̃(d+1) ≥ multiplier · F (Lemma 4.1.2 needs ≥ F)."""
     return max(1, math.ceil(width_multiplier * num_facts / (dim + 1)))
@@ -99,7 +108,7 @@ def sample_gate(keys: torch.Tensor, rows: int, generator: torch.Generator, gate_
     if key_rms is None:
         key_rms = keys.square().sum(1).mean().sqrt()
     key_rms = key_rms.clamp_min(1e-12)
-    weight = torch.randn(rows, d, generator=generator, dtype=torch.float64).to(keys) * (gate_scale / key_rms)
+    weight = host_to_device(torch.randn(rows, d, generator=generator, dtype=torch.float64), keys) * (gate_scale / key_rms)
     bias = torch.zeros(rows, dtype=keys.dtype, device=keys.device)
     return weight, bias
 
@@ -124,6 +133,7 @@ def build_shared_gate(
     progress: bool = True,
     gate: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     features: Optional[torch.Tensor] = None,
+    deferred: bool = False,
 ) -> GatedEncoder:
     """Encoder with one shared gate: keys (F, d), targets (F, m) -> :class:`GatedEncoder`.
 
@@ -131,6 +141,7 @@ def build_shared_gate(
     gate: a given (gate_weight (h̃, d), gate_bias (h̃,)) instead of a sampled one.
     features: precomputed (F, h̃) gate features of that gate (e.g. σ'(K Gᵀ + b) for the
         non-gated gadget of :mod:`factkernels.nongated`); default σ(K Gᵀ + b) with ``activation``.
+    deferred: the Cholesky solve decides nothing on the host (see :func:`solve_cholesky`).
     """
     num_facts, d = keys.shape
     if features is not None and gate is None:
@@ -145,7 +156,7 @@ def build_shared_gate(
         raise ValueError(f"features must have shape ({num_facts}, {width}) (keys x gate rows), got {tuple(features.shape)}")
     op = GadgetOperator.whitened(features, augment(keys), backend=backend)
     if solver == "cholesky":
-        alpha, info = solve_cholesky(op, targets)
+        alpha, info = solve_cholesky(op, targets, deferred=deferred)
     elif solver == "cg":
         max_iter = cg_max_iter or cg_iterations_hint(width_multiplier)
         alpha, info = solve_cg(op, targets, tol=cg_tol, max_iter=max_iter, progress=progress)

@@ -16,7 +16,7 @@ from torch import Tensor
 from . import _ops
 from .validation import check_matrix as _check_matrix
 
-__all__ = ["exact_star_scores", "normalized_values", "output_margins", "whitening_transform", "whiten"]
+__all__ = ["checked_output_margins", "exact_star_scores", "normalized_values", "output_margins", "whitening_transform", "whiten"]
 
 # Smallest margins per value re-checked in float64 after a streaming pass in
 # the input precision (the true minimum is among them unless float32 rounding
@@ -36,9 +36,7 @@ def normalized_values(V: Tensor) -> Tensor:
     W = V.detach().to(torch.float64)
     W = W - W.mean(dim=0, keepdim=True)
     scale = W.norm(dim=1).max()
-    if float(scale) > 0:
-        W = W / scale
-    return W
+    return W / torch.where(scale > 0, scale, torch.ones_like(scale))  # all values equal: leave them 0
 
 
 def exact_star_scores(W: Tensor, U: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
@@ -82,12 +80,17 @@ def output_margins(V: Tensor, U: Tensor, *, backend: str = "auto") -> Tensor:
     if U.shape != V.shape:
         raise ValueError(f"U must have the same shape as V {tuple(V.shape)}, got {tuple(U.shape)}")
     _check_matrix(U, "U", min_rows=1)
+    if bool((U == 0).all(dim=1).any()):
+        raise ValueError("U has an all-zero row; every output needs a direction")
+    return checked_output_margins(V, U, backend=backend)
+
+
+def checked_output_margins(V: Tensor, U: Tensor, *, backend: str = "auto") -> Tensor:
+    """:func:`output_margins` of inputs the caller has checked (finite, same shape, dtype and device,
+    no all-zero row of U): nothing is read back from the device. (n,) margins."""
     with torch.no_grad():
         Ud = U.detach().to(torch.float64)
-        un = Ud.norm(dim=1)
-        if bool((un == 0).any()):
-            raise ValueError("U has an all-zero row; every output needs a direction")
-        Ud = Ud / un[:, None]
+        Ud = Ud / Ud.norm(dim=1, keepdim=True)
         W = normalized_values(V)  # margins are invariant to translation and scale
         n = W.shape[0]
         rows = torch.arange(n, device=W.device)

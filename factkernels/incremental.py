@@ -35,7 +35,8 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import _ops
-from .decoder import OUTPUTS, JLDecoder, M_GROWTH, decoder_failures, jl_decoder, output_embeddings, verify_margins
+from .decoder import (OUTPUTS, JLDecoder, M_GROWTH, check_decodable, decoder_failures, jl_decoder, output_embeddings,
+                      verify_margins)
 from .encoder import GatedEncoder, assemble, augment, gadget_width, sample_gate
 from .memory import check_fits, estimate_build
 from .mlp import FactMLP
@@ -301,7 +302,8 @@ class FactBuilder:
     def _set_outputs(self, m: int) -> None:
         """Output embeddings of the current values and the smallest m >= the given one that decodes them."""
         self._alpha = None  # a new decoder gives new codes: nothing to warm-start from
-        self._out_embed, self.rho = output_embeddings(self._values, self.outputs)
+        self._out_embed, rho = output_embeddings(self._values, self.outputs)
+        self.rho = check_decodable(float(rho), self.outputs)
         used = torch.arange(self._values.shape[0], device=self._values.device)
         while True:
             decoder = jl_decoder(self._out_embed, m, self._generator)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from . import _ops
-from .decoder import OUTPUTS, jl_decoder, output_embeddings
+from .decoder import OUTPUTS, check_decodable, jl_decoder, output_embeddings
 from .encoder import augment, build_shared_gate, gadget_width, sample_gate
 from .mlp import DecodingMLP
 from .validation import check_choice, check_positive_int, validate_inputs
@@ -156,7 +156,8 @@ def construct_nongated(
     if not (isinstance(tol, (int, float)) and tol > 0 and math.isfinite(tol)):
         raise ValueError(f"tol must be a positive number, got {tol!r}")
     generator = torch.Generator().manual_seed(seed)
-    out_embed, _ = output_embeddings(V, outputs)
+    out_embed, rho = output_embeddings(V, outputs)
+    check_decodable(float(rho), outputs)
     decoder = jl_decoder(out_embed, m, generator)
     encoder = nongated_encoder(K, decoder.codes[facts], width_multiplier=width_multiplier, activation=activation,
                                tol=tol, generator=generator)

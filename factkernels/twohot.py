@@ -17,7 +17,7 @@ from typing import Union
 import torch
 from torch import nn
 
-from .decoder import OUTPUTS, choose_m, output_embeddings
+from .decoder import OUTPUTS, check_decodable, choose_m, output_embeddings
 from .encoder import two_hot_gadgets, two_hot_keys
 from .mlp import DecodingMLP
 from .validation import check_choice, check_positive_int, validate_inputs
@@ -77,6 +77,7 @@ def construct_two_hot(
     check_choice("outputs", outputs, OUTPUTS)
     check_positive_int("m", m, allow_none=True)
     out_embed, rho = output_embeddings(V, outputs)
+    rho = check_decodable(float(rho), outputs)
     decoder, m_search = choose_m(m, out_embed, V, torch.unique(facts), rho, torch.Generator().manual_seed(seed), "auto")
     up = two_hot_gadgets(decoder.codes[facts], dim)  # (m, d, d)
     mlp = TwoHotMLP(up.reshape(-1, dim), decoder.projection.repeat_interleave(dim, dim=1))

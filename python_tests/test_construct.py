@@ -1,10 +1,14 @@
 """construct(): storage with every solver, the Gram identity, whitening, verification, bad input."""
 
+import importlib
+
 import pytest
 import torch
+from helpers import HostReadCounter
 
 import factkernels
 from factkernels import FactStorageError, construct
+from factkernels.embeddings import random_fact_set
 from factkernels.encoder import augment, sample_gate
 from factkernels.solvers import GadgetOperator
 from factkernels import _ops
@@ -197,3 +201,45 @@ def test_precomputed_outputs_build_the_same_mlp(small_facts):
     assert given.report.outputs == "given" and given.report.rho == pytest.approx(rho) and given.report.m == built.report.m
     for name, param in built.named_parameters():
         torch.testing.assert_close(param, dict(given.named_parameters())[name])
+
+
+def test_values_build_reads_nothing_back_before_its_report(monkeypatch):
+    """GPU-first: after the input checks, the values build with the dense solve queues every phase
+    without a host read (each would be a stream sync on a GPU) until the report's one transfer."""
+    K, V, f = random_fact_set(300, 200, 24, seed=0)
+    module = importlib.import_module("factkernels.construct")
+    marks = {}
+    with HostReadCounter() as counter:
+        clock, read_back = module._PhaseClock.__init__, module._read_back
+
+        def start(self, device):
+            marks["start"] = len(counter.reads)
+            clock(self, device)
+
+        def report(*args):
+            marks["report"] = len(counter.reads)
+            return read_back(*args)
+
+        monkeypatch.setattr(module._PhaseClock, "__init__", start)
+        monkeypatch.setattr(module, "_read_back", report)
+        mlp = construct(K, V, f, m=64, outputs="values", solver="cholesky", progress=False)
+    assert mlp.report.failed == 0 and marks["start"] > 0  # the input checks do read back
+    assert counter.reads[marks["start"]:marks["report"]] == []
+
+
+def test_a_deferred_solve_that_misses_the_residual_is_redone_on_the_host(monkeypatch):
+    K, V, f = random_fact_set(300, 200, 24, seed=0)
+    encoder_module = importlib.import_module("factkernels.encoder")
+    solve = encoder_module.solve_cholesky
+    calls = []
+
+    def strict(op, targets, *, deferred=False):  # no float32 solve meets tol 0: refinement, then float64
+        alpha, info = solve(op, targets, tol=0.0, deferred=deferred)
+        calls.append((deferred, None if info.accepted is None else bool(info.accepted)))
+        return alpha, info
+
+    monkeypatch.setattr(encoder_module, "solve_cholesky", strict)
+    mlp = construct(K, V, f, m=64, outputs="values", solver="cholesky", progress=False)
+    assert calls == [(True, False), (False, None)]
+    assert mlp.report.precision == "float64 (float32 fallback)" and mlp.report.failed == 0
+    assert isinstance(mlp.report.residual, float) and mlp.report.residual < 1e-10

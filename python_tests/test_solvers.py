@@ -5,7 +5,7 @@ import torch
 
 from factkernels import _ops
 from factkernels.encoder import augment, build_per_gadget, sample_gate
-from factkernels.solvers import GadgetOperator, pick_solver, solve_cg, solve_cholesky
+from factkernels.solvers import DENSE_MAX_FACTS, GadgetOperator, pick_solver, solve_cg, solve_cholesky, whitening
 
 
 def _operator(num_facts=120, d=10, width=18, seed=0):
@@ -84,3 +84,21 @@ def test_per_gadget_fits_each_gadget_with_its_own_gate():
 def test_auto_picks_cholesky_for_small_and_cg_for_huge():
     assert pick_solver(1024, torch.device("cpu")) == "cholesky"
     assert pick_solver(10**6, torch.device("cpu")) == "cg"
+
+
+def test_whitening_is_a_cholesky_inverse_with_the_same_gram():
+    g = torch.Generator().manual_seed(0)
+    features = torch.randn(200, 12, dtype=torch.float64, generator=g) @ torch.randn(12, 12, dtype=torch.float64, generator=g)
+    cov = features.T @ features / 200
+    w = whitening(cov)
+    torch.testing.assert_close(w.T @ cov @ w, torch.eye(12, dtype=torch.float64))
+    torch.testing.assert_close(w @ w.T, torch.linalg.inv(cov))  # so the whitened Gram equals the eigh one's
+    singular = whitening(cov[:, :1] @ cov[:1, :])  # rank 1: factored thanks to the ridge, finite
+    assert torch.isfinite(singular).all()
+
+
+def test_auto_solver_keeps_the_dense_path_on_a_gpu_while_it_fits():
+    big = DENSE_MAX_FACTS * 2
+    assert pick_solver(big, torch.device("cuda"), budget=1 << 40) == "cholesky"
+    assert pick_solver(big, torch.device("cpu"), budget=1 << 40) == "cg"
+    assert pick_solver(big, torch.device("cuda"), budget=1 << 30) == "cg"  # the Gram does not fit
