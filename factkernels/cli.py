@@ -6,6 +6,7 @@ Every command is registered here; experiments and the library expose plain funct
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -25,6 +26,40 @@ from .attention.key_budget import t_interval
 from .attention.train_heads import OBJECTIVES, TrainingConfig, train_runs
 from .experiments import claims, cost_cells, engine, rgr_cells, rgr_search
 from .solvers import SOLVERS
+
+
+class CommandLineError(Exception):
+    """Input a command cannot use (a file, an entry in it, an option value): :func:`main` prints the message
+    as one line and exits with status 2, without a traceback."""
+
+
+@contextlib.contextmanager
+def _reading_input():
+    """Errors raised while reading the user's input become :class:`CommandLineError` (their messages name the
+    file and the bad entry); errors after it (a bug, a failed run) keep their traceback."""
+    try:
+        yield
+    except (ValueError, TypeError, OSError) as err:
+        raise CommandLineError(str(err)) from None
+
+
+def _int_list(text: str) -> list[int]:
+    """``--seeds 0,1,2``-style option values."""
+    try:
+        return [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _int_pairs(text: str) -> list[tuple[int, int]]:
+    """``--pairs 64:16,128:32`` -> [(64, 16), (128, 32)]."""
+    try:
+        pairs = [tuple(int(x) for x in pair.split(":")) for pair in text.split(",") if pair]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(p) != 2 for p in pairs):
+        raise argparse.ArgumentTypeError(f"expected m:d_model pairs separated by commas, got {text!r}")
+    return pairs
 
 
 def _count_or_path(text: str):
@@ -97,11 +132,8 @@ def _run_construct(args: argparse.Namespace) -> int:
         return _run_construct_distributed(args)
     dtype = torch.float64 if args.float64 else torch.float32
     device = torch.device(args.device)
-    try:
+    with _reading_input():
         keys, values, facts = _fact_set(args, dtype)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     keys, values, facts = keys.to(device), values.to(device), facts.to(device)
     try:
         mlp = construct(keys, values, facts, m=args.m, outputs=args.outputs, solver=args.solver,
@@ -160,7 +192,8 @@ def _run_info(args: argparse.Namespace) -> int:
 def _run_insert(args: argparse.Namespace) -> int:
     from .hf import evaluate, insert_facts, load, parse_requests  # transformers only when asked for
 
-    requests = parse_requests(args.requests)
+    with _reading_input():
+        requests = parse_requests(args.requests)
     print(f"loading {args.model}", flush=True)
     model, tok = load(args.model)
     ins = insert_facts(model, tok, requests, layer=args.layer, position=args.position, gate=args.gate,
@@ -234,9 +267,11 @@ def _add_capacity_command(sub: argparse._SubParsersAction) -> None:
 
 def _run_experiment(args: argparse.Namespace) -> int:
     scale = "quick" if args.quick else args.scale
-    result = engine.run(args.experiment, args.out, scale=scale, shard=engine.parse_shard(args.shard),
-                        resume=args.resume, threads=args.threads, quiet=args.quiet, only=engine.parse_fields(args.only),
-                        overrides=engine.parse_fields(args.set, "--set"), device=args.device)
+    with _reading_input():
+        shard, only = engine.parse_shard(args.shard), engine.parse_fields(args.only)
+        overrides = engine.parse_fields(args.set, "--set")
+    result = engine.run(args.experiment, args.out, scale=scale, shard=shard, resume=args.resume, threads=args.threads,
+                        quiet=args.quiet, only=only, overrides=overrides, device=args.device)
     print(f"{result.experiment} ({scale}): {result.total} cells, ran {result.ran}, kept {result.kept}, "
           f"missing {result.missing}")
     if result.summary is None:
@@ -304,13 +339,6 @@ def _add_experiment_commands(experiment_subparsers: argparse._SubParsersAction) 
         p.set_defaults(handler=_run_experiment)
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
 def _run_rgr_train(args: argparse.Namespace) -> int:
     """Handler of ``rgr-train``: per-run test F1 (or MSE) and the mean with a 95% t-interval per d_k."""
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
@@ -353,7 +381,7 @@ def _add_rgr_train_command(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--m", type=int, default=128, help="number of items")
     train.add_argument("--d-model", type=int, default=32, help="embedding dimension")
     train.add_argument("--heads", type=int, default=4, help="number of heads h")
-    train.add_argument("--d-k", type=_ints, default=[8], help="per-head width(s) d_k, e.g. 8 or 4,8,16")
+    train.add_argument("--d-k", type=_int_list, default=[8], help="per-head width(s) d_k, e.g. 8 or 4,8,16")
     train.add_argument("--seeds", type=int, default=3, help="number of seeds (runs per d_k)")
     train.add_argument("--first-seed", type=int, default=0)
     train.add_argument("--degree", type=int, default=1, help="out-degree r: 1 permutation graph, > 1 r-regular")
@@ -373,15 +401,13 @@ def _add_rgr_train_command(sub: argparse._SubParsersAction) -> None:
 def _run_rgr_search(args: argparse.Namespace) -> int:
     """``factkernels rgr-search``: the bracketing search (or ``--add-seeds``), then the summary of every cell present."""
     engine.set_threads(args.threads)
-    pairs = [tuple(int(x) for x in pair.split(":")) for pair in args.pairs.split(",")]
     log = lambda s: print(s, flush=True)  # noqa: E731
     if args.add_seeds:
-        rgr_search.densify(args.out, args.experiment, pairs, [int(s) for s in args.add_seeds.split(",")], degree=args.degree,
-                aggregation=args.aggregation, log=log)
+        rgr_search.densify(args.out, args.experiment, args.pairs, args.add_seeds, degree=args.degree,
+                           aggregation=args.aggregation, log=log)
     else:
-        rgr_search.search(args.out, args.experiment, pairs, [int(s) for s in args.seeds.split(",")],
-               [int(h) for h in args.heads.split(",")], heads_window=args.heads_window, max_steps=args.max_steps,
-               degree=args.degree, aggregation=args.aggregation, log=log)
+        rgr_search.search(args.out, args.experiment, args.pairs, args.seeds, args.heads, heads_window=args.heads_window,
+                          max_steps=args.max_steps, degree=args.degree, aggregation=args.aggregation, log=log)
     # over every cell present: a sub-grid of the static grid, which ``factkernels experiment`` would not summarize
     _, files = engine.summarize_dir(args.experiment, args.out)
     print("wrote " + ", ".join(files))
@@ -393,15 +419,15 @@ def _add_rgr_search_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rgr-search", help="bracketing D_K* search of a seed 002 budget experiment, as its cells")
     p.add_argument("experiment", choices=rgr_search.BUDGET_EXPERIMENTS)
     p.add_argument("--out", required=True, help="OUT/EXPERIMENT/cells/*.json, summary.json, PNGs")
-    p.add_argument("--pairs", required=True, help="m:d_model,m:d_model,...")
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds of each cell")
-    p.add_argument("--heads", default=",".join(map(str, rgr_cells.SEED_HEADS)), help="head counts to bracket")
+    p.add_argument("--pairs", type=_int_pairs, required=True, help="m:d_model,m:d_model,...")
+    p.add_argument("--seeds", type=_int_list, default=[0, 1, 2], help="comma-separated seeds of each cell")
+    p.add_argument("--heads", type=_int_list, default=list(rgr_cells.SEED_HEADS), help="head counts to bracket")
     p.add_argument("--heads-window", type=float, default=None, help="only h = 1 and h within this factor of r m/d")
     p.add_argument("--max-steps", type=int, default=None, help="step cut-off (default: the seed's)")
     p.add_argument("--degree", type=int, default=1, help="out-degree r of the graph (rgr-regular)")
     p.add_argument("--aggregation", default="max", choices=("max", "softmax-sum"))
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--add-seeds", default=None,
+    p.add_argument("--add-seeds", type=_int_list, default=None,
                    help="instead of searching: train these seeds for the configurations near each pair's estimates")
     p.set_defaults(handler=_run_rgr_search)
 
@@ -428,8 +454,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run one command; input it cannot use is one line on stderr and exit status 2 (argparse's own errors too)."""
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except (CommandLineError, engine.ResultFileError) as err:
+        command = " ".join(c for c in (args.command, getattr(args, "experiment", None)) if c)
+        print(f"factkernels {command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

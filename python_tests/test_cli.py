@@ -89,3 +89,65 @@ def test_construct_rejects_bad_files(tmp_path, capsys):
     ):
         assert main(["construct", "--quiet", *argv]) == 2
         assert message in capsys.readouterr().err
+
+
+def _one_error_line(err: str, *names: str) -> str:
+    """The single stderr line of a command-line error; it names each of ``names`` and holds no traceback."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert all(name in lines[0] for name in names), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("text, entry", [
+    ('[{"prompt": "The author of {} is", "subject": "Dune", "target_new": "Herbert"},\n'
+     ' {"prompt": "The author of Emma is", "subject": "Dune", "target_new": "Austen"}]', "request 1: subject 'Dune'"),
+    ('[{"prompt": "The author of {} is", "subject": "Dune", "target_new": "Herbert"},]', "not valid JSON"),
+    ('{"requests": []}', "requests is empty"),
+])
+def test_insert_names_the_file_and_the_bad_request(tmp_path, capsys, text, entry):
+    pytest.importorskip("transformers")
+    path = tmp_path / "edits.json"
+    path.write_text(text)
+    assert main(["insert", "--requests", str(path), "--out", str(tmp_path / "out")]) == 2
+    line = _one_error_line(capsys.readouterr().err, str(path), entry)
+    assert line.startswith("factkernels insert: error: ")
+    assert not (tmp_path / "out").exists()  # nothing loaded, nothing written
+
+
+def test_malformed_json_exits_2_without_a_traceback(tmp_path):
+    """As a user runs it: a separate process, exit status 2, one line on stderr naming the file and the entry."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "results" / "scaling" / "summary.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"summary": {"claims": {}, }')
+    done = subprocess.run([sys.executable, "-m", "factkernels", "experiment", "report", str(tmp_path / "results"),
+                           "--out", str(tmp_path / "CLAIMS.md")], capture_output=True, text=True)
+    assert done.returncode == 2
+    _one_error_line(done.stderr, str(bad), "not valid JSON", "line 1, column 28")
+
+
+def test_result_files_without_their_entries_are_named(tmp_path, capsys):
+    cell = tmp_path / "whitening" / "cells" / "abc.json"
+    cell.parent.mkdir(parents=True)
+    cell.write_text('{"key": "abc", "config": {}}')
+    assert main(["experiment", "whitening", "--scale", "tiny", "--out", str(tmp_path), "--resume", "--quiet"]) == 2
+    _one_error_line(capsys.readouterr().err, str(cell), "no 'result' entry")
+
+
+@pytest.mark.parametrize("argv, entry", [
+    (["rgr-search", "rgr-budget", "--out", "o", "--pairs", "64:16,128"], "m:d_model pairs"),
+    (["rgr-search", "rgr-budget", "--out", "o", "--pairs", "64:16", "--seeds", "0,x"], "comma-separated integers"),
+])
+def test_option_values_are_checked_before_anything_runs(capsys, argv, entry):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and entry in capsys.readouterr().err
+
+
+def test_experiment_options_name_the_bad_entry(tmp_path, capsys):
+    assert main(["experiment", "whitening", "--scale", "tiny", "--out", str(tmp_path), "--shard", "3/2"]) == 2
+    _one_error_line(capsys.readouterr().err, "shard i/N needs 1 <= i <= N, got '3/2'")
+    assert not (tmp_path / "whitening").exists()

@@ -10,7 +10,6 @@ that would run them.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -37,7 +36,7 @@ def claim_rows(results: Union[PathLike, Sequence[PathLike]]) -> list[dict]:
     found: dict[str, list[tuple[Path, dict]]] = {}
     for folder in folders:
         for path in sorted(folder.glob("*/summary.json")):
-            found.setdefault(path.parent.name, []).append((folder, json.loads(path.read_text())))
+            found.setdefault(path.parent.name, []).append((folder, engine.read_json(path, "summary")))
     rows = []
     for name in sorted(set(engine.REGISTRY) | set(found)):
         declared = [c.__dict__ for c in engine.REGISTRY[name].claims] if name in engine.REGISTRY else []

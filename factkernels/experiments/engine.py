@@ -204,7 +204,7 @@ def other_cell(config: dict) -> tuple[Optional[dict], Optional[Path]]:
         return None, None
     key = cell_key(config)
     cell = partial.parent.parent / "cells" / f"{key}.json"
-    return (json.loads(cell.read_text())["result"] if cell.exists() else None), partial.parent / f"{key}.json"
+    return (read_json(cell, "result")["result"] if cell.exists() else None), partial.parent / f"{key}.json"
 
 
 _DEVICE: ContextVar[torch.device] = ContextVar("factkernels_cell_device", default=torch.device("cpu"))
@@ -238,11 +238,31 @@ def _drop_partial(partial: Path) -> None:
         path.unlink()
 
 
+class ResultFileError(ValueError):
+    """A file in an experiment's output folder that is not what the engine writes; the message names the file
+    and the bad entry (the command line prints it as one line)."""
+
+
+def read_json(path: PathLike, *fields: str) -> dict:
+    """The JSON object in ``path``, which must hold ``fields``; :class:`ResultFileError` otherwise."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ResultFileError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
+    if not isinstance(data, dict):
+        raise ResultFileError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    missing = [f for f in fields if f not in data]
+    if missing:
+        raise ResultFileError(f"{path}: no {', '.join(repr(f) for f in missing)} entry")
+    return data
+
+
 def load_cells(out: PathLike, name: str) -> dict[str, Cell]:
     """Every finished cell of experiment ``name`` under ``out``, by key."""
     found = {}
     for path in sorted(cells_dir(out, name).glob("*.json")):
-        data = json.loads(path.read_text())
+        data = read_json(path, "key", "config", "result")
         found[data["key"]] = Cell(data["key"], data["config"], data["result"], data.get("seconds", 0.0))
     return found
 
@@ -417,5 +437,6 @@ def merge(sources: Iterable[PathLike], out: PathLike) -> int:
 
 __all__ = ["Cell", "Claim", "Experiment", "Finding", "REGISTRY", "RunResult", "SCALES", "VERDICTS", "cell_device", "cell_key",
            "clean_json", "get",
-           "load_cells", "matches", "merge", "other_cell", "parse_fields", "parse_shard", "partial_path", "register", "run", "set_threads",
+           "load_cells", "matches", "merge", "other_cell", "parse_fields", "parse_shard", "partial_path", "read_json",
+           "register", "ResultFileError", "run", "set_threads",
            "shared_partial_path", "summarize_dir", "write_json"]

@@ -95,22 +95,34 @@ def make_request(record: Union[Request, Mapping], index: int = 0) -> Request:
 
 def parse_requests(requests: Union[str, Path, Sequence[Union[Request, Mapping]]]) -> list[Request]:
     """Requests from a list of dicts/Requests, or a .json (list, or {"requests": [...]}) or .csv file
-    (columns prompt, subject, target_new[, target_true]). Raises ValueError naming the bad request."""
-    if isinstance(requests, (str, Path)):
-        path = Path(requests)
-        if not path.is_file():
-            raise FileNotFoundError(f"requests file {path} does not exist")
-        if path.suffix.lower() == ".csv":
-            with path.open(newline="", encoding="utf-8") as fh:
-                records: Any = list(csv.DictReader(fh))
-        elif path.suffix.lower() == ".json":
-            records = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(records, Mapping):
-                records = records.get("requests")
-        else:
-            raise ValueError(f"requests file must be .json or .csv, got {path.name}")
-    else:
-        records = requests
+    (columns prompt, subject, target_new[, target_true]). Raises ValueError naming the bad request, and
+    the file it came from."""
+    if not isinstance(requests, (str, Path)):
+        return _parse_records(requests)
+    path = Path(requests)
+    try:
+        return _parse_records(_read_request_file(path))
+    except (ValueError, TypeError) as err:
+        raise type(err)(f"requests file {path}: {err}") from None
+
+
+def _read_request_file(path: Path) -> Any:
+    """The records of a .json or .csv requests file (not yet checked)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"requests file {path} does not exist")
+    if path.suffix.lower() == ".csv":
+        with path.open(newline="", encoding="utf-8") as fh:
+            return list(csv.DictReader(fh))
+    if path.suffix.lower() != ".json":
+        raise ValueError("must be .json or .csv")
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
+    return records.get("requests") if isinstance(records, Mapping) else records
+
+
+def _parse_records(records: Any) -> list[Request]:
     if isinstance(records, (str, bytes, Mapping)) or not isinstance(records, Sequence):
         raise TypeError(f"requests must be a list of request dicts or a .json/.csv path, got {type(records).__name__}")
     if len(records) == 0:
