@@ -2,6 +2,7 @@
 
 import importlib
 import importlib.util
+import json
 import re
 import shlex
 from pathlib import Path
@@ -140,3 +141,13 @@ def test_readme_says_why_each_dependency_is_there():
         named |= {re.split(r"[<>=!~\[ ]", requirement, maxsplit=1)[0] for requirement in requirements}
     missing = sorted(name for name in named if not re.search(rf"(^|[ ,|]){re.escape(name)}\b", table, re.M))
     assert not missing, f"README's dependency table does not say why these are there: {missing}"
+
+
+def test_generated_results_name_no_machine_folders():
+    # Paths inside committed results are relative (to the repository or to the file's own folder).
+    claims_header = (ROOT / "benchmarks" / "results" / "CLAIMS.md").read_text().split("\n")[2]
+    command = re.search(r"`factkernels experiment report (.*?)`", claims_header)[1]
+    assert not [word for word in command.split() if word.startswith("/")], command
+    for summary in (ROOT / "benchmarks" / "results").rglob("summary.json"):
+        figures = json.loads(summary.read_text()).get("figures", [])
+        assert all("/" not in name for name in figures), f"{summary.relative_to(ROOT)}: {figures}"

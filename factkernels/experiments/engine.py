@@ -415,7 +415,7 @@ def summarize_dir(name: str, out: PathLike, *, keys: Optional[Iterable[str]] = N
     files = []
     if experiment.plot is not None:
         for fig_name, fig in experiment.plot(summary, cells).items():
-            files.append(str(save_figure(fig, folder, fig_name)))
+            files.append(save_figure(fig, folder, fig_name).name)  # beside summary.json: no machine's folders
     payload = {"experiment": name, "claims_tested": [asdict(c) for c in experiment.claims], "cells": len(cells),
                "summary": summary, "figures": files, "environment": environment()}
     path = folder / "summary.json"
