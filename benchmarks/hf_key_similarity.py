@@ -17,7 +17,7 @@ import torch
 from factkernels import datasets, hf
 from factkernels.environment import environment
 from factkernels.hf.capture import pad_id, pad_right
-from factkernels.hf.insert import _capture_at, background_states, contrast_states, key_positions
+from factkernels.hf.insert import capture_at_keys, background_states, contrast_states, key_positions
 
 
 def detector_scores(keys: torch.Tensor, states: torch.Tensor, background: torch.Tensor) -> torch.Tensor:
@@ -49,7 +49,7 @@ def main() -> None:
     quantiles = torch.tensor([0.1, 0.5, 0.9, 1.0], dtype=torch.double)
     rows = []
     for layer in args.layers:
-        keys = _capture_at(model, batch, layer, at, 32)
+        keys = capture_at_keys(model, batch, layer, at, 32)
         neighbours = hf.capture(model, ids, mask, layer, positions=mask.sum(1) - 1)
         texts = background_states(model, tok, datasets.natural_text("stats")[:20], layer)
         contrast = contrast_states(model, tok, facts.requests, layer, "target", rounds=2)

@@ -28,7 +28,7 @@ import torch
 from factkernels import hf
 from factkernels.environment import environment
 from factkernels.experiments import engine
-from factkernels.experiments.real_lm_editing import _residual_step_key
+from factkernels.experiments.real_lm_editing import residual_step_key
 from factkernels.editing import rules
 from factkernels.hf import editors
 from factkernels.hf.capture import encode_requests
@@ -104,7 +104,7 @@ def main() -> None:
             rows.append({"config": config, "replayed": False, "seconds": time.perf_counter() - started,
                          "per_layer": log, "nulled_directions": sum(r["nulled_directions"] for r in log)})
         else:
-            step_key = _residual_step_key(config, model, hparams)
+            step_key = residual_step_key(config, model, hparams)
             log = []
             rules.memit_update, real = _recording_update(log), rules.memit_update
             try:

@@ -67,8 +67,8 @@ def test_memit_and_alphaedit_share_a_residual_step_across_processes(tmp_path, mo
     memit = next(c for c in real_lm._grid("tiny") if c["method"] == "memit" and "hparams" not in c)
     alpha = real_lm._editor_cell("tiny", "alphaedit", memit["n_facts"], {"lr": 0.5})
     _, _, model, _ = real_lm._setup(memit)
-    assert real_lm._residual_step_key(memit, model, {"layers": [1], "steps": 10}) == \
-        real_lm._residual_step_key(alpha, model, {"layers": [1], "steps": 10, "lr": 0.5})
+    assert real_lm.residual_step_key(memit, model, {"layers": [1], "steps": 10}) == \
+        real_lm.residual_step_key(alpha, model, {"layers": [1], "steps": 10, "lr": 0.5})
     seen = []
     real_edit = real_lm.engine.shared_partial_path
 

@@ -133,10 +133,11 @@ def _setup(config: dict) -> tuple[Any, list[str], Any, Any]:
 _SHARED_TARGETS: dict[tuple, tuple[Any, float]] = {}
 
 
-def _residual_step_key(config: dict, model: Any, hparams: dict) -> tuple:
+def residual_step_key(config: dict, model: Any, hparams: dict) -> tuple:
     """What δ depends on: model, facts, the layer it is trained at (the method's last edited layer), what its
     norm is clamped against (ROME: the MLP output; MEMIT, AlphaEdit: the layer output) and the residual-step
-    settings; not the method, so MEMIT and AlphaEdit cells with one last layer and step share one δ."""
+    settings; not the method, so MEMIT and AlphaEdit cells with one last layer and step share one δ.
+    Public: ``benchmarks/memit_null_directions.py`` shares δ across methods by the same key."""
     from ..hf.editors import resolve_hparams
 
     hp = resolve_hparams(model, config["method"], None, hparams)
@@ -174,7 +175,7 @@ def run_cell(config: dict) -> dict:
             from ..hf.statistics import key_second_moments
 
             stats = key_second_moments(model, tok, hparams["layers"], texts=texts, cache_dir=False)
-        step_key = _residual_step_key(config, model, hparams)
+        step_key = residual_step_key(config, model, hparams)
         shared = _SHARED_TARGETS.get(step_key)
         # the residual step's chunks go to a file of the step, not of the cell: every cell of that step (in
         # any process or session) reads them back instead of training δ again

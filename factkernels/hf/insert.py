@@ -156,7 +156,7 @@ def _optimise(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *, margi
     norm, lm_head = model.model.norm, model.get_output_embeddings()
     if head_only:
         if residual is None:
-            residual = _capture_at(model, batch, layer, keys, batch_size, site="block_out")
+            residual = capture_at_keys(model, batch, layer, keys, batch_size, site="block_out")
         residual = residual.to(device)
         tokens = keys.token.to(device)
     start_states = None
@@ -269,7 +269,7 @@ def contrast_states(model: Any, tok: Any, requests: Sequence[Request], layer: in
         swapped = [Request(r.prompt, requests[int(j)].subject, r.target_new) for r, j in zip(requests, other)]
         swapped = [r for r, orig in zip(swapped, requests) if r.subject != orig.subject]
         batch = encode_requests(tok, swapped, with_target=True)
-        out.append(_capture_at(model, batch, layer, key_positions(batch, position), batch_size))
+        out.append(capture_at_keys(model, batch, layer, key_positions(batch, position), batch_size))
     return torch.cat(out)
 
 
@@ -434,9 +434,9 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     batch = encode_requests(tok, parsed, with_target=True)
     keys_at = key_positions(batch, position)
     if head_path(model, layer, keys_at):  # the residual after the layer comes from the same forwards
-        keys, residual = _capture_at(model, batch, layer, keys_at, batch_size, site=("mlp_in", "block_out"))
+        keys, residual = capture_at_keys(model, batch, layer, keys_at, batch_size, site=("mlp_in", "block_out"))
     else:
-        keys, residual = _capture_at(model, batch, layer, keys_at, batch_size), None
+        keys, residual = capture_at_keys(model, batch, layer, keys_at, batch_size), None
     text_states = bg = background_states(model, tok, background, layer)
     if contrast and len(parsed) > 1:
         bg = torch.cat([text_states, contrast_states(model, tok, parsed, layer, position, rounds=contrast, seed=seed,
@@ -483,9 +483,10 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
 
 
 @torch.no_grad()
-def _capture_at(model: Any, batch: PromptBatch, layer: int, keys: KeySet, batch_size: int,
-                site: Union[str, tuple[str, ...]] = "mlp_in") -> Union[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """States at ``site`` of ``layer`` (see :func:`capture`) at the key positions: (n_keys, d) per site."""
+def capture_at_keys(model: Any, batch: PromptBatch, layer: int, keys: KeySet, batch_size: int,
+                    site: Union[str, tuple[str, ...]] = "mlp_in") -> Union[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """States at ``site`` of ``layer`` (see :func:`capture`) at the key positions ``keys`` of ``batch``
+    (:func:`key_positions`): a (n_keys, d) tensor for one site, a tuple of them for a tuple of sites."""
     out = capture(model, batch.input_ids, batch.attention_mask, layer, site=site, batch_size=batch_size)
     lengths = batch.attention_mask.sum(1)
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
