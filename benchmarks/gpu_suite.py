@@ -10,7 +10,10 @@ What it runs (all on --device, default cuda):
   kernels    every compiled kernel against its torch twin (bench.py's races; on CUDA they include
              decode of 65,536 x 65,536 at d = 256) and the fused max-over-heads scores
   construct  d = 128, F = |V| = 4,096: outputs="values" with the Cholesky solve (bench.py's race),
-             and the default construct (margin-optimal outputs)
+             and the default construct (margin-optimal outputs), each beside one Cholesky of 4,096
+  scale      outputs="values", solver="auto" at d = 1,024, F = |V| = 2^18 (--scale-facts), each phase beside
+             its GEMM-rate limit; then F = 2^20 through the memory guard only: refused at once with its
+             estimate, or "fits" (not built: it would take far longer than a lent call)
   u_star     margin_optimal_outputs at |V| = 65,536, d = 256: time, rho and peak GPU memory
   gd_batch   GD cost searches with every seed (and, for the GD MLP, the sizes ahead) as one batch vs one
              model at a time (gd_batch.py's race at its CPU setting, d = 16, F = 64, 3 seeds, one run each),
@@ -41,7 +44,8 @@ import factkernels
 from factkernels import _ops, embeddings, ustar
 from factkernels.embeddings import random_fact_set
 
-from bench import bench_attention, bench_construct, bench_kernels, device_info, sync, timeit
+from bench import (bench_attention, bench_construct, bench_kernels, cholesky_seconds, device_info, gemm_rate, sync,
+                   timeit)
 from gd_batch import race as race_gd_searches
 from gd_batch import step_costs as gd_step_costs
 from gd_batch import loss_kernel_race as gd_loss_kernel_race
@@ -49,7 +53,7 @@ from gd_batch import step_costs_by_size as gd_step_costs_by_size
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_DEVICE_STATUS = 2
-SECTIONS = ("tests", "kernels", "attention", "construct", "u_star", "gd_batch", "largest_f")
+SECTIONS = ("tests", "kernels", "attention", "construct", "u_star", "scale", "gd_batch", "largest_f")
 
 
 def cuda_unavailable_reason(device: torch.device) -> str | None:
@@ -88,7 +92,7 @@ def run_cuda_tests(timeout_seconds: float) -> dict:
 
 
 def bench_default_construct(device: torch.device, d: int, num_facts: int) -> dict:
-    """The default construct (margin-optimal outputs, solver auto) at F = |V|."""
+    """The default construct (margin-optimal outputs, solver auto) at F = |V|, beside one Cholesky of F."""
     keys, values, facts = (t.to(device) for t in random_fact_set(num_facts, num_facts, d, seed=0))
     built = {}
 
@@ -97,9 +101,72 @@ def bench_default_construct(device: torch.device, d: int, num_facts: int) -> dic
 
     seconds = timeit(run, device, repeats=3)
     report = built["mlp"].report
-    print(f"default construct d={d} F={num_facts}: {seconds * 1e3:.1f} ms, accuracy {report.accuracy}", flush=True)
+    cholesky = cholesky_seconds(num_facts, device)
+    print(f"default construct d={d} F={num_facts}: {seconds * 1e3:.1f} ms = {seconds / cholesky:.1f} Choleskys "
+          f"of F, accuracy {report.accuracy}", flush=True)
     return {"d": d, "F": num_facts, "outputs": "margin_optimal", "seconds": seconds, "accuracy": report.accuracy,
-            "m": report.m, "phases_ms": {k: round(v * 1e3, 2) for k, v in report.timings.items()}}
+            "m": report.m, "solver": report.solver, "phases_ms": {k: round(v * 1e3, 2) for k, v in report.timings.items()},
+            "limit": "one Cholesky of the F x F Gram", "limit_s": cholesky, "seconds_over_limit": seconds / cholesky}
+
+
+def bench_scale(device: torch.device, d: int, num_facts: int, refuse_facts: int, rate: float) -> dict:
+    """outputs="values", solver="auto" at F = |V| = ``num_facts``: time, phases and peak memory, each phase beside
+    its GEMM-rate limit (``rate`` FLOP/s): the margin pass and one m-search decode are |V|² d products, a CG
+    iteration two gadget products of 2 F h̃ (d+1) m FLOPs. Then F = ``refuse_facts`` through the memory guard."""
+    gen = torch.Generator(device=device).manual_seed(0)  # drawn on the device: 2^18 x 1,024 twice
+    keys = torch.randn(num_facts, d, device=device, generator=gen)
+    keys /= keys.norm(dim=1, keepdim=True)
+    values = torch.randn(num_facts, d, device=device, generator=gen)
+    values /= values.norm(dim=1, keepdim=True)
+    facts = torch.randperm(num_facts, device=device, generator=gen)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    sync(device)
+    begin = time.perf_counter()
+    mlp = factkernels.construct(keys, values, facts, outputs="values", progress=False)
+    sync(device)
+    seconds = time.perf_counter() - begin
+    report = mlp.report
+    width = report.gadget_width
+    score_pass = 2 * num_facts * num_facts * d / rate
+    if report.solver == "cg":
+        solve = ("solve (the CG iterations' products)", 4 * num_facts * width * (d + 1) * report.m / rate
+                 * report.cg_iterations)
+    else:
+        solve = ("solve (one Cholesky's F^3/3 FLOPs)", num_facts**3 / 3 / rate)
+    row = {"d": d, "F": num_facts, "values": num_facts, "seconds": seconds, "accuracy": report.accuracy, "m": report.m,
+           "m_search": report.m_search, "solver": report.solver, "cg_iterations": report.cg_iterations,
+           "gadget_width": width, "phases_s": report.timings, "gemm_float32_flops_per_s": rate,
+           "limits_s": {"outputs (one score pass)": score_pass, "m_search (one decode per m tried)":
+                        score_pass * len(report.m_search.split("->")), solve[0]: solve[1]}}
+    if device.type == "cuda":
+        row["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(device)
+    print(f"scale: {json.dumps(row)}", flush=True)
+    del mlp, keys, values, facts
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    row["refusal"] = guard_only(device, d, refuse_facts, report.m)
+    return row
+
+
+def guard_only(device: torch.device, d: int, num_facts: int, m: int) -> dict:
+    """What construct's memory guard says about outputs="values", solver="cg" at F = |V| = ``num_facts`` and
+    code dimension ``m`` (the one the smaller build found; m grows with log |V| only), without building."""
+    from factkernels.encoder import gadget_width
+    from factkernels.memory import MemoryBudgetError, check_fits, estimate_build
+
+    width = gadget_width(num_facts, d, 1.5)
+    estimate = estimate_build(num_facts, num_facts, d, d, m=m, gadget_width=width, solver="cg", outputs="values")
+    begin = time.perf_counter()
+    try:
+        check_fits(estimate, device)
+        verdict = {"fits": True, "note": "fits the free memory: not built here (far beyond a lent call's time)"}
+    except MemoryBudgetError as err:
+        verdict = {"fits": False, "message": str(err)}
+    verdict.update(F=num_facts, d=d, m=m, estimate_bytes=estimate.total, estimate=str(estimate),
+                   seconds=time.perf_counter() - begin)
+    print(f"guard at F={num_facts}: {json.dumps(verdict)}", flush=True)
+    return verdict
 
 
 def _out_of_memory(err: BaseException) -> bool:
@@ -171,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--largest-d", type=int, default=128, help="d of the largest-F search")
     parser.add_argument("--max-seconds", type=float, default=120.0, help="stop the largest-F search past this")
     parser.add_argument("--tests-timeout", type=float, default=600.0, help="seconds the CUDA tests may take")
+    parser.add_argument("--scale-facts", type=int, default=2**18, help="F = |V| of the scale section's build")
+    parser.add_argument("--scale-d", type=int, default=1024, help="d of the scale section")
     args = parser.parse_args(argv)
     if args.only and not args.only <= set(SECTIONS):
         parser.error(f"--only takes sections of {','.join(SECTIONS)}, got {','.join(sorted(args.only))}")
@@ -205,13 +274,17 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.skip_tests:
         section("tests", lambda: run_cuda_tests(args.tests_timeout))
-    section("kernels", lambda: bench_kernels(device, args.quick))
-    section("attention", lambda: bench_attention(device, args.quick))
+    rate = gemm_rate(device)
+    report["gemm_float32_flops_per_s"] = rate
+    section("kernels", lambda: bench_kernels(device, args.quick, rate))
+    section("attention", lambda: bench_attention(device, args.quick, rate))
     d, num_facts = (32, 256) if args.quick else (128, 4096)
     section("construct", lambda: {
         "values_cholesky": bench_construct(device, [(d, num_facts, 64 if args.quick else 96)], per_gadget_max_f=0),
         "default": bench_default_construct(device, d, num_facts)})
     section("u_star", lambda: bench_u_star(device, *((512, 32) if args.quick else (65536, 256))))
+    section("scale", lambda: bench_scale(device, *((32, 1024, 2**12) if args.quick else
+                                                   (args.scale_d, args.scale_facts, 2**20)), rate))
 
     def gd_batch() -> dict:
         result = race_gd_searches(["gd", "gd+jl", "bin+gd", "gd+gd"], d=16, facts=16 if args.quick else 64,
