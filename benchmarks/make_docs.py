@@ -384,6 +384,37 @@ def ssfr_w_vs_f() -> str:
             + _source(path))
 
 
+def ssfr_headline() -> str:
+    rows, paths = [], []
+    for folder, path in _runs("ssfr"):
+        paths.append(path)
+        summary = load(path)["summary"]
+        for key, norm in (("headline", summary["output_norm"]), ("headline_without_output_norm", False)):
+            for block, cell in summary.get(key, {}).items():
+                runs = cell["runs"]
+                rows.append([folder, block.replace("_", " "), "yes" if norm else "no", cell["m"],
+                             f"{cell['fact_adaptive_accuracy']:.3f}",
+                             ", ".join(f"{r['fact_adaptive_accuracy']:.3f}" for r in runs),
+                             ", ".join(f"{r['train_accuracy']:.3f}" for r in runs),
+                             ", ".join(f"{r['steps']:,}" for r in runs)])
+    header = ["run", "block", "final RMSNorm", "m", "fact-adaptive accuracy (best run)", "per run",
+              "training accuracy per run", "steps per run"]
+    return _rows(header, rows) + _source(*paths)
+
+
+def usability_correlations() -> str:
+    rows, paths = [], []
+    for folder, path in _runs("usability"):
+        paths.append(path)
+        summary = load(path)["summary"]
+        rows.append([folder, len(summary["rows"]), "yes" if summary["output_norm"] else "no",
+                     {"train": "J", "all": "J + held-out tuples"}.get(summary["usability_split"], summary["usability_split"]),
+                     f"{summary['spearman_usability_vs_lipschitz']:+.2f}", f"{summary['spearman_usability_vs_capacity']:+.2f}"])
+    header = ["run", "(κ, α) points", "final RMSNorm", "usability scored on", "Spearman(usability, Lipschitz)",
+              "Spearman(usability, capacity)"]
+    return _rows(header, rows) + _source(*paths)
+
+
 def _lm_label(run: dict) -> str:
     label = run["expert"]
     if run["mixer_input"] != "normed":
@@ -517,6 +548,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "ntk-ustar": ntk_ustar,
     "headline": headline,
     "ssfr-w-vs-f": ssfr_w_vs_f,
+    "ssfr-headline": ssfr_headline,
+    "usability-correlations": usability_correlations,
     "lm-swap": lm_swap,
     "lm-w-vs-f": lm_w_vs_f,
     "editing-scores": editing_scores,
