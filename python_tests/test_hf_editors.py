@@ -375,3 +375,32 @@ def test_causal_trace_restores_clean_states(llama):
     # states before the subject are the same in both runs: restoring them changes nothing
     torch.testing.assert_close(trace.scores[:, :2], torch.full((3, 2), trace.corrupted), rtol=1e-5, atol=1e-7)
     assert 0 <= trace.best_layer() < 3 and trace.clean != trace.corrupted
+
+
+def test_second_moments_resume_an_interrupted_pass_and_count_tokens(llama, tmp_path, monkeypatch):
+    import factkernels.hf.statistics as statistics
+
+    model, tok = llama
+    whole = key_second_moments(model, tok, [1], texts=TEXTS, cache_dir=tmp_path / "whole", batch_size=2)
+    calls = []
+    real = model.model.forward
+
+    def stop_after_two(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model.model, "forward", stop_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        key_second_moments(model, tok, [1], texts=TEXTS, cache_dir=tmp_path / "run", batch_size=2, save_every=1)
+    assert len(list((tmp_path / "run" / "mom2").glob("partial_*"))) == 1
+    calls.clear()
+    monkeypatch.setattr(model.model, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    resumed = key_second_moments(model, tok, [1], texts=TEXTS, cache_dir=tmp_path / "run", batch_size=2, save_every=1)
+    assert len(calls) == len(TEXTS) // 2 - 2  # only the batches after the kept ones ran
+    torch.testing.assert_close(resumed[1], whole[1])
+    assert not list((tmp_path / "run" / "mom2").glob("partial_*"))
+    tokens = int(hf.encode_texts(tok, TEXTS)[1].sum())
+    assert statistics.second_moment_tokens(model, 1, texts=TEXTS, cache_dir=tmp_path / "run") == tokens
+    assert statistics.second_moment_tokens(model, 0, texts=TEXTS, cache_dir=tmp_path / "run") is None

@@ -2,10 +2,12 @@
 
 ROME, MEMIT and AlphaEdit weigh their edits by how the layer's keys k (the down projection's
 input, ``act(gate(x)) * up(x)``) are spread over ordinary text; the published editors use
-100k Wikipedia tokens, we use the shipped ``natural_text("stats")``. Computing C takes one
-forward pass over the text, so it is cached under ``cache_dir`` (default
-``$FACTKERNELS_CACHE`` or ``~/.cache/factkernels``) in a file named by a hash of the model's
-weights up to that layer, the layer and the text.
+100k Wikipedia tokens, we use the shipped ``natural_text("stats")`` by default (any ``texts`` can be
+given). Computing C takes one forward pass over the text, so it is cached under ``cache_dir``
+(default ``$FACTKERNELS_CACHE`` or ``~/.cache/factkernels``) in a file named by a hash of the
+model's weights up to that layer, the layer and the text, with the token count in its metadata
+(:func:`second_moment_tokens`). A long pass (a million tokens) keeps its running sums in a
+``.partial`` file every ``save_every`` batches and a rerun resumes from there.
 
     covs = key_second_moments(model, tok, layers=[5, 6])   # {layer: (intermediate, intermediate) float32}
 """
@@ -59,14 +61,37 @@ def _cache_path(model: Any, layer: int, texts: Sequence[str], max_length: int, c
     return folder / "mom2" / f"layer{layer}_{_fingerprint(model, layer, texts, max_length)}.safetensors"
 
 
+def _save(path: Path, tensors: dict, metadata: dict) -> None:
+    """Write atomically: a killed run never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    tmp.replace(path)
+
+
+def second_moment_tokens(model: Any, layer: int, *, texts: Optional[Sequence[str]] = None, cache_dir: Any = None,
+                         max_length: int = 128) -> Optional[int]:
+    """How many tokens the cached C of ``layer`` over ``texts`` (default the shipped text) was computed from;
+    None when it is not cached."""
+    from safetensors import safe_open
+
+    texts = natural_text("stats") if texts is None else list(texts)
+    path = _cache_path(model, layer, texts, max_length, cache_dir)
+    if path is None or not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as handle:
+        return int(handle.metadata()["tokens"])
+
+
 @torch.no_grad()
 def key_second_moments(model: Any, tok: Any, layers: Sequence[int], *, texts: Optional[Sequence[str]] = None,
                        cache_dir: Any = None, max_length: int = 128, batch_size: int = 16,
-                       progress: Optional[bool] = None) -> dict[int, torch.Tensor]:
+                       save_every: int = 50, progress: Optional[bool] = None) -> dict[int, torch.Tensor]:
     """{layer: C} with C = E[k kᵀ] (intermediate, intermediate), float32, of each layer's down-projection
     inputs at every real token of ``texts`` (default: the shipped ``natural_text("stats")``), each cut to
     ``max_length`` tokens; the missing layers share one pass over the text. Read from / written to
-    ``cache_dir`` (see the module docstring); ``cache_dir=False`` skips the cache.
+    ``cache_dir`` (see the module docstring); ``cache_dir=False`` skips the cache. With a cache, the running
+    sums are kept every ``save_every`` batches and an interrupted pass resumes from them.
     """
     layers = sorted({int(layer) for layer in layers})
     for layer in layers:
@@ -80,13 +105,20 @@ def key_second_moments(model: Any, tok: Any, layers: Sequence[int], *, texts: Op
         return found
     input_ids, attention_mask = encode_texts(tok, texts, max_length=max_length)
     device = model_device(model)
-    totals = {layer: torch.zeros(mlp_module(model, layer).down_proj.in_features, mlp_module(model, layer).down_proj.in_features,
-                                 dtype=torch.float64) for layer in todo}
-    count = 0
+    width = {layer: mlp_module(model, layer).down_proj.in_features for layer in todo}
+    totals = {layer: torch.zeros(width[layer], width[layer], dtype=torch.float64) for layer in todo}
+    count, first = 0, 0
+    partial = None if paths[todo[0]] is None else paths[todo[0]].with_name(
+        "partial_" + "_".join(paths[l].stem for l in todo) + ".safetensors")
+    if partial is not None and partial.is_file():  # an interrupted pass over the same layers and text
+        saved = load_file(str(partial))
+        totals = {layer: saved[f"layer{layer}"] for layer in todo}
+        count, first = int(saved["count"]), int(saved["next_batch"])
+    starts = range(first * batch_size, input_ids.shape[0], batch_size)
     with ExitStack() as stack:
         seen = {layer: stack.enter_context(record_inputs(mlp_module(model, layer).down_proj)) for layer in todo}
-        for start in progress_bar(range(0, input_ids.shape[0], batch_size), desc=f"second moments, layers {todo}",
-                                  enabled=progress is not False, leave=False):
+        for i, start in enumerate(progress_bar(starts, desc=f"second moments, layers {todo}",
+                                               enabled=progress is not False, leave=False), start=first):
             mask = attention_mask[start:start + batch_size].to(device)
             for inputs in seen.values():
                 inputs.clear()
@@ -95,12 +127,13 @@ def key_second_moments(model: Any, tok: Any, layers: Sequence[int], *, texts: Op
                 keys = inputs[0][mask.bool()].to("cpu", torch.float64)
                 totals[layer] += keys.T @ keys
             count += int(mask.sum())
+            if partial is not None and (i + 1) % save_every == 0:
+                _save(partial, {**{f"layer{l}": t for l, t in totals.items()},
+                                "count": torch.tensor(count), "next_batch": torch.tensor(i + 1)}, {})
     for layer in todo:
         found[layer] = (totals[layer] / count).to(torch.float32)
-        path = paths[layer]
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")  # a killed run never leaves half a file
-            save_file({"second_moment": found[layer].contiguous()}, str(tmp), metadata={"tokens": str(count)})
-            tmp.replace(path)
+        if paths[layer] is not None:
+            _save(paths[layer], {"second_moment": found[layer].contiguous()}, {"tokens": str(count)})
+    if partial is not None:
+        partial.unlink(missing_ok=True)
     return {layer: found[layer] for layer in layers}
