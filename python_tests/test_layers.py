@@ -1,7 +1,11 @@
 """The layer map of DESIGN.md, checked on the source: arrows point down only, benchmarks use public names."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import factkernels
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "factkernels"
@@ -53,3 +57,30 @@ def test_benchmarks_use_public_names_only():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("factkernels"):
                 private = [a.name for a in node.names if a.name.startswith("_") and a.name != "_ops"]
                 assert not private, f"{path.relative_to(ROOT)} imports private {private} from {node.module}"
+
+
+# Every factkernels module but the plotting helper, with matplotlib unimportable (as without the extra).
+_WITHOUT_MATPLOTLIB = """
+import importlib, pkgutil, sys
+sys.modules["matplotlib"] = None  # import matplotlib now raises ModuleNotFoundError
+import factkernels
+names = [m.name for m in pkgutil.walk_packages(factkernels.__path__, "factkernels.")
+         if m.name not in ("factkernels.__main__", "factkernels.experiments.plotting")]
+for name in names:
+    importlib.import_module(name)
+print(len(names))
+try:
+    import factkernels.experiments.plotting
+except ModuleNotFoundError as error:
+    print(error)
+"""
+
+
+def test_the_library_imports_without_matplotlib_and_plots_name_the_extra():
+    # run where the tested package is importable (site-packages after `pip install .`, the checkout otherwise)
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_MATPLOTLIB], capture_output=True, text=True, timeout=300,
+                          cwd=Path(factkernels.__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    count, message = done.stdout.strip().splitlines()
+    assert int(count) > 50  # every module was imported, experiments and the CLI included
+    assert message == 'experiment plots need matplotlib: pip install "factkernels[experiments]"'

@@ -127,9 +127,8 @@ def summarize(cells: list[engine.Cell]) -> dict:
 
 
 def plot(summary: dict, cells: list[engine.Cell]) -> dict:
+    from .plotting import panels  # first: it names the extra to install when matplotlib is missing
     from matplotlib.ticker import NullFormatter, ScalarFormatter
-
-    from .plotting import panels
 
     fig, axes = panels(2)
     rows = summary["rows"]

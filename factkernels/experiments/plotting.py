@@ -9,7 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Union
 
-import matplotlib
+try:
+    import matplotlib
+except ModuleNotFoundError as error:  # the library and the CLI run without it; only plots need it
+    raise ModuleNotFoundError('experiment plots need matplotlib: pip install "factkernels[experiments]"',
+                              name="matplotlib") from error
 
 matplotlib.use("Agg")  # headless: experiments run on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402

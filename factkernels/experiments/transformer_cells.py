@@ -72,9 +72,8 @@ def kept_progress(field: str) -> tuple[list[dict], Optional[Callable[[dict], Non
 def plot_w_vs_f(points: list[dict], title: str, stricter: Sequence[dict] = ()):
     """Smallest usable MLP parameters W against facts F (log-log), with an F log F guide through the first point;
     ``stricter``: the searches scored on training + held-out junk tuples, drawn beside."""
+    from .plotting import panels  # first: it names the extra to install when matplotlib is missing
     from matplotlib.ticker import NullLocator
-
-    from .plotting import panels
 
     fig, (ax,) = panels(1, width=5, height=4)
     found = [p for p in points if p["parameters"]]
