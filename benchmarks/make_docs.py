@@ -48,37 +48,50 @@ def _source(*paths: str) -> str:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms"
+    return f"{seconds * 1000:,.0f} ms"
 
 
 def _mib(num_bytes: float) -> str:
     return f"{num_bytes / 2**20:.0f} MiB"
 
 
-def _shape(row: dict, skip: tuple = ("kernel", "kernel_ms", "torch_ms", "speedup")) -> str:
+def _shape(row: dict) -> str:
+    """The sizes a race ran at: its integer entries other than byte and FLOP counts."""
     return ", ".join(f"{key}={value}" for key, value in row.items()
-                     if key not in skip and not key.endswith("_bytes"))
+                     if type(value) is int and key != "flops" and not key.endswith("_bytes"))
+
+
+def _over_limit(row: dict) -> str:
+    # The physical reference bench.py and gpu_suite.py time beside each kernel (absent in older JSON).
+    return f"{row['kernel_over_limit']:.1f}×" if "kernel_over_limit" in row else "–"
 
 
 # --- kernels and construction ---------------------------------------------------------------------------
 
 def cpu_construct() -> str:
     path = f"{RESULTS}/cpu.json"
+    builds = load(path)["construct"]
+    floor = any("cholesky_s" in r for r in builds)  # timed beside each build since bench.py measured it
     rows = []
-    for r in load(path)["construct"]:
+    for r in builds:
         per_gadget = r.get("per_gadget_s")
         rows.append([r["d"], r["F"], r["m"], _ms(r["kernels_s"]), _ms(r["torch_s"]),
                      f"{per_gadget:.1f} s" if per_gadget else "–", f"{r['speedup_vs_torch']:.2f}×",
-                     f"{r['speedup_vs_per_gadget']:.0f}×" if per_gadget else "–"])
-    header = ["d", "F", "m", "kernels", "best pure torch", "per_gadget (Alg. 3 verbatim)", "vs torch", "vs per_gadget"]
+                     f"{r['speedup_vs_per_gadget']:.0f}×" if per_gadget else "–"]
+                    + ([_ms(r["cholesky_s"]) if "cholesky_s" in r else "–"] if floor else []))
+    header = (["d", "F", "m", "kernels", "best pure torch", "per_gadget (Alg. 3 verbatim)", "vs torch", "vs per_gadget"]
+              + (["one Cholesky of the F×F Gram (the floor)"] if floor else []))
     return _rows(header, rows) + _source(path)
 
 
 def cpu_kernels() -> str:
     path = f"{RESULTS}/cpu.json"
+    kernels = load(path)["kernels"]
+    limit = any("kernel_over_limit" in r for r in kernels)
     rows = [[r["kernel"], _shape(r), f"{r['kernel_ms']:.1f} ms", f"{r['torch_ms']:.1f} ms", f"{r['speedup']:.2f}×"]
-            for r in load(path)["kernels"]]
-    return _rows(["kernel", "shape", "kernel", "torch", "speedup"], rows) + _source(path)
+            + ([_over_limit(r)] if limit else []) for r in kernels]
+    header = ["kernel", "shape", "kernel", "torch", "speedup"] + (["kernel / physical limit"] if limit else [])
+    return _rows(header, rows) + _source(path)
 
 
 def gpu_kernels() -> str:
@@ -88,14 +101,17 @@ def gpu_kernels() -> str:
         suite = load(path)
         for r in suite["kernels"] + suite.get("attention", []):
             races.setdefault((r["kernel"], _shape(r)), {})[gpu] = r
-    header = ["kernel", "shape"] + [f"{gpu} {column}" for gpu in paths for column in ("kernel", "torch", "speedup")]
+    limited = {gpu for gpu in paths for by_gpu in races.values() if "kernel_over_limit" in by_gpu.get(gpu, {})}
+    columns = {gpu: ("kernel", "torch", "speedup") + (("kernel / physical limit",) if gpu in limited else ())
+               for gpu in paths}
+    header = ["kernel", "shape"] + [f"{gpu} {column}" for gpu in paths for column in columns[gpu]]
     rows = []
     for (kernel, shape), by_gpu in races.items():
         cells = []
         for gpu in paths:
             r = by_gpu.get(gpu)
-            cells += ([f"{r['kernel_ms']:.2f} ms", f"{r['torch_ms']:.2f} ms", f"{r['speedup']:.2f}×"] if r
-                      else ["–", "–", "–"])
+            cells += ([f"{r['kernel_ms']:.2f} ms", f"{r['torch_ms']:.2f} ms", f"{r['speedup']:.2f}×"]
+                      + ([_over_limit(r)] if gpu in limited else []) if r else ["–"] * len(columns[gpu]))
         rows.append([kernel, shape] + cells)
     return _rows(header, rows) + _source(*paths.values())
 
