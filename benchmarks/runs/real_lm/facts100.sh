@@ -8,7 +8,7 @@ source "$(dirname "$0")/common.sh"
 run 100 --only method=ours --only layer=29 --only position=null
 run 100 --only method=memit --only 'hparams={"mom2_weight": 150.0}'
 run 100 --only method=ours --only layer=5 --only position=subject
-run 100 --only method=alphaedit --only 'hparams={"lr": 0.5, "nullspace_tol": 10.0, "steps": 100}'
+run 100 --only method=alphaedit --only 'hparams={"lr": 0.5, "nullspace_threshold": 10.0, "steps": 100}'
 run 100 --only method=rome --only hparams=null
 run 100 --only method=ours --only layer=20 --only position=null
 run 100 --only method=ours --only layer=10 --only position=subject

@@ -12,10 +12,10 @@ run 1000 --only method=ours --only layer=29 --only position=null
 run 1000 --only method=ours --only layer=20 --only position=null
 run 1000 --only method=memit --only 'hparams={"mom2_weight": 150.0}'
 run 1000 --only method=rome --only hparams=null
-run 1000 --only method=alphaedit --only 'hparams={"steps": 100, "lr": 0.5, "nullspace_tol": 10.0}'
+run 1000 --only method=alphaedit --only 'hparams={"steps": 100, "lr": 0.5, "nullspace_threshold": 10.0}'
 run 1000 --only method=memit --only 'hparams={"steps": 100}'
 for lam in 1500.0 150.0 1.0; do run 1000 --only method=memit --only "hparams={\"steps\": 100, \"mom2_weight\": $lam}"; done
 run 1000 --only method=alphaedit --only 'hparams={"steps": 100, "lr": 0.5}'
-run 1000 --only method=alphaedit --only 'hparams={"steps": 100, "lr": 0.5, "nullspace_tol": 1.0}'
+run 1000 --only method=alphaedit --only 'hparams={"steps": 100, "lr": 0.5, "nullspace_threshold": 1.0}'
 for layer in 25 15 10 5; do run 1000 --only method=ours --only layer=$layer --only position=null; done
 for layer in 10 5; do run 1000 --only method=ours --only layer=$layer --only position=subject; done
