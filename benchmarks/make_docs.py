@@ -525,6 +525,21 @@ def headline() -> str:
 
 # --- claims of each area ---------------------------------------------------------------------------------
 
+def claims_counts() -> str:
+    from collections import Counter
+
+    from factkernels.experiments.claims import claim_rows, latest_rows
+    from factkernels.experiments.engine import VERDICTS
+
+    folders = [ROOT / RESULTS / folder for folder in RUN_FOLDERS]
+    rows = claim_rows(folders)
+    every, largest = Counter(r["verdict"] for r in rows), Counter(r["verdict"] for r in latest_rows(rows))
+    table = [[verdict, largest.get(verdict, 0), every.get(verdict, 0)] for verdict in VERDICTS]
+    table.append(["all", sum(largest.values()), sum(every.values())])
+    return (_rows(["verdict", "claims (each by its largest run)", "rows (every run of every claim)"], table)
+            + _source(*(f"{RESULTS}/{folder}" for folder in RUN_FOLDERS)))
+
+
 def claims_of(*experiments: str) -> Callable[[], str]:
     """The claims the named experiments test, per committed run: paper's number and our verdict."""
     def table() -> str:
@@ -578,6 +593,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "rgr-softmax": rgr_softmax,
     "hf-insert": hf_insert,
     "real-lm-editing": real_lm_editing,
+    "claims-counts": claims_counts,
     "claims-capacity": claims_of("rho-vs-cost", "whitening", "scaling", "hybrids", "ntk-ustar", "method-costs"),
     "claims-attention": claims_of("rgr-budget", "rgr-diagonal", "rgr-regular", "rgr-softmax", "rgr-value",
                                   "rgr-block"),
