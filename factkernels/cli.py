@@ -104,25 +104,21 @@ def _run_construct_distributed(args: argparse.Namespace) -> int:
         dtype = torch.float64 if args.float64 else torch.float32
         keys, values, facts = _fact_set(args, dtype)
         rows = shard_rows(keys.shape[0], rank, world_size)
-        start = time.perf_counter()
         mlp = construct_sharded(keys[rows].to(device), values.to(device), facts[rows].to(device), m=args.m,
                                 outputs=args.outputs, activation=args.activation,
                                 width_multiplier=args.width_multiplier, seed=args.seed, backend=args.backend,
                                 verify="report", progress=not args.quiet and rank == 0)
-        seconds = time.perf_counter() - start
+        report = mlp.report  # construct's schema: accuracy, failed, min margin, timings, world_size
         if rank == 0:
-            report = {"world_size": world_size, "num_facts": keys.shape[0], "m": mlp.m, "hidden": mlp.hidden_size,
-                      "failed": mlp.failed, "min_margin": mlp.min_margin, "cg_iterations": mlp.solve.iterations,
-                      "residual": mlp.solve.residual, "seconds": seconds}
-            print(json.dumps(report, indent=2))
+            print(report)
             if args.json:
                 Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-                payload = {"config": vars(args), "report": report, "environment": environment()}
+                payload = {"config": vars(args), "report": report.to_dict(), "environment": environment()}
                 Path(args.json).write_text(json.dumps(payload, indent=2, default=str))
                 print(f"wrote {args.json}")
             if args.save:
                 mlp.save(args.save)
-        return 0 if mlp.failed == 0 else 1
+        return 0 if report.failed == 0 else 1
     finally:
         dist.destroy_process_group()
 

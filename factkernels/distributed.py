@@ -14,6 +14,7 @@ Launch with torchrun (one process per GPU or CPU slot), e.g.
 
 from __future__ import annotations
 
+import time
 from typing import Optional, Union
 
 import torch
@@ -23,7 +24,7 @@ from . import _ops
 from .decoder import OUTPUTS, check_decodable, choose_m, decoder_failures, output_embeddings, verify_margins
 from .encoder import GatedEncoder, assemble, augment, gadget_width, sample_gate
 from .mlp import FactMLP
-from .report import FactStorageError
+from .report import ConstructionReport, FactStorageError
 from .solvers import GadgetOperator, cg_iterations_hint, solve_cg, whitening
 from .validation import check_choice, check_facts, check_matrix, check_positive_int
 
@@ -64,8 +65,8 @@ def construct_sharded(
             f: (F_r,) this rank's value indices. Other arguments as in :func:`factkernels.construct`.
 
     Returns:
-        The same FactMLP on every rank, with ``failed`` and ``min_margin`` over all facts
-        (attributes) when verified.
+        The same FactMLP on every rank, with ``.report`` (a :class:`ConstructionReport`, the schema
+        ``construct`` writes: accuracy, failed and min margin over all facts when verified).
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("construct_sharded needs an initialized torch.distributed process group "
@@ -78,6 +79,7 @@ def construct_sharded(
     _ops.check_activation(activation)
     d_in = K.shape[1]
     generator = torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
 
     # every rank computes the same outputs and decoder (deterministic, replicated)
     out_embed, rho = output_embeddings(V, outputs)
@@ -85,7 +87,7 @@ def construct_sharded(
     used = torch.zeros(V.shape[0], dtype=torch.float64, device=K.device)
     used[facts] = 1.0
     used = torch.nonzero(_all_reduce(used)).flatten()
-    decoder, _ = choose_m(m, out_embed, V, used, rho, generator, backend)
+    decoder, m_search = choose_m(m, out_embed, V, used, rho, generator, backend)
 
     sums = _all_reduce(torch.stack([torch.tensor(float(K.shape[0]), dtype=torch.float64, device=K.device),
                                     K.double().square().sum()]))
@@ -105,18 +107,28 @@ def construct_sharded(
                            up_bias=coef[:, :, d_in].reshape(-1).contiguous(), output_bias=out_bias,
                            gadget_width=width, solve=info)
     mlp = assemble(encoder, decoder.projection, activation=activation, backend=backend)
-    mlp.solve, mlp.m = info, decoder.m
+    report = ConstructionReport(
+        num_facts=num_facts, num_values=V.shape[0], d_in=d_in, d_out=V.shape[1], m=decoder.m, m_search=m_search,
+        rho=rho, outputs=outputs, hidden=mlp.hidden_size, gadget_width=width,
+        width_multiplier=round(width_multiplier, 4), params=mlp.num_parameters, activation=activation,
+        solver=info.solver, precision=info.precision, residual=float(info.residual), cg_iterations=info.iterations,
+        whiten_alpha=0.0, backend=backend, device=str(K.device), verified=verify is not False,
+        world_size=dist.get_world_size(),
+    )
     if verify is not False:
         margins = verify_margins(mlp, K, V, facts)
         counts = _all_reduce(torch.tensor([float((margins <= 0).sum())], dtype=torch.float64, device=K.device))
         low = torch.tensor([float(margins.min()) if margins.numel() else float("inf")], dtype=torch.float64,
                            device=K.device)
         dist.all_reduce(low, op=dist.ReduceOp.MIN)
-        mlp.failed, mlp.min_margin = int(counts[0]), float(low[0])
-        if verify is True and mlp.failed:
-            raise FactStorageError(f"{mlp.failed} of {num_facts} facts are not stored (min margin {mlp.min_margin:.3g}); "
-                                   f"{decoder_failures(decoder, V, used, backend)} values do not survive the JL "
-                                   "projection", None)
+        report.failed, report.min_margin = int(counts[0]), float(low[0])
+        report.accuracy = 1.0 - report.failed / num_facts
+    report.timings = {"total": time.perf_counter() - start}
+    mlp.report = report
+    if verify is True and report.failed:
+        raise FactStorageError(f"{report.failed} of {num_facts} facts are not stored (min margin "
+                               f"{report.min_margin:.3g}); {decoder_failures(decoder, V, used, backend)} values do "
+                               "not survive the JL projection", report)
     return mlp
 
 

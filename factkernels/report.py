@@ -1,4 +1,5 @@
-"""The construction report: what construct() built and measured."""
+"""The construction report: what a construction built and measured, one schema for every path
+(:func:`factkernels.construct` and :func:`factkernels.distributed.construct_sharded`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from typing import Optional
 
 @dataclass
 class ConstructionReport:
-    """What ``construct`` built and measured. ``str(report)`` prints a table."""
+    """What ``construct`` (or ``construct_sharded``) built and measured. ``str(report)`` prints a table.
+
+    ``accuracy``, ``failed`` and ``min_margin`` are over all facts (None when not verified);
+    ``world_size`` is the number of processes the facts were sharded over (1 for ``construct``).
+    """
 
     num_facts: int
     num_values: int
@@ -36,6 +41,7 @@ class ConstructionReport:
     failed: Optional[int] = None
     min_margin: Optional[float] = None
     timings: dict = field(default_factory=dict)
+    world_size: int = 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,6 +65,8 @@ class ConstructionReport:
             ("whitening alpha", f"{self.whiten_alpha:g}"),
             ("backend / device", f"{self.backend} / {self.device}"),
         ]
+        if self.world_size > 1:
+            rows.append(("processes", str(self.world_size)))
         rows += [(f"time: {k}", f"{v * 1e3:.1f} ms") for k, v in self.timings.items()]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -29,7 +29,7 @@ def gloo_construct_worker(rank: int, world_size: int, port: int, out: str, sizes
         rows = shard_rows(facts, rank, world_size)
         mlp = construct_sharded(K[rows], V, f[rows], m=m, outputs="values", cg_tol=1e-10)
         if rank == 0:
-            torch.save({"state": mlp.state_dict(), "failed": mlp.failed}, out)
+            torch.save({"state": mlp.state_dict(), "report": mlp.report.to_dict()}, out)
     finally:
         dist.destroy_process_group()
 

@@ -28,9 +28,14 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
     out = str(tmp_path / "rank0.pt")
     mp.spawn(gloo_construct_worker, args=(2, _free_port(), out, (FACTS, VALUES, DIM, M)), nprocs=2, join=True)
     result = torch.load(out)
-    assert result["failed"] == 0
     K, V, f = random_fact_set(FACTS, VALUES, DIM, seed=0, dtype=torch.float64)
     single = construct(K, V, f, m=M, outputs="values", solver="cg", cg_tol=1e-10, progress=False)
+    report, alone = result["report"], single.report.to_dict()
+    assert report.keys() == alone.keys()  # one report schema for every construction path
+    assert report["accuracy"] == alone["accuracy"] == 1.0 and report["failed"] == 0 and report["min_margin"] > 0
+    assert (report["world_size"], alone["world_size"]) == (2, 1)
+    for key in ("num_facts", "num_values", "d_in", "d_out", "m", "m_search", "hidden", "gadget_width", "params", "solver"):
+        assert report[key] == alone[key], key
     for name, tensor in single.state_dict().items():
         torch.testing.assert_close(result["state"][name], tensor, rtol=1e-6, atol=1e-8, msg=name)
 
