@@ -130,6 +130,8 @@ def test_named_files_and_modules_exist(path):
              if not set("{*") & set(name)}  # patterns such as rgr-*/ or n{10,100}
     missing = sorted(name for name in files if not (ROOT / name).exists())
     missing += sorted({name for name in re.findall(r"\bfactkernels(?:\.\w+)+", text) if not _resolves(name)})
+    scripts = {path.name for folder in ("factkernels", "benchmarks", "python_tests") for path in (ROOT / folder).rglob("*.py")}
+    missing += sorted({name for name in re.findall(r"`(?:[\w.-]+/)*(\w+\.py)`", text) if name not in scripts})
     assert not missing, f"{path.relative_to(ROOT)} names what does not exist: {missing}"
 
 
