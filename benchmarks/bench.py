@@ -110,7 +110,10 @@ def bench_construct(device: torch.device, sizes: list[tuple[int, int, int]], per
         K, V, f = (t.to(device) for t in random_fact_set(num_facts, num_facts, d, seed=0))
         row = {"d": d, "F": num_facts, "m": m, "outputs": "values", "solver": "cholesky",
                "cholesky_s": cholesky_seconds(num_facts, device)}
-        for name, kwargs in [("kernels", {"backend": "kernels"}), ("torch", {"backend": "torch"})]:
+        # on a GPU the compiled path is "auto": the CUDA kernels that earn their place, cuBLAS twins for the rest
+        fast = "kernels" if device.type == "cpu" else "auto"
+        row["kernels_backend"] = fast
+        for name, kwargs in [("kernels", {"backend": fast}), ("torch", {"backend": "torch"})]:
             mlp = None
 
             def run():
@@ -238,9 +241,17 @@ def bench_attention(device: torch.device, quick: bool, rate: float) -> list[dict
 
 def race(name: str, shape: dict, device: torch.device, kernel: Callable, twin: Callable, *, flops: float,
          rate: float) -> dict:
-    """Kernel against twin, both beside the time ``flops`` take at the measured GEMM ``rate`` (FLOP/s)."""
-    k, t = timeit(kernel, device), timeit(twin, device)
+    """Kernel against twin, both beside the time ``flops`` take at the measured GEMM ``rate`` (FLOP/s).
+    An op with no kernel on the device (``_ops.CPU_ONLY_KERNELS`` on a GPU) times its twin only."""
     limit = flops / rate
+    t = timeit(twin, device)
+    if device.type == "cuda" and name in _ops.CPU_ONLY_KERNELS:
+        print(f"{name:<15} {json.dumps(shape):<48} (no CUDA kernel)  torch {t*1e3:8.2f} ms  GEMM-rate limit "
+              f"{limit*1e3:8.3f} ms (torch {t/limit:6.2f}x it)", flush=True)
+        return {"kernel": name, **shape, "kernel_ms": None, "torch_ms": t * 1e3, "speedup": None, "flops": flops,
+                "limit": "FLOPs at the float32 GEMM rate", "limit_ms": limit * 1e3, "kernel_over_limit": None,
+                "torch_over_limit": t / limit}
+    k = timeit(kernel, device)
     print(f"{name:<15} {json.dumps(shape):<48} kernel {k*1e3:8.2f} ms  torch {t*1e3:8.2f} ms  x{t/k:5.2f}  "
           f"GEMM-rate limit {limit*1e3:8.3f} ms (kernel {k/limit:6.2f}x it)", flush=True)
     return {"kernel": name, **shape, "kernel_ms": k * 1e3, "torch_ms": t * 1e3, "speedup": t / k, "flops": flops,

@@ -110,8 +110,11 @@ def gpu_kernels() -> str:
         cells = []
         for gpu in paths:
             r = by_gpu.get(gpu)
-            cells += ([f"{r['kernel_ms']:.2f} ms", f"{r['torch_ms']:.2f} ms", f"{r['speedup']:.2f}×"]
-                      + ([_over_limit(r)] if gpu in limited else []) if r else ["–"] * len(columns[gpu]))
+            if r and r["kernel_ms"] is None:  # a run after its CUDA kernel was removed: the twin only
+                cells += ["no kernel", f"{r['torch_ms']:.2f} ms", "–"] + (["–"] if gpu in limited else [])
+            else:
+                cells += ([f"{r['kernel_ms']:.2f} ms", f"{r['torch_ms']:.2f} ms", f"{r['speedup']:.2f}×"]
+                          + ([_over_limit(r)] if gpu in limited else []) if r else ["–"] * len(columns[gpu]))
         rows.append([kernel, shape] + cells)
     return _rows(header, rows) + _source(*paths.values())
 

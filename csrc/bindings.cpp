@@ -62,6 +62,15 @@ Activation to_activation(int code) {
   do { (void)(dev); (void)(stream); cpu::kernel(args); } while (0)
 #endif
 
+// A kernel with no CUDA instantiation (its torch twin is faster on a GPU); _ops.py never sends
+// it a CUDA tensor, so a device index here is a caller's bug.
+#define FK_LAUNCH_CPU(kernel, args, dev, stream)                                          \
+  do {                                                                                   \
+    (void)(stream);                                                                      \
+    if (dev >= 0) throw std::invalid_argument(#kernel " has no CUDA kernel (CPU only)"); \
+    cpu::kernel(args);                                                                   \
+  } while (0)
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -104,7 +113,7 @@ PYBIND11_MODULE(_C, m) {
             GadgetProductArgs<T> a{cptr<T>(s), lds, cptr<T>(p), ldp, cptr<T>(coef), ldo,
                                    mptr<T>(out), n, h, q, mm};
             py::gil_scoped_release nogil;
-            FK_LAUNCH(gadget_matvec, a, dev, stream);
+            FK_LAUNCH_CPU(gadget_matvec, a, dev, stream);
           });
         });
 
@@ -118,7 +127,7 @@ PYBIND11_MODULE(_C, m) {
             GadgetProductArgs<T> a{cptr<T>(s), lds, cptr<T>(p), ldp, cptr<T>(y), ldy,
                                    mptr<T>(out), n, h, q, mm};
             py::gil_scoped_release nogil;
-            FK_LAUNCH(gadget_rmatvec, a, dev, stream);
+            FK_LAUNCH_CPU(gadget_rmatvec, a, dev, stream);
           });
         });
 
@@ -126,32 +135,30 @@ PYBIND11_MODULE(_C, m) {
         [](const std::string& device, const std::string& dtype, uintptr_t x, int64_t ldx,
            uintptr_t wg, uintptr_t bg, uintptr_t wu, uintptr_t bu, uintptr_t wd, uintptr_t bd,
            uintptr_t out, int64_t ldo, int64_t n, int64_t d_in, int64_t h, int64_t hg,
-           int64_t d_out, int act, uintptr_t scratch, int64_t chunk_rows, uintptr_t stream) {
+           int64_t d_out, int act, uintptr_t stream) {
           const int dev = device_index(device);
           dispatch_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
             GatedForwardArgs<T> a{cptr<T>(x), ldx, cptr<T>(wg), cptr<T>(bg), cptr<T>(wu),
                                   cptr<T>(bu), cptr<T>(wd), cptr<T>(bd), mptr<T>(out), ldo,
-                                  n, d_in, h, hg, d_out, to_activation(act), mptr<T>(scratch), chunk_rows};
+                                  n, d_in, h, hg, d_out, to_activation(act)};
             py::gil_scoped_release nogil;
-            FK_LAUNCH(gated_forward, a, dev, stream);
+            FK_LAUNCH_CPU(gated_forward, a, dev, stream);
           });
         });
 
   m.def("decode",
         [](const std::string& device, const std::string& dtype, uintptr_t y, int64_t ldy,
            uintptr_t v, int64_t ldv, uintptr_t target, uintptr_t index, uintptr_t margin,
-           int64_t n, int64_t nv, int64_t d, int64_t splits, uintptr_t part_val, uintptr_t part_idx,
-           uintptr_t stream) {
+           int64_t n, int64_t nv, int64_t d, uintptr_t stream) {
           const int dev = device_index(device);
           dispatch_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
             DecodeArgs<T> a{cptr<T>(y), ldy, cptr<T>(v), ldv,
                             reinterpret_cast<const int64_t*>(target),
-                            reinterpret_cast<int64_t*>(index), mptr<T>(margin), n, nv, d,
-                            splits, mptr<T>(part_val), reinterpret_cast<int64_t*>(part_idx)};
+                            reinterpret_cast<int64_t*>(index), mptr<T>(margin), n, nv, d};
             py::gil_scoped_release nogil;
-            FK_LAUNCH(decode, a, dev, stream);
+            FK_LAUNCH_CPU(decode, a, dev, stream);
           });
         });
 

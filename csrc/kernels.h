@@ -60,8 +60,6 @@ struct GadgetProductArgs {
 //   x: (n, d_in), wg: (hg, d_in) with hg dividing h (hg < h shares gate rows
 //   across gadgets, row r uses gate r mod hg), wu: (h, d_in), wd: (d_out, h), out: (n, d_out).
 //   Any bias pointer may be null.
-//   CUDA only: rows are processed chunk_rows at a time through scratch, a caller-owned
-//   buffer of chunk_rows * (hg + h) elements (the caller's allocator, not cudaMalloc here).
 template <typename T>
 struct GatedForwardArgs {
   const T* x; int64_t ldx;
@@ -71,7 +69,6 @@ struct GatedForwardArgs {
   T* out; int64_t ldo;
   int64_t n, d_in, h, hg, d_out;
   Activation act;
-  T* scratch; int64_t chunk_rows;
 };
 
 // Fused decode, streaming over v in tiles with O(n + nv) extra memory:
@@ -81,9 +78,6 @@ struct GatedForwardArgs {
 //   y: (n, d), v: (nv, d), target: (n,) int64 in [0, nv) or null; index: (n,) int64; margin: (n,)
 // NaN scores count as the largest (as torch.argmax does): a row with any NaN score gets
 // index = its lowest NaN column and margin = NaN.
-// CUDA only: v is split into `splits` column ranges decoded by separate blocks and merged
-// in order; with splits > 1, part_val (3 * splits * n) and part_idx (splits * n) are
-// caller-owned scratch for the per-range states.
 template <typename T>
 struct DecodeArgs {
   const T* y; int64_t ldy;
@@ -92,8 +86,6 @@ struct DecodeArgs {
   int64_t* index;
   T* margin;
   int64_t n, nv, d;
-  int64_t splits;
-  T* part_val; int64_t* part_idx;
 };
 
 // Smallest star scores of outputs against values, streaming over w in tiles with
@@ -168,14 +160,13 @@ int num_threads();
 }  // namespace cpu
 
 #ifdef FACTKERNELS_CUDA
+// No CUDA gadget products, gated_forward or decode: on an H100 and an H200 their shared-memory
+// float32 kernels ran at 0.26-0.97x of the cuBLAS-backed torch twins, which run on a GPU instead
+// (README, "Kernels that earn their place"; benchmarks/runs/gpu/NOTES.md).
 namespace cuda {
 template <typename T> void softmax_xent(const SoftmaxXentArgs<T>& a, uintptr_t stream);
 template <typename T> void gate_features(const GateFeaturesArgs<T>& a, uintptr_t stream);
 template <typename T> void hadamard_gram(const HadamardGramArgs<T>& a, uintptr_t stream);
-template <typename T> void gadget_matvec(const GadgetProductArgs<T>& a, uintptr_t stream);
-template <typename T> void gadget_rmatvec(const GadgetProductArgs<T>& a, uintptr_t stream);
-template <typename T> void gated_forward(const GatedForwardArgs<T>& a, uintptr_t stream);
-template <typename T> void decode(const DecodeArgs<T>& a, uintptr_t stream);
 template <typename T> void max_head_scores(const MaxHeadScoresArgs<T>& a, uintptr_t stream);
 template <typename T> void star_topk(const StarTopkArgs<T>& a, uintptr_t stream);
 int device_count();

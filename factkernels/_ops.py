@@ -48,9 +48,6 @@ HAS_EXTENSION = _C is not None
 
 BACKENDS = ("auto", "kernels", "torch")
 
-# Rows the CUDA gated_forward processes at once: 128 row tiles per product fill an H100.
-_GATED_CHUNK_ROWS = 8192
-
 # Analytic, non-polynomial activations; codes match csrc/kernels.h.
 ACTIVATIONS = {"silu": 0, "gelu": 1, "tanh": 2, "sigmoid": 3, "softplus": 4}
 # Activations a user might ask for that the gated gadget cannot use (Lemma 4.1.2).
@@ -197,17 +194,20 @@ def _indices(name: str, t: torch.Tensor, ref: torch.Tensor, size: int, what: str
     return t
 
 
-# The ops whose CUDA kernel backend="auto" runs. On an H200 and an H100 (benchmarks/results/gpu_suite-*.json)
-# torch's cuBLAS-backed twins ran the GEMM-shaped ops faster than these shared-memory float32 kernels (kernel
-# speed over twin's, H200 / H100): gadget products 0.26-0.64x / 0.28-0.86x, gated_forward 0.42-0.60x /
-# 0.45-0.62x, decode 0.34-0.87x / 0.35-0.97x, so there "auto" runs their twins; decode's twin streams in chunks,
-# so it never holds n x |V| scores either. gate_features (0.73-1.02x / 1.13-1.14x) wins on one GPU only and
-# stays on its twin. Kept: the three that won (hadamard_gram 1.10-1.13x / 1.16-1.29x, softmax_cross_entropy
-# 1.83x / 2.08x, star_topk raced on the H100 only: 3.70-3.93x, its twin sorts whole rows of scores) and
-# max_head_scores (0.50-0.87x / 0.55-0.99x, but h times less memory than the twin's per-head scores).
-# backend="kernels" runs every kernel on any device.
+# Kernels that earn their place. On an H200 and an H100 (benchmarks/results/gpu_suite-*.json) torch's
+# cuBLAS-backed twins ran the GEMM-shaped ops faster than the shared-memory float32 CUDA kernels (kernel speed
+# over twin's, H200 / H100): gadget products 0.26-0.64x / 0.28-0.86x, gated_forward 0.42-0.60x / 0.45-0.62x,
+# decode 0.34-0.87x / 0.35-0.97x. A kernel as fast as cuBLAS needs tensor cores in a 3xTF32 split (float32
+# accuracy), which no lent GPU run could yet show winning, so those four CUDA kernels are removed: on a GPU
+# they run their twins (decode's twin streams in chunks, so it never holds n x |V| scores either). Their CPU
+# kernels stay (1.5-4.3x their twins). gate_features (0.73-1.02x / 1.13-1.14x) won on one GPU only and runs
+# its twin under "auto". CUDA "auto" runs the three that won (hadamard_gram 1.10-1.13x / 1.16-1.29x,
+# softmax_cross_entropy 1.83x / 2.08x, star_topk on the H100: 3.70-3.93x, its twin sorts whole rows of scores)
+# and max_head_scores (0.50-0.87x / 0.55-0.99x, but h times less memory than the twin's per-head scores).
+# backend="kernels" runs every compiled kernel on its devices.
 KERNEL_OPS = ("gate_features", "hadamard_gram", "gadget_matvec", "gadget_rmatvec", "gated_forward", "decode",
               "softmax_cross_entropy", "max_head_scores", "star_topk")
+CPU_ONLY_KERNELS = frozenset({"gadget_matvec", "gadget_rmatvec", "gated_forward", "decode"})
 CUDA_AUTO_KERNELS = frozenset({"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk"})
 
 
@@ -224,10 +224,14 @@ def _use_kernel(backend: str, op: str, *tensors: Optional[torch.Tensor]) -> bool
     if backend == "torch":
         return False
     ref = tensors[0]
+    if backend == "kernels" and ref.device.type == "cuda" and op in CPU_ONLY_KERNELS:
+        raise RuntimeError(f"backend='kernels': {op} has no CUDA kernel (its cuBLAS-backed torch twin was faster on "
+                           "an H100 and an H200, so the CUDA kernel was removed); use backend='auto' or 'torch'")
     ok = (
         _C is not None
         and ref.dtype in (torch.float32, torch.float64)
-        and (ref.device.type == "cpu" or (ref.device.type == "cuda" and _cuda_kernels_usable()))
+        and (ref.device.type == "cpu" or (ref.device.type == "cuda" and op not in CPU_ONLY_KERNELS
+                                          and _cuda_kernels_usable()))
         and not any(t is not None and t.requires_grad and torch.is_grad_enabled() for t in tensors)
     )
     if backend == "kernels" and not ok:
@@ -451,8 +455,7 @@ def softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor, *,
 
 
 def _value_splits(n: int, nv: int, device: torch.device) -> int:
-    """How many ranges of the values the CUDA decode and star_topk split into (1 on CPU, which splits
-    on its own).
+    """How many ranges of the values the CUDA star_topk splits into (1 on CPU, which splits on its own).
 
     One block covers 32 rows and streams 64-value tiles; with few rows the values are split
     until there are about two blocks per multiprocessor, each range at least 8 tiles long.
@@ -568,13 +571,9 @@ def _gated_forward_kernel(x: torch.Tensor, gate_weight: torch.Tensor, gate_bias:
     gate_bias, up_bias, down_bias = (None if b is None else b.contiguous() for b in (gate_bias, up_bias, down_bias))
     n, d_out = x.shape[0], down_weight.shape[0]
     out = torch.empty(n, d_out, dtype=x.dtype, device=x.device)
-    # CUDA works through gate and hidden activations of chunk_rows rows at a time, in
-    # scratch from torch's caching allocator (the CPU kernel keeps per-thread tiles).
-    chunk_rows = min(n, _GATED_CHUNK_ROWS) if x.device.type == "cuda" else 0
-    scratch = torch.empty(chunk_rows * (hg + h), dtype=x.dtype, device=x.device) if chunk_rows else None
     _C.gated_forward(*_launch_args(x), _ptr(x), _ld(x), _ptr(gate_weight), _ptr(gate_bias), _ptr(up_weight),
                      _ptr(up_bias), _ptr(down_weight), _ptr(down_bias), _ptr(out), _ld(out), n, x.shape[1], h, hg,
-                     d_out, ACTIVATIONS[activation], _ptr(scratch), chunk_rows, _stream(x))
+                     d_out, ACTIVATIONS[activation], _stream(x))
     return out
 
 
@@ -595,11 +594,8 @@ def _decode_kernel(y: torch.Tensor, values: torch.Tensor,
     target = None if target is None else target.contiguous()
     index = torch.empty(n, dtype=torch.int64, device=y.device)
     margin = torch.empty(n, dtype=y.dtype, device=y.device)
-    splits = _value_splits(n, nv, y.device)
-    part_val = torch.empty(3 * splits * n, dtype=y.dtype, device=y.device) if splits > 1 else None
-    part_idx = torch.empty(splits * n, dtype=torch.int64, device=y.device) if splits > 1 else None
     _C.decode(*_launch_args(y), _ptr(y), _ld(y), _ptr(values), _ld(values), _ptr(target), _ptr(index),
-              _ptr(margin), n, nv, y.shape[1], splits, _ptr(part_val), _ptr(part_idx), _stream(y))
+              _ptr(margin), n, nv, y.shape[1], _stream(y))
     return index, margin
 
 
