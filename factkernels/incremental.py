@@ -40,7 +40,7 @@ from .decoder import (OUTPUTS, JLDecoder, M_GROWTH, check_decodable, decoder_fai
 from .encoder import GatedEncoder, assemble, augment, gadget_width, sample_gate
 from .memory import check_fits, estimate_build
 from .mlp import FactMLP
-from .report import FactStorageError
+from .report import ConstructionReport, FactStorageError
 from .solvers import GadgetOperator, SolveInfo, cg_iterations_hint, pick_solver, solve_cg
 from .validation import check_choice, check_distinct, check_facts, check_matrix, check_positive_int, validate_inputs
 
@@ -125,7 +125,8 @@ class FactBuilder:
 
     ``FactBuilder(K, V, f, m=64)`` builds like ``construct(K, V, f, m=64, solver="cholesky")``
     and keeps the factorization; ``.add(K_new, f_new)``, ``.remove(indices)`` and
-    ``.update(indices, f_changed)`` change the stored facts, ``.mlp`` is the verified MLP.
+    ``.update(indices, f_changed)`` change the stored facts, ``.mlp`` is the verified MLP, its ``.report``
+    a :class:`~factkernels.ConstructionReport` over the facts the change checked.
     With ``solver="cg"`` it keeps the matrix-free operator and the last solution instead (the
     warm start of the next solve): no F×F matrix, for F beyond the dense range.
 
@@ -305,12 +306,15 @@ class FactBuilder:
         self._out_embed, rho = output_embeddings(self._values, self.outputs)
         self.rho = check_decodable(float(rho), self.outputs)
         used = torch.arange(self._values.shape[0], device=self._values.device)
+        tried = [m]
         while True:
             decoder = jl_decoder(self._out_embed, m, self._generator)
             if decoder_failures(decoder, self._values, used, self.backend) == 0 or m >= 64 * self._values.shape[1]:
                 break
             m = max(m + 1, int(m * M_GROWTH + 0.999))
+            tried.append(m)
         self._decoder: JLDecoder = decoder
+        self._m_search = "given" if len(tried) == 1 else "grown: " + " -> ".join(map(str, tried))
 
     def _factorize(self, width: int) -> None:
         """Sample a gate of ``width`` rows for the current keys, whiten, form and factor the Gram."""
@@ -396,10 +400,19 @@ class FactBuilder:
             self.failed, self.min_margin = int((margins <= 0).sum()), float(margins.min())
         else:
             self.failed, self.min_margin = 0, float("nan")
+        self.mlp.report = ConstructionReport(
+            num_facts=self.num_facts, num_values=self._values.shape[0], d_in=d, d_out=self._values.shape[1], m=m,
+            m_search=self._m_search, rho=self.rho, outputs=self.outputs, hidden=self.mlp.hidden_size,
+            gadget_width=width, width_multiplier=round(self.width_multiplier, 4), params=self.mlp.num_parameters,
+            activation=self.activation, solver=self.last_solve.solver, precision=self.last_solve.precision,
+            residual=float(self.last_solve.residual), cg_iterations=self.last_solve.iterations, whiten_alpha=0.0,
+            backend=self.backend, device=str(self._keys.device), verified=True, failed=self.failed,
+            accuracy=1.0 - self.failed / self.checked if self.checked else None, min_margin=self.min_margin,
+            checked=self.checked)
         if self.verify is True and self.failed:
             raise FactStorageError(f"{self.failed} of the {self.checked} facts checked are not stored after the "
                                    f"change (min margin {self.min_margin:.3g}); raise m or rebuild with a larger "
-                                   "width_multiplier", None)
+                                   "width_multiplier", self.mlp.report)
 
 
 __all__ = ["BorderedFactor", "FactBuilder", "cholesky"]

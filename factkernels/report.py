@@ -1,5 +1,6 @@
 """The construction report: what a construction built and measured, one schema for every path
-(:func:`factkernels.construct` and :func:`factkernels.distributed.construct_sharded`)."""
+(:func:`factkernels.construct`, :func:`factkernels.distributed.construct_sharded` and
+:class:`factkernels.FactBuilder`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Optional
 
 @dataclass
 class ConstructionReport:
-    """What ``construct`` (or ``construct_sharded``) built and measured. ``str(report)`` prints a table.
+    """What ``construct`` (or ``construct_sharded``, or a ``FactBuilder`` change) built and measured.
+    ``str(report)`` prints a table.
 
-    ``accuracy``, ``failed`` and ``min_margin`` are over all facts (None when not verified);
+    ``accuracy``, ``failed`` and ``min_margin`` are over the verified facts (None when not verified):
+    all of them, or the ``checked`` ones a FactBuilder change touched (``checked`` None: all facts);
     ``world_size`` is the number of processes the facts were sharded over (1 for ``construct``).
     """
 
@@ -42,6 +45,7 @@ class ConstructionReport:
     min_margin: Optional[float] = None
     timings: dict = field(default_factory=dict)
     world_size: int = 1
+    checked: Optional[int] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -53,7 +57,8 @@ class ConstructionReport:
         rows = [
             ("facts / values", f"{self.num_facts} / {self.num_values}"),
             ("dims (in -> out)", f"{self.d_in} -> {self.d_out}"),
-            ("accuracy", "not verified" if self.accuracy is None else f"{self.accuracy:.2%} ({self.failed} failed)"),
+            ("accuracy", "not verified" if self.accuracy is None else f"{self.accuracy:.2%} ({self.failed} failed"
+                         + ("" if self.checked is None else f" of {self.checked} checked") + ")"),
             ("min margin", "-" if self.min_margin is None else f"{self.min_margin:.4g}"),
             ("rho (outputs)", f"{self.rho:.4f} ({self.outputs})"),
             ("m", f"{self.m} ({self.m_search})"),
@@ -77,8 +82,8 @@ class ConstructionReport:
 
 
 class FactStorageError(RuntimeError):
-    """Raised by ``construct(..., verify=True)`` (and ``FactBuilder``, with report None) when some
-    facts are not stored."""
+    """Raised by ``construct(..., verify=True)`` (and ``construct_sharded``, ``FactBuilder``) when some
+    facts are not stored; ``report`` is the :class:`ConstructionReport` of the failed build."""
 
     def __init__(self, message: str, report: Optional["ConstructionReport"]) -> None:
         super().__init__(message)

@@ -135,14 +135,22 @@ def test_add_verifies_the_new_facts_and_catches_one_not_stored(fact_set):
     builder = FactBuilder(K[:200][old], V, f[:200][old], m=32, outputs="values")
     builder.add(K[200:203], f[200:203])
     assert builder.checked == 3 and builder.failed == 0
+    report = builder.mlp.report  # construct's schema, over the facts this change checked
+    alone = construct(K[:50], V, f[:50], m=32, outputs="values", verify="report", progress=False).report
+    assert report.to_dict().keys() == alone.to_dict().keys()
+    assert (report.checked, report.failed, report.accuracy, report.num_facts) == (3, 0, 1.0, builder.num_facts)
+    assert report.m == builder.m and report.min_margin == builder.min_margin
+    assert report.m_search == "given" if builder.m == 32 else report.m_search.startswith("grown: 32 -> ")
     # value 155 is used by no stored fact; give it value 3's code, so a key mapped to 155 decodes as 3
     builder._decoder.codes[155] = builder._decoder.codes[3]
-    with pytest.raises(FactStorageError, match="1 of the 1 facts checked are not stored"):
+    with pytest.raises(FactStorageError, match="1 of the 1 facts checked are not stored") as raised:
         builder.add(K[203:204], torch.tensor([155]))
+    assert (raised.value.report.failed, raised.value.report.accuracy) == (1, 0.0)
     everything = FactBuilder(K[:200][old], V, f[:200][old], m=32, outputs="values", verify="report", verify_scope="all")
     everything._decoder.codes[155] = everything._decoder.codes[3]
     everything.add(K[203:206], torch.tensor([155, 1, 2]))
     assert everything.checked == everything.num_facts and everything.failed == 1
+    assert everything.mlp.report.accuracy == 1.0 - 1 / everything.num_facts
     assert everything.mlp.predict(K[203:204], V).item() == 3
     with pytest.raises(ValueError, match="verify_scope"):
         FactBuilder(K[:50], V, f[:50], m=32, verify_scope="new")
