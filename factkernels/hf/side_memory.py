@@ -22,7 +22,8 @@ import torch.nn.functional as F_nn
 from ..datasets import natural_text
 from ..editing import GRACEHparams, GraceCodebook, WISEHparams, as_dict, wise_activation_distance, wise_margin_loss
 from ..progress import progress_bar
-from .capture import capture, encode_requests, encode_texts, final_hidden, model_device
+from .capture import (block_outputs, capture, encode_requests, encode_texts, final_hidden, hidden_with_delta,
+                      model_device, tail_hidden)
 from .layout import mlp_module
 from .requests import Request
 from .residual import frozen, target_nll
@@ -51,12 +52,8 @@ def _grace(model: Any, tok: Any, requests: Sequence[Request], hp: GRACEHparams, 
     down = mlp_module(model, hp.layer).down_proj
     book = GraceCodebook()
     generator = torch.Generator().manual_seed(0)
-    training: dict = {}
 
     def hook(_m: Any, args: tuple, out: torch.Tensor) -> torch.Tensor:
-        if "value" in training:  # an edit being trained: its value at its key position
-            rows = torch.arange(out.shape[0], device=out.device)
-            return out.index_put((rows, training["where"]), training["value"].expand(out.shape[0], -1))
         hit, nearest = book.lookup(args[0].reshape(-1, args[0].shape[-1]))
         if not bool(hit.any()):
             return out
@@ -70,21 +67,24 @@ def _grace(model: Any, tok: Any, requests: Sequence[Request], hp: GRACEHparams, 
         for r in progress_bar(list(requests), desc="grace", enabled=progress is not False, leave=False):
             batch = encode_requests(tok, [r], with_target=True)
             where = batch.prompt_last.to(model_device(model))
-            handle.remove()  # the query is the unedited projection's input
+            handle.remove()  # the query, output and states of the unedited layer
             query = capture(model, batch.input_ids, batch.attention_mask, hp.layer, site="down_in",
                             positions=batch.prompt_last)[0]
+            with torch.no_grad():
+                own = down(query)
+            states = block_outputs(model, batch.input_ids, batch.attention_mask, hp.layer)
             handle = down.register_forward_hook(hook)
             init = torch.rand(down.out_features, generator=generator).to(query)
             index = book.add(query, r.target_new, init, hp.eps)
             value = book.values[index].clone().requires_grad_(True)
             opt = torch.optim.Adam([value], lr=hp.lr)
-            training.update(value=value, where=where)
-            for _ in range(hp.steps):
-                loss = target_nll(model, batch).mean()
+            rows = torch.zeros(1, dtype=torch.long)
+            for _ in range(hp.steps):  # the value in place of the output at the key: the later blocks only run
+                hidden = hidden_with_delta(model, hp.layer, batch, states, rows, where, (value - own)[None])
+                loss = target_nll(model, batch, hidden).mean()
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-            training.clear()
             book.values[index] = value.detach()
             losses.append(float(loss.detach()))
     except Exception:
@@ -129,12 +129,21 @@ def _wise(model: Any, tok: Any, requests: Sequence[Request], hp: WISEHparams, pr
             batch = encode_requests(tok, [r], with_target=True)
             other_ids, other_mask = encode_texts(tok, [unrelated[i % len(unrelated)]], max_length=32)
             opt = torch.optim.SGD([side_param], lr=hp.lr, weight_decay=1e-5)
+            # the blocks before the side memory never change: each step runs from the states before it
+            edit_in = block_outputs(model, batch.input_ids, batch.attention_mask, hp.layer - 1) if hp.layer else None
+            other_in = block_outputs(model, other_ids, other_mask, hp.layer - 1) if hp.layer else None
             state["editing"] = True
             for _ in range(hp.steps):
-                hidden = final_hidden(model, batch.input_ids, batch.attention_mask)
+                state["attention"] = batch.attention_mask
+                hidden = (tail_hidden(model, hp.layer - 1, edit_in, batch.attention_mask) if hp.layer else
+                          final_hidden(model, batch.input_ids, batch.attention_mask))
                 ft = target_nll(model, batch, hidden).mean()
                 in_scope = state["dist"]
-                final_hidden(model, other_ids, other_mask)
+                state["attention"] = other_mask
+                if hp.layer:
+                    tail_hidden(model, hp.layer - 1, other_in, other_mask)
+                else:
+                    final_hidden(model, other_ids, other_mask)
                 out_scope = state["dist"]
                 loss = ft + wise_margin_loss(in_scope, out_scope, alpha, beta, gamma)
                 opt.zero_grad(set_to_none=True)
