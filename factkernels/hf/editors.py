@@ -36,7 +36,7 @@ from .contexts import context_prefixes, with_prefixes
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
 from .residual import ResidualTargets, layer_output, residual_targets
-from .statistics import key_second_moments
+from .statistics import key_second_moments, second_moment_tokens
 
 WEIGHT_EDITORS = ("rome", "memit", "alphaedit")
 
@@ -149,7 +149,9 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
     step = {**{k: getattr(hp, k) for k in ("steps", "lr", "weight_decay", "clamp_norm", "kl_factor", "early_stop")},
             "clamp_to": "mlp" if method == "rome" else "layer", "prefixes": list(prefixes)}
     report: dict[str, Any] = {"method": method, "layers": list(hp.layers), "facts": len(reqs),
-                              "hparams": as_dict(hp), "prefixes": list(prefixes), "batches": len(batches)}
+                              "hparams": as_dict(hp), "prefixes": list(prefixes), "batches": len(batches),
+                              "stats_tokens": {layer: second_moment_tokens(model, layer, cache_dir=cache_dir)
+                                               for layer in missing}}
     last = hp.layers[-1]
     previous = {layer: None for layer in hp.layers}  # AlphaEdit's earlier batches' key Gram per layer
     projectors = {}

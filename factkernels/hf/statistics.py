@@ -70,7 +70,7 @@ def _save(path: Path, tensors: dict, metadata: dict) -> None:
 
 
 def second_moment_tokens(model: Any, layer: int, *, texts: Optional[Sequence[str]] = None, cache_dir: Any = None,
-                         max_length: int = 128) -> Optional[int]:
+                         max_length: int = 2048) -> Optional[int]:
     """How many tokens the cached C of ``layer`` over ``texts`` (default the shipped text) was computed from;
     None when it is not cached."""
     from safetensors import safe_open
@@ -85,11 +85,11 @@ def second_moment_tokens(model: Any, layer: int, *, texts: Optional[Sequence[str
 
 @torch.no_grad()
 def key_second_moments(model: Any, tok: Any, layers: Sequence[int], *, texts: Optional[Sequence[str]] = None,
-                       cache_dir: Any = None, max_length: int = 128, batch_size: int = 16,
+                       cache_dir: Any = None, max_length: int = 2048, batch_size: int = 4,
                        save_every: int = 50, progress: Optional[bool] = None) -> dict[int, torch.Tensor]:
     """{layer: C} with C = E[k kᵀ] (intermediate, intermediate), float32, of each layer's down-projection
     inputs at every real token of ``texts`` (default: the shipped ``natural_text("stats")``), each cut to
-    ``max_length`` tokens; the missing layers share one pass over the text. Read from / written to
+    ``max_length`` tokens (default: whole documents, as ROME's statistics take up to the model's context); the missing layers share one pass over the text. Read from / written to
     ``cache_dir`` (see the module docstring); ``cache_dir=False`` skips the cache. With a cache, the running
     sums are kept every ``save_every`` batches and an interrupted pass resumes from them.
     """
