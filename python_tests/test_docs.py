@@ -4,6 +4,7 @@ what the committed JSON gives, and the README stays short."""
 import importlib
 import importlib.util
 import json
+import pkgutil
 import re
 import shlex
 from pathlib import Path
@@ -155,3 +156,28 @@ def test_generated_results_name_no_machine_folders():
     for summary in (ROOT / "benchmarks" / "results").rglob("summary.json"):
         figures = json.loads(summary.read_text()).get("figures", [])
         assert all("/" not in name for name in figures), f"{summary.relative_to(ROOT)}: {figures}"
+
+
+def _modules_by_short_name() -> dict:
+    import factkernels
+
+    found: dict = {}
+    for module in pkgutil.walk_packages(factkernels.__path__, "factkernels."):
+        found.setdefault(module.name.rsplit(".", 1)[1], []).append(module.name)
+    return found
+
+
+@pytest.mark.parametrize("path", [ROOT / "README.md", *DOCS], ids=lambda p: str(p.relative_to(ROOT)))
+def test_named_attributes_exist(path):
+    # `module.name` in a page (e.g. `_ops.star_topk`, `capacity.SERIAL_LOGITS`) names something that exists.
+    text = path.read_text()
+    assigned = set(re.findall(r"^\s*(\w+)\s*(?:,\s*\w+\s*)*=", "\n".join(re.findall(r"```python\n(.*?)```", text, re.S)),
+                              re.M))
+    modules = _modules_by_short_name()
+    missing = []
+    for base, attribute in sorted(set(re.findall(r"`(\w+)\.(\w+)[`(\[ ]", text))):
+        if base not in modules or base in assigned or attribute in ("py", "png", "json", "md", "sh"):
+            continue
+        if not any(_resolves(f"{module}.{attribute}") for module in modules[base]):
+            missing.append(f"{base}.{attribute}")
+    assert not missing, f"{path.relative_to(ROOT)} names what does not exist: {missing}"
