@@ -284,7 +284,7 @@ def _run_experiment_list(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     for r in rows:
-        print(f"{r['claim']:<34} {r['paper']} {r['where']:<12} {r['verdict']:<15} {r['statement']}\n"
+        print(f"{r['claim']:<34} {r['paper']} {r['where']:<12} {r['verdict_text']:<15} {r['statement']}\n"
               f"{'':<34} paper: {r['paper_value']}  ours: {r['ours'] or '-'}\n{'':<34} $ {r['command']}")
     return 0
 

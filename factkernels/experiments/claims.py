@@ -53,6 +53,7 @@ def claim_rows(results: Union[PathLike, Sequence[PathLike]]) -> list[dict]:
                              "ours": finding["ours"] if finding else "",
                              "setting": finding["setting"] if finding else "",
                              "verdict": finding["verdict"] if finding else "not run",
+                             "verdict_text": engine.Finding(**finding).verdict_text if finding else "not run",
                              "reason": finding["reason"] if finding else "no summary.json in " + ", ".join(
                                  str(f / name) for f in folders),
                              "figures": [str(folder / name / Path(f).name) for f in saved.get("figures", [])],
@@ -99,7 +100,7 @@ def write_claims_table(results: Union[PathLike, Sequence[PathLike]], out: PathLi
         plots = " ".join(f"[{Path(f).stem}]({os.path.relpath(f, out.parent)})" for f in r["figures"])
         claim = f"**{r['claim']}** ({Path(r['results']).name}): {r['statement']}"
         lines.append("| " + " | ".join(_cell(v) for v in (claim, r["paper"], r["where"], r["paper_value"], r["ours"],
-                                                          r["setting"] or f"`{r['command']}`", r["verdict"],
+                                                          r["setting"] or f"`{r['command']}`", r["verdict_text"],
                                                           r["reason"], plots)) + " |")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")

@@ -78,16 +78,35 @@ class Claim:
 @dataclass(frozen=True)
 class Finding:
     """What we measured for a claim: ours (our number, as text), setting (what ran and how it differs
-    from the paper), verdict (one of VERDICTS) and reason (why, in a sentence)."""
+    from the paper), verdict (one of VERDICTS) and reason (why, in a sentence).
+
+    A verdict that rests on the best of several variants or seeds says so: ``best_of`` names them (e.g.
+    "3 GD expert kinds"), and ``default_verdict`` is the verdict of the default one, ``default`` its name.
+    """
 
     ours: str
     setting: str
     verdict: str
     reason: str = ""
+    best_of: str = ""
+    default: str = ""
+    default_verdict: str = ""
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        if self.default_verdict and self.default_verdict not in VERDICTS:
+            raise ValueError(f"default_verdict must be one of {VERDICTS}, got {self.default_verdict!r}")
+        if bool(self.default) != bool(self.default_verdict) or (self.default and not self.best_of):
+            raise ValueError("a default variant's verdict needs best_of, default and default_verdict together")
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict as the claims table prints it: with what it is the best of, and the default's verdict."""
+        if not self.best_of:
+            return self.verdict
+        beside = f"; {self.default}: {self.default_verdict}" if self.default else ""
+        return f"{self.verdict} (best of {self.best_of}{beside})"
 
     def to_dict(self) -> dict:
         return asdict(self)

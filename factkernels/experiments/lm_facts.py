@@ -9,6 +9,7 @@ Cells: one per (F, expert, pool) and one per F of the LM W-vs-F search (Fig. 9a)
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Optional
 
 from ..transformer.lm import GD_EXPERTS, AuthorsBooks, LMTrainConfig, random_facts, swap_report
@@ -23,11 +24,13 @@ from .transformer_cells import NEW_FACT_SEED, kept_progress, lm_sizes, plot_w_vs
 
 CLAIMS = (
     Claim("000-fig9a-swap-accuracy", "000", "§5.4, Fig. 9a", "after swapping the fact MLP the LM produces the new "
-          "facts", "new-fact accuracy > 0.99"),
+          "facts", "new-fact accuracy > 0.99 (partly: > 0.9)"),
     Claim("000-fig9b-nonfact-ce", "000", "§5.4, Fig. 9b", "swapping the fact MLP barely changes the LM on non-fact "
-          "tokens", "~3% rise of non-fact cross-entropy"),
+          "tokens", "~3% rise of non-fact cross-entropy (reproduced: template words rise < 10%; partly: < 10% counting the "
+          "book token as the authors' code does, or only in a model trained with swapped-in experts)"),
     Claim("000-fig9a-lm-w-vs-f", "000", "App. A.3.3, Fig. 9a", "the smallest GD fact MLP an LM uses for recall (≥ 99%) "
-          "scales reasonably in facts per parameter", "log-log slope of W vs F about 1"),
+          "scales reasonably in facts per parameter", "log-log slope of W vs F about 1 (a trend without a number: "
+          "partly at best, for a slope in 0.7–1.6; not reproduced outside)"),
 )
 _LM_PAPER = "d = 256, GD (MSE) fact MLPs, up to 16,000 facts × 16 templates, 4.8M sequences"
 
@@ -202,6 +205,11 @@ def _ratio_text(log_ratio: float) -> str:
     return f"{math.exp(log_ratio):.2f}" if log_ratio < 20 else f"e^{log_ratio:.0f}"
 
 
+def _recall_verdict(accuracy: float) -> str:
+    """Fig. 9a: new-fact accuracy after the swap above 0.99 (the paper's), above 0.9 partly."""
+    return "reproduced" if accuracy > 0.99 else "partly" if accuracy > 0.9 else "not reproduced"
+
+
 def summarize(cells: list[engine.Cell]) -> dict:
     scaling, claim_9a = _lm_scaling_finding([c for c in cells if c.config.get("part") == "scaling"])
     usable_swaps = _usable_swap_finding(scaling)
@@ -243,25 +251,42 @@ def summarize(cells: list[engine.Cell]) -> dict:
         acc = best["new_fact_accuracy"]
         pooled_text = ("" if pooled is None else f"; trained with {pooled['pool']} swapped-in experts (our protocol, "
                        f"not the seed's): {pooled['new_fact_accuracy']:.3f}")
+        default = next((r for r in gd_runs if r["expert"] == "gd" and r["mixer_input"] == "normed"), None)
+        several = {} if len(gd_runs) < 2 else {"best_of": f"{len(gd_runs)} GD expert kinds"} | (
+            {} if default is None else {"default": "default gd expert",
+                                        "default_verdict": _recall_verdict(default["new_fact_accuracy"])})
         claims["000-fig9a-swap-accuracy"] = Finding(
-            text_acc, setting, "reproduced" if acc > 0.99 else "partly" if acc > 0.9 else "not reproduced",
+            text_acc, setting, _recall_verdict(acc),
             f"GD expert (the seed's protocol) {'above' if acc > 0.99 else 'below'} 0.99: best {_run_label(best)} "
             f"{acc:.3f} ({sum(r['new_fact_accuracy'] > 0.99 for r in gd_runs)} of {len(gd_runs)} GD runs above 0.99)"
-            + pooled_text)
-        claims["000-fig9b-nonfact-ce"] = (
-            _nonfact_ce_finding(gd, [r for r in swapping if r is not gd], pooled, text_ce, setting) if gd is not None
-            else Finding(text_ce, setting, "not reproduced",
-                         "no seed-protocol GD run takes its facts from the expert: after the swap they recall "
-                         + "; ".join(f"{_run_label(r)}: {r['new_fact_accuracy']:.3f} of the new facts and "
-                                     f"{r['old_fact_accuracy_after_swap']:.3f} of the old" for r in gd_runs)
-                         + f" (below {SWAP_RECALL} of the new), so the swap changes nothing the claim is about"))
+            + ("" if default is None or default is best else
+               f"; the default gd expert {default['new_fact_accuracy']:.3f}")
+            + pooled_text, **several)
+        if gd is None:
+            finding = Finding(text_ce, setting, "not reproduced",
+                              "no seed-protocol GD run takes its facts from the expert: after the swap they recall "
+                              + "; ".join(f"{_run_label(r)}: {r['new_fact_accuracy']:.3f} of the new facts and "
+                                          f"{r['old_fact_accuracy_after_swap']:.3f} of the old" for r in gd_runs)
+                              + f" (below {SWAP_RECALL} of the new), so the swap changes nothing the claim is about")
+        else:
+            finding = _nonfact_ce_finding(gd, [r for r in swapping if r is not gd], pooled, text_ce, setting)
+        if len(swapping) > 1 and default is not None:  # the least-rising run speaks: say so, and the default's verdict
+            default_verdict = ("not reproduced" if default not in swapping else _nonfact_ce_finding(
+                default, [r for r in swapping if r is not default], pooled, text_ce, setting).verdict)
+            finding = replace(finding, best_of=f"{len(swapping)} seed-protocol GD runs", default="default gd expert",
+                              default_verdict=default_verdict)
+        claims["000-fig9b-nonfact-ce"] = finding
     if usable_swaps is not None:  # both are the seed's protocol: the better reading speaks, both are reported
         ours, verdict, reason = usable_swaps
         cells_9b = claims["000-fig9b-nonfact-ce"]
         best = min(verdict, cells_9b.verdict, key=engine.VERDICTS.index)  # VERDICTS: best first
-        claims["000-fig9b-nonfact-ce"] = Finding(f"{ours}; expert of width F: {cells_9b.ours}",
-                                                 f"{cells_9b.setting}; W-vs-F: {claim_9a.setting}", best,
-                                                 f"{reason}. Expert of width F: {cells_9b.reason}")
+        claims["000-fig9b-nonfact-ce"] = Finding(
+            f"{ours}; expert of width F: {cells_9b.ours}", f"{cells_9b.setting}; W-vs-F: {claim_9a.setting}", best,
+            f"{reason}. Expert of width F: {cells_9b.reason}",
+            best_of="2 readings (Fig. 9a's LMs; the experts of width F" + (
+                f", itself the best of {cells_9b.best_of}" if cells_9b.best_of else "") + ")",
+            default="expert of width F" + (f", {cells_9b.default}" if cells_9b.default else ""),
+            default_verdict=cells_9b.default_verdict or cells_9b.verdict)
     claims["000-fig9a-lm-w-vs-f"] = claim_9a
     return {"runs": runs, "scaling": scaling, "claims": claims}
 

@@ -112,9 +112,12 @@ def budget_points(cells: Sequence[engine.Cell]) -> dict:
 
 def setting_text(cells: Sequence[engine.Cell], points: dict) -> str:
     seeds = sorted({len(c.seeds) for p in points.values() for c in p.configs})
-    steps = sorted({c.config["max_steps"] for c in cells})
+    caps = sorted({c.config["max_steps"] for c in cells})
+    ran = [s for c in cells for s in c.result.get("steps", [])]
+    span = "" if not ran else f"{min(ran):,}" if min(ran) == max(ran) else f"{min(ran):,}–{max(ran):,}"
+    trained = f"runs trained {span} steps (cut-offs {caps})" if ran else f"step cut-offs {caps}"
     return (f"{len(cells)} cells over (m, d_model) = {sorted({k[:2] for k in points})}; seeds per configuration "
-            f"{seeds} (seed: 10); step cut-offs {steps}; bracketing D_K search (ladder ratio 1.25) per h")
+            f"{seeds} (seed: 10); {trained}; bracketing D_K search (ladder ratio 1.25) per h")
 
 
 def complete_claims(claims: dict, declared: Sequence[engine.Claim], setting: str, reason: str) -> dict:

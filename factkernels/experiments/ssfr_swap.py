@@ -24,13 +24,17 @@ from .transformer_cells import (NEW_FACT_SEED, QUICK_TRAIN, SEED_TRAIN, TINY_TRA
 
 # ----------------------------------------------------------------------------- ssfr (§5.1, Fig. 3a)
 
+VANILLA_TRAINED = 0.9  # own-MLP training accuracy at which the vanilla block counts as trained
 CLAIMS = (
     Claim("000-sec5.1-fact-adaptive", "000", "§5.1", "with the four modifications a transformer uses a swapped-in "
-          "fact MLP for new facts without retraining", "fact-adaptive accuracy > 0.99"),
+          "fact MLP for new facts without retraining", "fact-adaptive accuracy > 0.99 (partly: > 0.9)"),
     Claim("000-sec5.1-vanilla", "000", "§5.1", "a vanilla block (residuals, trainable norm/V/O, untied output) "
-          "cannot use a swapped-in MLP", "not usable"),
+          "cannot use a swapped-in MLP", "not usable (reproduced: fact-adaptive accuracy < 0.5 while the block "
+          f"learns its own facts ≥ {VANILLA_TRAINED}; partly: it learns 0.5–{VANILLA_TRAINED} of them; not reproduced: "
+          "swap accuracy ≥ 0.5, or the block never trained)"),
     Claim("000-fig3a-w-vs-f", "000", "Fig. 3a", "the smallest usable MLP grows as log W ≈ log F + log log F",
-          "log-log slope of W vs F slightly above 1"),
+          "log-log slope of W vs F slightly above 1 (a trend without a number: partly at best, for a slope in "
+          "0.9–1.6; not reproduced outside)"),
 )
 
 
@@ -98,6 +102,11 @@ def run_cell(config: dict) -> dict:
             "parameters": result.new_mlp.num_parameters, "runs": result.runs}
 
 
+def _adaptive_verdict(accuracy: float) -> str:
+    """§5.1: fact-adaptive accuracy above 0.99 (the paper's), above 0.9 partly."""
+    return "reproduced" if accuracy > 0.99 else "partly" if accuracy > 0.9 else "not reproduced"
+
+
 def summarize(cells: list[engine.Cell]) -> dict:
     # the seed's block (with the final norm) speaks for the claims when it ran; our earlier block is cited
     earlier = {c.config["variant"]: c for c in cells if c.config["part"] == "headline" and not c.config.get("output_norm")}
@@ -109,7 +118,9 @@ def summarize(cells: list[engine.Cell]) -> dict:
         (_by_facts(searches), [])
     c0 = next(iter(head.values()), cells[0]).config  # the headline's F, whatever order the cells come in
     paper = "d = 128, F = 2^8..2^14, 4 seeds, 4.8M sequences at lr 2e-4, target 0.99"
-    setting = f"F = {c0['facts']}, {train_text(c0)}, {block}, constructed m = 4× its storage threshold; paper: {paper}"
+    headline_runs = [r for c in head.values() for r in c.result["runs"]]
+    setting = (f"F = {c0['facts']}, {train_text(c0, headline_runs)}, {block}, constructed m = 4× its storage "
+               f"threshold; paper: {paper}")
 
     def before(variant: str) -> str:
         cell = earlier.get(variant) if faithful else None
@@ -128,7 +139,10 @@ def summarize(cells: list[engine.Cell]) -> dict:
         held_out = [r.get("fact_adaptive_test_accuracy") for r in runs]
         if all(h is not None for h in held_out):
             ours += "; on held-out junk tuples: " + ", ".join(f"{h:.3f}" for h in held_out)
-        verdict = "reproduced" if acc > 0.99 else "partly" if acc > 0.9 else "not reproduced"
+        verdict = _adaptive_verdict(acc)
+        median = sorted(r["fact_adaptive_accuracy"] for r in runs)[(len(runs) - 1) // 2]  # the lower median
+        several = {} if len(runs) < 2 else {"best_of": f"{len(runs)} runs (seeds × lrs, as the seed's search)",
+                                            "default": "median run", "default_verdict": _adaptive_verdict(median)}
         own = ", ".join(f"{r['train_accuracy']:.3f}" for r in runs)
         cfg = ours_cell.config
         length = ("at the paper's training length" if cfg["steps"] * cfg["batch_size"] >= SEED_SEQUENCES
@@ -144,21 +158,31 @@ def summarize(cells: list[engine.Cell]) -> dict:
              f"below 0.99 on J {length} (own-MLP training accuracy {own}){unfit}")
             + before("seed_modifications")
             + ("; earlier runs scored training + held-out junk tuples (ours only; the seed evaluates on its J), "
-               "and the held-out tuples are where accuracy is lost" if split == "train" else ""))
+               "and the held-out tuples are where accuracy is lost" if split == "train" else ""), **several)
     vanilla = head.get("vanilla")
     if vanilla is None:
         claims["000-sec5.1-vanilla"] = Finding("-", setting, "not run")
     else:
         acc = vanilla.result["fact_adaptive_accuracy"]
-        claims["000-sec5.1-vanilla"] = Finding(f"{acc:.3f}", setting, "reproduced" if acc < 0.5 else "not reproduced",
-                                               ("the vanilla block does not use the swapped MLP" if acc < 0.5 else
-                                                "the vanilla block uses the swapped MLP") + before("vanilla"))
+        # a block that never learned its own facts cannot use any MLP: its low swap accuracy says nothing
+        trained = max(r["train_accuracy"] for r in vanilla.result["runs"])
+        verdict = ("not reproduced" if acc >= 0.5 or trained < 0.5 else "reproduced" if trained >= VANILLA_TRAINED
+                   else "partly")
+        claims["000-sec5.1-vanilla"] = Finding(
+            f"{acc:.3f} (own-MLP training accuracy {trained:.3f})", setting, verdict,
+            ("the vanilla block uses the swapped MLP" if acc >= 0.5 else
+             f"the vanilla block did not learn its own facts (training accuracy {trained:.3f} < 0.5), so it tests "
+             "nothing" if trained < 0.5 else
+             "the vanilla block learned its own facts but does not use the swapped MLP" if trained >= VANILLA_TRAINED
+             else f"the vanilla block does not use the swapped MLP, but it learned only {trained:.3f} of its own facts "
+                  f"(< {VANILLA_TRAINED})") + before("vanilla"))
     found = [p for p in points if p["parameters"]]
     slope = loglog_slope([p["num_facts"] for p in found], [p["parameters"] for p in found])
     ours = ", ".join(f"F={p['num_facts']}: W={p['parameters']:,}" for p in found) or "no usable size"
     scored_on = "the seed's J (training junk tuples)" if on_j else "training + held-out junk tuples"
+    searched_runs = [r for p in points for trial in p["trace"] for r in trial.get("runs", [])]
     scaling_setting = (f"F ∈ {[p['num_facts'] for p in points]}, target {c0['target']} on {scored_on}, size search "
-                       f"ratio {c0['resolution']}, {train_text(c0)}, {block}; paper: {paper}")
+                       f"ratio {c0['resolution']}, {train_text(c0, searched_runs)}, {block}; paper: {paper}")
     if slope is None:
         claims["000-fig3a-w-vs-f"] = Finding(ours, scaling_setting, "not run", "needs two F with a usable size")
     else:

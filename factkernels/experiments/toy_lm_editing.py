@@ -23,10 +23,16 @@ from .transformer_cells import lm_sizes, trained_lm_of_cell
 
 CLAIMS = (
     Claim("000-fig4-editing", "000", "§5.4, Fig. 4", "MLP swapping about doubles the fact-editing score of MEMIT, "
-          "ROME and AlphaEdit when 10% of the facts are altered", "~2× the editors' score at 10% altered (16,000 facts)"),
+          "ROME and AlphaEdit when 10% of the facts are altered", "~2× the editors' score at 10% altered (16,000 facts; "
+          "reproduced: swap ≥ 1.8× the best editor at the largest split; partly: ≥ 1.5×, a gain within 2× of the "
+          "paper's +100%; not reproduced: below 1.5×)"),
 )
 _TINY_GRIDS = {"memit": {"steps": [10], "lr": [0.5], "mom2_weight": [1.0], "clamp_norm": [1.0]},
                "rome": {"steps": [10], "lr": [0.5], "weight_decay": [0.0], "early_stop": [None]}}
+
+
+DOUBLES = 1.8  # swap / best editor that counts as "about doubles"
+NEAR_DOUBLE = 1.5  # a gain over the best editor (+50%) within 2x of the paper's (+100%)
 
 
 # The paper's editing expert: a GD SwiGLU of width 512 at d = 256 for 16,384 facts, i.e. 24 parameters
@@ -110,7 +116,7 @@ def summarize(cells: list[engine.Cell]) -> dict:
                + ("the preserved facts' edit-prompt keys" if c0.get("key_positions", "all") == "edit_prompt" else
                   "every position of the preserved facts' sentences")
                + "; paper: 16,000 facts, GD expert h = 512, d = 256")
-    parts, doubles, beats, ratios = [], [], [], []
+    parts, factors, beats, ratios = [], [], [], []
     for row in table:
         largest = max(r["altered"] for r in table if r["expert"] == row["expert"])
         if row["altered"] != largest:
@@ -119,22 +125,25 @@ def summarize(cells: list[engine.Cell]) -> dict:
         swap = row["mlp_swap"]["harmonic"]
         parts.append(f"{row['expert']} expert, {row['altered']} altered: swap {swap:.3f} (geometric "
                      f"{row['mlp_swap']['geometric']:.3f}), " + ", ".join(f"{m} {v:.3f}" for m, v in editors.items()))
-        doubles.append(all(swap >= 1.8 * v for v in editors.values()))
+        factors.append(swap / max(max(editors.values()), 1e-12))
         if _swap_beats_every_editor(row):
             beats.append(row["expert"])
         keys = row["altered"] + row["preserved"]
-        ratios.append(f"{row['expert']}: swap ÷ best editor {swap / max(max(editors.values()), 1e-12):.2f}, "
+        ratios.append(f"{row['expert']}: swap ÷ best editor {factors[-1]:.2f}, "
                       f"{keys} edited + preserved keys on h = {row['hidden']}")
     wins = sum(map(_swap_beats_every_editor, table))
     if not parts:
         finding = Finding("-", setting, "not run")
     else:
-        verdict = "reproduced" if all(doubles) else "partly" if beats else "not reproduced"
+        verdict = ("reproduced" if min(factors) >= DOUBLES else "partly" if min(factors) >= NEAR_DOUBLE
+                   else "not reproduced")
         finding = Finding("; ".join(parts), setting, verdict,
                           "; ".join(ratios) + ". The paper edits 8,192 keys on an h = 512 expert (16 per hidden unit), "
                           "so the linear editors have no free key directions; with h >= the keys they do. "
-                          + ("Swap doubles every editor." if all(doubles) else
-                             f"Swap does not double every editor here ({c0['facts']:,} facts, not 16,000)"
+                          + ("Swap doubles every editor." if verdict == "reproduced" else
+                             f"Swap does not double every editor here ({c0['facts']:,} facts, not 16,000; smallest "
+                             f"factor {min(factors):.2f}, {'at least' if verdict == 'partly' else 'below'} "
+                             f"{NEAR_DOUBLE}×)"
                              + (f"; at the largest split it beats every editor on {beats}" if beats else "")
                              + f"; over every split it beats every editor in {wins} of {len(table)} (expert, split)"
                              " pairs."))

@@ -31,9 +31,23 @@ QUICK_TRAIN = {"steps": 1500, "batch_size": 64, "lrs": [1e-2]}
 TINY_TRAIN = {"steps": 20, "batch_size": 16, "lrs": [1e-2]}
 
 
-def train_text(config: dict) -> str:
-    return (f"{config['steps']} steps × {config['batch_size']} sequences, lr {config['lrs']}, "
-            f"{len(config['seeds'])} seed(s), d = {config['dim']}")
+def train_text(config: dict, runs: Sequence[dict] = ()) -> str:
+    """What trained: the steps and sequences ``runs`` ran (a run stops once it fits its facts), under the cell's
+    cap, its learning rates, seeds and d; the cap alone for runs that did not record their steps."""
+    cap = f"{config['steps']} steps × {config['batch_size']} sequences"
+    ran = [r for r in runs if "steps" in r]
+    if ran:
+        steps = [r["steps"] for r in ran]
+        sequences = [r.get("sequences", r["steps"] * config["batch_size"]) for r in ran]
+        text = f"{len(ran)} runs trained {_span(steps)} steps ({_span(sequences)} sequences; cap {cap})"
+    else:
+        text = f"up to {cap}"
+    return f"{text}, lr {config['lrs']}, {len(config['seeds'])} seed(s), d = {config['dim']}"
+
+
+def _span(values: Sequence[int]) -> str:
+    low, high = min(values), max(values)
+    return f"{low:,}" if low == high else f"{low:,}–{high:,}"
 
 
 def block_switches(config: dict) -> dict:
