@@ -5,7 +5,7 @@ markers is rewritten from ``TABLES[NAME]``, so a number in a table is never type
 with the JSON it was read from, as a path relative to the repository.
 
     python benchmarks/make_docs.py            # rewrite every table in place
-    python benchmarks/make_docs.py --check    # exit 1 naming each page whose tables differ (python_tests/test_docs.py)
+    python benchmarks/make_docs.py --check    # exit 1 naming each page whose tables differ (test_docs.py runs it)
 """
 
 import argparse
