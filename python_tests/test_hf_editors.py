@@ -375,6 +375,8 @@ def test_causal_trace_restores_clean_states(llama):
     # states before the subject are the same in both runs: restoring them changes nothing
     torch.testing.assert_close(trace.scores[:, :2], torch.full((3, 2), trace.corrupted), rtol=1e-5, atol=1e-7)
     assert 0 <= trace.best_layer() < 3 and trace.clean != trace.corrupted
+    layer, effects = hf.traced_layer(model, tok, REQUESTS, samples=3)
+    assert effects.shape == (3,) and layer == int(effects.argmax())
 
 
 def test_second_moments_resume_an_interrupted_pass_and_count_tokens(llama, tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ Needs the ``hf`` extra (transformers, gguf, accelerate); importing this package 
 
 from .capture import (PromptBatch, capture, capture_keys, encode_requests, encode_texts, record_inputs,
                       site_module)
-from .causal_trace import TraceResult, causal_trace
+from .causal_trace import TraceResult, causal_trace, traced_layer
 from .editors import EditResult, edit
 from .evaluate import Reference, evaluate, fact_margins, record_reference
 from .insert import Insertion, InsertionReport, insert_facts
@@ -31,7 +31,7 @@ __all__ = [
     "load", "packaged_gguf", "PACKAGED_MODELS",
     "mlp_layers", "mlp_module",
     "Request", "RequestSet", "make_request", "parse_requests", "book_requests", "BOOK_PROMPTS",
-    "edit", "EditResult", "key_second_moments", "causal_trace", "TraceResult",
+    "edit", "EditResult", "key_second_moments", "causal_trace", "traced_layer", "TraceResult",
     "insert_facts", "Insertion", "InsertionReport", "evaluate", "record_reference", "Reference", "fact_margins",
     "PromptBatch", "encode_requests", "encode_texts", "capture", "capture_keys", "record_inputs", "site_module",
 ]

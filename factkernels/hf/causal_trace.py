@@ -9,6 +9,7 @@ state. ROME edits the MLP of the layer whose subject-last-token states restore m
     effect = causal_trace(model, tok, "The Eiffel Tower is in", subject="The Eiffel Tower", answer=" Paris")
     effect.scores          # (layers, tokens) answer probability with that state restored
     effect.clean, effect.corrupted
+    layer, per_layer = traced_layer(model, tok, requests)   # ROME's choice over a set of facts
 """
 
 from __future__ import annotations
@@ -105,4 +106,19 @@ def causal_trace(model: Any, tok: Any, prompt: str, subject: str, answer: Option
     return TraceResult(scores, clean, corrupted, span, names, answer_id)
 
 
-__all__ = ["causal_trace", "TraceResult"]
+def traced_layer(model: Any, tok: Any, requests: Any, *, samples: int = 10, noise: float = 3.0,
+                 seed: int = 0) -> tuple[int, torch.Tensor]:
+    """ROME's layer choice: (the layer whose state at the subject's last token restores the answer most on
+    average over ``requests`` (their ``target_true``, else the model's own answer), the mean indirect
+    effect per layer (layers,): restored minus corrupted probability)."""
+    from .requests import parse_requests
+
+    effects = []
+    for r in parse_requests(requests):
+        trace = causal_trace(model, tok, r.prompt, r.subject, r.target_true, samples=samples, noise=noise, seed=seed)
+        effects.append(trace.scores[:, trace.subject[1] - 1] - trace.corrupted)
+    mean = torch.stack(effects).mean(0)
+    return int(mean.argmax()), mean
+
+
+__all__ = ["causal_trace", "traced_layer", "TraceResult"]

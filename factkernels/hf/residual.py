@@ -109,10 +109,8 @@ def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: i
         raise ValueError(f"clamp_to must be one of {CLAMP_TO}, got {clamp_to!r}")
     if steps < 1 or not lr > 0:
         raise ValueError(f"steps must be >= 1 and lr > 0, got steps={steps}, lr={lr}")
-    mlp = mlp_module(model, layer)
-    block = model.model.layers[layer]
+    mlp_module(model, layer)  # validates the layout and the layer
     device = model_device(model)
-    contexts = 1 + len(prefixes)
     settings = {"steps": steps, "lr": lr, "weight_decay": weight_decay, "clamp_norm": clamp_norm,
                 "kl_factor": kl_factor, "early_stop": early_stop, "clamp_to": clamp_to, "prefixes": list(prefixes)}
     saved = None
@@ -137,7 +135,7 @@ def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: i
                 continue
             chunk_start = time.perf_counter()
             part = list(requests[start:start + chunk])
-            parts.append(_train_chunk(model, tok, part, mlp, block, prefixes, tail, contexts, steps=steps, lr=lr,
+            parts.append(_train_chunk(model, tok, part, layer, prefixes, tail, steps=steps, lr=lr,
                                       weight_decay=weight_decay, clamp_norm=clamp_norm, clamp_to=clamp_to,
                                       kl_factor=kl_factor, early_stop=early_stop))
             if saved is not None:
@@ -146,14 +144,13 @@ def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: i
                            restored_seconds=restored)
 
 
-def _train_chunk(model: Any, tok: Any, part: list[Request], mlp: Any, block: Any, prefixes: Sequence[str],
-                 tail: bool, contexts: int, *, steps: int, lr: float, weight_decay: float,
-                 clamp_norm: Optional[float], clamp_to: str, kl_factor: float,
-                 early_stop: Optional[float]) -> tuple[torch.Tensor, ...]:
+def _train_chunk(model: Any, tok: Any, part: list[Request], layer: int, prefixes: Sequence[str], tail: bool, *,
+                 steps: int, lr: float, weight_decay: float, clamp_norm: Optional[float], clamp_to: str,
+                 kl_factor: float, early_stop: Optional[float]) -> tuple[torch.Tensor, ...]:
     """δ for one chunk of facts: rows are fact-major (fact f, context c at f·contexts + c)."""
     device = model_device(model)
-    layer = next(i for i, b in enumerate(model.model.layers) if b is block)
-    n = len(part)
+    mlp, block = mlp_module(model, layer), model.model.layers[layer]
+    contexts, n = 1 + len(prefixes), len(part)
     facts = encode_requests(tok, with_prefixes(part, prefixes), with_target=True)
     essence = encode_requests(tok, [Request(KL_PROMPT, r.subject, r.target_new) for r in part])
     owner = torch.arange(n, device=device).repeat_interleave(contexts)  # (n·contexts,) fact of each row
