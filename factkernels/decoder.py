@@ -19,6 +19,7 @@ from .memory import VERIFY_CHUNK
 
 OUTPUTS = ("margin_optimal", "values")
 M_GROWTH = 1.25  # geometric growth of m while the decoder check fails
+SEARCH_SCREEN = 2048  # used values an m is first checked on during the search
 
 
 @dataclass
@@ -99,10 +100,14 @@ def choose_m(m: Union[int, str, None], outputs: torch.Tensor, values: torch.Tens
         return jl_decoder(outputs, bound, generator), "Thm B.5.3 bound (delta=0.1)"
     tried = []
     current = initial_m(rho, values.shape[0])
+    # An m that fails on a sample of the used values fails on all of them: most rejected m cost a
+    # |sample| x |V| decode instead of a |used| x |V| one (the m found is the same).
+    screen = used[:: max(1, used.numel() // SEARCH_SCREEN)] if used.numel() > 2 * SEARCH_SCREEN else None
     while True:
         decoder = jl_decoder(outputs, current, generator)
         tried.append(current)
-        if decoder_failures(decoder, values, used, backend) == 0:
+        if (screen is None or decoder_failures(decoder, values, screen, backend) == 0) and \
+                decoder_failures(decoder, values, used, backend) == 0:
             return decoder, "auto: " + " -> ".join(map(str, tried))
         if current >= 64 * values.shape[1]:
             raise RuntimeError(f"no m up to {current} decodes every value; rho={rho:.3g} is too small")

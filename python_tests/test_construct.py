@@ -243,3 +243,28 @@ def test_a_deferred_solve_that_misses_the_residual_is_redone_on_the_host(monkeyp
     assert calls == [(True, False), (False, None)]
     assert mlp.report.precision == "float64 (float32 fallback)" and mlp.report.failed == 0
     assert isinstance(mlp.report.residual, float) and mlp.report.residual < 1e-10
+
+
+def test_the_m_search_screens_on_a_sample_and_finds_the_same_m(monkeypatch):
+    decoder_module = importlib.import_module("factkernels.decoder")
+    _, V, _ = random_fact_set(600, 600, 48, seed=0)  # the search tries 31 -> 39 -> 49
+    out, rho = decoder_module.output_embeddings(V, "values")
+    failures = decoder_module.decoder_failures
+    found = {}
+    for screen in (10**9, 16):  # no screening (the sample would be everything), then a sample of ~16
+        calls = []
+
+        def counted(decoder, values, used, backend):
+            calls.append(used.numel())
+            return failures(decoder, values, used, backend)
+
+        monkeypatch.setattr(decoder_module, "SEARCH_SCREEN", screen)
+        monkeypatch.setattr(decoder_module, "decoder_failures", counted)
+        decoder, how = decoder_module.choose_m(None, out, V, torch.arange(600), float(rho),
+                                               torch.Generator().manual_seed(0), "auto")
+        found[screen] = (decoder.m, how, decoder.projection, calls)
+    (m_full, how_full, d_full, calls_full), (m_screen, how_screen, d_screen, calls_screen) = found[10**9], found[16]
+    assert (m_full, how_full) == (m_screen, how_screen) and torch.equal(d_full, d_screen)
+    assert len(how_full.split("->")) >= 2  # some m was rejected
+    # the unscreened search decodes all 600 values for each m; screened, some m are rejected on 17 of them
+    assert set(calls_full) == {600} and calls_screen.count(600) < len(calls_full) and min(calls_screen) == 17
