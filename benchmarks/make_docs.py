@@ -546,6 +546,8 @@ def claims_counts() -> str:
 def claims_of(*experiments: str) -> Callable[[], str]:
     """The claims the named experiments test, per committed run: paper's number and our verdict."""
     def table() -> str:
+        from factkernels.experiments.engine import Finding
+
         rows, paths = [], []
         for name in experiments:
             for folder in RUN_FOLDERS:
@@ -558,7 +560,7 @@ def claims_of(*experiments: str) -> Callable[[], str]:
                 for claim in run["claims_tested"]:
                     finding = findings.get(claim["id"], {})
                     rows.append([f"`{claim['id']}`", folder, claim["where"], claim["value"].replace("|", "\\|"),
-                                 finding.get("verdict", "not run")])
+                                 Finding(**finding).verdict_text if finding else "not run"])
         header = ["claim", "run", "where", "paper's number", "verdict"]
         return (_rows(header, rows) + "\n\nOurs, the setting that ran and the reason of each verdict: "
                 f"[CLAIMS.md]({REPO_LINK}benchmarks/results/CLAIMS.md)." + _source(*paths))

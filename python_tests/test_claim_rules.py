@@ -308,7 +308,7 @@ def test_a_best_of_verdict_says_so_and_names_the_defaults():
     runs.result["runs"] += [{**runs.result["runs"][0], "seed": s, "fact_adaptive_accuracy": a}
                             for s, a in ((1, 0.95), (2, 0.5))]
     finding = ssfr_swap.summarize([runs])["claims"]["000-sec5.1-fact-adaptive"]
-    assert finding.verdict_text == "reproduced (best of 3 runs (seeds × lrs, as the seed's search); median run: partly)"
+    assert finding.verdict_text == "reproduced (best of 3 runs over seeds × lrs, as in the seed; median run: partly)"
     with pytest.raises(ValueError, match="together"):
         engine.Finding("-", "-", "reproduced", default="x", default_verdict="partly")
 

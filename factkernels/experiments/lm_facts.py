@@ -283,9 +283,9 @@ def summarize(cells: list[engine.Cell]) -> dict:
         claims["000-fig9b-nonfact-ce"] = Finding(
             f"{ours}; expert of width F: {cells_9b.ours}", f"{cells_9b.setting}; W-vs-F: {claim_9a.setting}", best,
             f"{reason}. Expert of width F: {cells_9b.reason}",
-            best_of="2 readings (Fig. 9a's LMs; the experts of width F" + (
-                f", itself the best of {cells_9b.best_of}" if cells_9b.best_of else "") + ")",
-            default="expert of width F" + (f", {cells_9b.default}" if cells_9b.default else ""),
+            best_of="2 readings, Fig. 9a's LMs and the experts of width F" + (
+                f" (the best of {cells_9b.best_of})" if cells_9b.best_of else ""),
+            default="the default gd expert of width F" if cells_9b.default else "the experts of width F",
             default_verdict=cells_9b.default_verdict or cells_9b.verdict)
     claims["000-fig9a-lm-w-vs-f"] = claim_9a
     return {"runs": runs, "scaling": scaling, "claims": claims}

@@ -141,7 +141,7 @@ def summarize(cells: list[engine.Cell]) -> dict:
             ours += "; on held-out junk tuples: " + ", ".join(f"{h:.3f}" for h in held_out)
         verdict = _adaptive_verdict(acc)
         median = sorted(r["fact_adaptive_accuracy"] for r in runs)[(len(runs) - 1) // 2]  # the lower median
-        several = {} if len(runs) < 2 else {"best_of": f"{len(runs)} runs (seeds × lrs, as the seed's search)",
+        several = {} if len(runs) < 2 else {"best_of": f"{len(runs)} runs over seeds × lrs, as in the seed",
                                             "default": "median run", "default_verdict": _adaptive_verdict(median)}
         own = ", ".join(f"{r['train_accuracy']:.3f}" for r in runs)
         cfg = ours_cell.config
