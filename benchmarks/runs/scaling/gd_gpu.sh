@@ -1,5 +1,5 @@
 #!/bin/bash
-# Fig. 2b's GD cells on a GPU (--device cuda), cheapest first: d = 64, F = 2,048 / 4,096 (also in gd.sh, for a
+# Fig. 2b's GD cells on a GPU (--device cuda), cheapest first: d = 64, F = 2,048 / 4,096 (also in gd_cpu.sh, for a
 # CPU core) and d = 128, F = 2,048 ... 16,384, whose F x |V| logits per model and step put the larger ones out
 # of a CPU's reach. Each cell gets at most CELL_SECONDS (default 240), so a lent GPU's time limit leaves every
 # finished cell, and every finished size of a cut-off cell (its partial file), behind; run it again to resume.

@@ -2,7 +2,7 @@
 # pass 2 (after pass 1): h = 1 where pass 1 left it out, the lambda = 32 point, r-regular graphs,
 # the softmax model, the larger diagonal points.
 cd "$(dirname "$0")/../../.."
-while kill -0 $(cat benchmarks/runs/rgr/base_pass1.pid) 2>/dev/null; do sleep 10; done
+while kill -0 $(cat benchmarks/runs/rgr/budget_base_grid.pid) 2>/dev/null; do sleep 10; done
 export OMP_NUM_THREADS=1
 PY=python
 OUT=benchmarks/results/experiments
