@@ -268,3 +268,21 @@ def test_the_m_search_screens_on_a_sample_and_finds_the_same_m(monkeypatch):
     assert len(how_full.split("->")) >= 2  # some m was rejected
     # the unscreened search decodes all 600 values for each m; screened, some m are rejected on 17 of them
     assert set(calls_full) == {600} and calls_screen.count(600) < len(calls_full) and min(calls_screen) == 17
+
+
+@pytest.mark.cuda
+def test_the_gpu_first_build_stores_every_fact_like_the_cpu_build():
+    # the device path: host draws copied from pinned memory, CUDA-event phase times, one read back at the report
+    K, V, f = random_fact_set(400, 300, 32, seed=0)
+    for options in (dict(m=64, outputs="values", solver="cholesky"), dict(outputs="values", solver="cg"), {}):
+        gpu = construct(K.cuda(), V.cuda(), f.cuda(), progress=False, **options)
+        cpu = construct(K, V, f, progress=False, **options)
+        assert gpu.report.failed == 0 and gpu.report.solver == cpu.report.solver
+        assert gpu.report.m == cpu.report.m or "m" not in options  # a searched m may round differently
+        assert abs(gpu.report.rho - cpu.report.rho) < 1e-4 and isinstance(gpu.report.residual, float)
+        assert {"outputs", "m_search", "solve", "verify", "total"} <= set(gpu.report.timings)
+        assert all(seconds >= 0 for seconds in gpu.report.timings.values())
+        assert torch.equal(gpu.predict(K.cuda(), V.cuda()).cpu(), f)
+    builder = factkernels.FactBuilder(K[:300].cuda(), V.cuda(), f[:300].cuda(), m=64, outputs="values")
+    builder.add(K[300:320].cuda(), f[300:320].cuda())
+    assert builder.failed == 0 and builder.checked == 20
