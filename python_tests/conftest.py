@@ -34,6 +34,15 @@ def medium_facts():
     return random_fact_set(256, 256, 32, seed=2)
 
 
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """Every test starts at the session's torch thread count: engine.run and the CLI set the count for the
+    rest of the process, which would make a test's threads (and time) depend on what ran before it."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny training problems run faster on one thread than with thread hand-offs,
@@ -42,6 +51,28 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """``tiny_run(name)`` -> (engine result, its output folder): each registered experiment runs once per session
+    at scale "tiny" (on one thread), shared by test_experiments' checks of every experiment and the tests of its
+    own numbers. Tests must not write into the folder."""
+    from factkernels.experiments import engine
+
+    runs = {}
+
+    def run(name: str):
+        if name not in runs:
+            out = tmp_path_factory.mktemp(name)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                runs[name] = (engine.run(name, out, scale="tiny", quiet=True), out / name)
+            finally:
+                torch.set_num_threads(threads)
+        return runs[name]
+    return run
 
 
 @pytest.fixture

@@ -53,8 +53,8 @@ def test_cost_cell_is_the_sampled_search_and_reports_every_multiplier():
     assert result["jl_compresses"] == (expected.size < 8)
 
 
-def test_rho_vs_cost_fit_and_claims(tmp_path):
-    res = engine.run("rho-vs-cost", tmp_path, scale="tiny", quiet=True)
+def test_rho_vs_cost_fit_and_claims(tiny_run):
+    res, folder = tiny_run("rho-vs-cost")
     rows = res.summary["rows"]
     assert [r["family"] for r in rows] == ["spherical", "anisotropic-16", "anisotropic-256"]
     assert rows[2]["rho"] < rows[0]["rho"] and rows[2]["parameters"] > rows[0]["parameters"]
@@ -65,7 +65,7 @@ def test_rho_vs_cost_fit_and_claims(tmp_path):
     assert claims["000-fig2a-rho-gd"]["verdict"] == "not run"
     assert claims["000-fig2a-rho-ours"]["verdict"] in ("reproduced", "partly", "not reproduced")
     assert f"{fit['slope']:.2f}" in claims["000-fig2a-rho-ours"]["ours"]
-    pixels = _image(tmp_path / "rho-vs-cost" / "rho_vs_cost.png")
+    pixels = _image(folder / "rho_vs_cost.png")
     assert pixels.shape[0] > 200 and (pixels.std(axis=2) > 0.1).sum() > 100  # coloured points and the fit
 
 
@@ -88,11 +88,11 @@ def test_rho_verdict_has_a_partly_tier_below_the_papers_r2(noise, verdict):
     assert (fit["r2"] > 0.97) == (verdict == "reproduced") and (fit["r2"] >= 0.9) == (verdict != "not reproduced")
 
 
-def test_whitening_gain_and_ntk_that_stores_nothing(tmp_path):
-    whitening = engine.run("whitening", tmp_path, scale="tiny", quiet=True).summary
+def test_whitening_gain_and_ntk_that_stores_nothing(tiny_run):
+    whitening = tiny_run("whitening")[0].summary
     costs = {r["whiten"]: r["parameters"] for r in whitening["rows"]}
     assert whitening["max_gain"] == pytest.approx(costs[0.0] / costs[1.0]) and costs[0.0] > costs[1.0]
-    scaling = engine.run("scaling", tmp_path, scale="tiny", quiet=True).summary
+    scaling = tiny_run("scaling")[0].summary
     (missing,) = scaling["ntk_not_stored"]  # NTK at d=4, F=16 needs more than 512 hidden units
     assert (missing["d"], missing["facts"], missing["max_size"]) == (4, 16, 512)
     assert 0 < missing["best_facts_stored"] < 16  # it comes close: the claim text says how close
@@ -122,8 +122,8 @@ def test_ntk_divergence_verdict_speaks_for_every_d(ntk_params, verdict):
         assert "no d where NTK diverges" in claim.reason
 
 
-def test_hybrids_ratio(tmp_path):
-    summary = engine.run("hybrids", tmp_path, scale="tiny", quiet=True).summary
+def test_hybrids_ratio(tiny_run):
+    summary = tiny_run("hybrids")[0].summary
     costs = {r["method"]: r["parameters"] for r in summary["rows"]}
     (point,) = summary["points"]
     assert point["ours_over"]["naive"] == pytest.approx(costs["ours"] / costs["naive"])

@@ -16,8 +16,9 @@ from factkernels import _ops
 
 @pytest.mark.parametrize("solver", ["cholesky", "cg", "per_gadget"])
 @pytest.mark.parametrize("outputs", ["values", "margin_optimal"])
-def test_every_solver_stores_all_facts(small_facts, solver, outputs):
-    K, V, f = small_facts
+def test_every_solver_stores_all_facts(request, solver, outputs):
+    # per_gadget solves one small system per gadget (many small ops: minutes at F = 96 on two busy threads)
+    K, V, f = request.getfixturevalue("tiny" if solver == "per_gadget" else "small_facts")
     mlp = construct(K, V, f, solver=solver, outputs=outputs, progress=False)
     assert torch.equal(mlp.predict(K, V), f)
     r = mlp.report
@@ -100,8 +101,8 @@ def test_verification_raises_with_count_and_cause(medium_facts):
     assert unverified.report.accuracy is None
 
 
-def test_per_gadget_uses_one_gate_per_gadget(small_facts):
-    K, V, f = small_facts
+def test_per_gadget_uses_one_gate_per_gadget(tiny):
+    K, V, f = tiny
     mlp = construct(K, V, f, m=5, solver="per_gadget", verify=False, progress=False)
     assert mlp.gate_weight.shape[0] == mlp.hidden_size
     shared = construct(K, V, f, m=5, solver="cholesky", verify=False, progress=False)

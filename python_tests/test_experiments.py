@@ -8,18 +8,18 @@ from factkernels.experiments import REGISTRY, engine
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_every_experiment_runs_tiny(name, tmp_path, one_thread):
-    result = engine.run(name, tmp_path, scale="tiny", quiet=True)
+def test_every_experiment_runs_tiny(name, tiny_run):
+    result, folder = tiny_run(name)
     assert result.missing == 0 and result.ran == result.total > 0
-    assert len(list((tmp_path / name / "cells").glob("*.json"))) == result.total
-    saved = json.loads((tmp_path / name / "summary.json").read_text())
+    assert len(list((folder / "cells").glob("*.json"))) == result.total
+    saved = json.loads((folder / "summary.json").read_text())
     declared = {c.id for c in REGISTRY[name].claims}
     # every declared claim gets a finding; experiments beyond the papers (real-lm-editing) declare none
     assert set(saved["summary"]["claims"]) == declared and len(saved["summary"]) > 1
     for finding in saved["summary"]["claims"].values():
         assert finding["verdict"] in engine.VERDICTS and finding["setting"]
     for path in saved["figures"]:
-        assert path.endswith(".png") and (tmp_path / name / path.split("/")[-1]).stat().st_size > 5000
+        assert path.endswith(".png") and (folder / path.split("/")[-1]).stat().st_size > 5000
 
 
 def test_claim_ids_are_unique_and_name_their_paper():

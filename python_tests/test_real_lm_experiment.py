@@ -1,7 +1,5 @@
 """The real-lm-editing experiment at tiny scale (a random 3-layer Llama; no packaged model needed)."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -11,12 +9,12 @@ pytest.importorskip("factkernels.hf.evaluate")  # hf.evaluate / hf.insert_facts 
 from factkernels.experiments import engine, real_lm_editing as real_lm  # noqa: E402
 
 
-def test_tiny_grid_runs_every_method_and_leaves_the_model_unedited(tmp_path):
+def test_tiny_grid_runs_every_method_and_leaves_the_model_unedited(tiny_run):
     grid = real_lm._grid("tiny")
     assert {c["method"] for c in grid} == set(real_lm.METHODS)
-    res = engine.run(real_lm.NAME, tmp_path, scale="tiny", quiet=True)
+    res, folder = tiny_run(real_lm.NAME)
     assert res.missing == 0 and res.summary is not None
-    pngs = {Path(f).name: Path(f) for f in res.files if f.endswith(".png")}
+    pngs = {f: folder / f for f in res.files if f.endswith(".png")}  # figures by name, beside summary.json
     assert set(pngs) == {"real_lm_editing.png", "real_lm_layers.png"}
     import matplotlib.image
 

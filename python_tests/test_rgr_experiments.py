@@ -9,15 +9,15 @@ from factkernels.attention.key_budget import rung_head_dim
 from factkernels.experiments import engine, rgr_budget, rgr_cells, rgr_regular, rgr_search, rgr_softmax
 
 
-def test_budget_experiment_runs_tiny_and_summarizes_claims(tmp_path):
-    res = engine.run("rgr-budget", tmp_path, scale="tiny", quiet=True)
+def test_budget_experiment_runs_tiny_and_summarizes_claims(tiny_run):
+    res, folder = tiny_run("rgr-budget")
     assert res.missing == 0 and res.ran == len(rgr_budget.grid("tiny"))
-    summary = json.loads((tmp_path / "rgr-budget" / "summary.json").read_text())["summary"]
+    summary = json.loads((folder / "summary.json").read_text())["summary"]
     (point,) = summary["points"]
     assert (point["m"], point["d_model"]) == (32, 16)
     assert {c["num_heads"] for c in point["configs"]} == {1, 2}
     assert all(len(c["test_f1"]) == 2 for c in point["configs"])  # seeds 0, 1 of each cell
-    assert (tmp_path / "rgr-budget" / "rgr_budget.png").exists()
+    assert (folder / "rgr_budget.png").exists()
 
 
 def test_seed_groups_of_one_configuration_merge_in_seed_order():
@@ -75,10 +75,10 @@ def test_variant_configs_name_only_what_differs_from_the_base_model():
 
 
 @pytest.mark.parametrize("name", ["rgr-diagonal", "rgr-softmax", "rgr-regular"])
-def test_variant_experiments_run_tiny_with_their_claims(name, tmp_path):
-    res = engine.run(name, tmp_path, scale="tiny", quiet=True)
+def test_variant_experiments_run_tiny_with_their_claims(name, tiny_run):
+    res, folder = tiny_run(name)
     assert res.missing == 0
-    payload = json.loads((tmp_path / name / "summary.json").read_text())
+    payload = json.loads((folder / "summary.json").read_text())
     assert set(payload["summary"]["claims"]) <= {c.id for c in engine.get(name).claims}
     assert payload["figures"]
 

@@ -295,8 +295,8 @@ def test_spearman():
 # ----------------------------------------------------------------------------- commands
 
 
-def test_experiment_ssfr_cells_and_claims(tmp_path):
-    res = engine.run("ssfr", tmp_path, scale="tiny", quiet=True)
+def test_experiment_ssfr_cells_and_claims(tiny_run):
+    res, folder = tiny_run("ssfr")
     assert set(res.summary["headline"]) == {"seed_modifications", "vanilla"}
     acc = res.summary["headline"]["seed_modifications"]["fact_adaptive_accuracy"]
     assert 0.0 <= acc <= 1.0 and f"{acc:.3f}" in res.summary["claims"]["000-sec5.1-fact-adaptive"]["ours"]
@@ -305,11 +305,11 @@ def test_experiment_ssfr_cells_and_claims(tmp_path):
     assert all(0.0 <= r["fact_adaptive_test_accuracy"] <= 1.0 for r in runs)  # held-out junk, reported beside
     assert res.summary["scaling"][0]["num_facts"] == 8 and res.summary["scaling"][0]["trace"]
     assert res.summary["claims"]["000-fig3a-w-vs-f"]["verdict"] == "not run"  # one F gives no slope
-    assert (tmp_path / "ssfr" / "ssfr_scaling.png").stat().st_size > 0
+    assert (folder / "ssfr_scaling.png").stat().st_size > 0
     # the tiny grid runs the seed's GPT-2 block (final norm); a cell of the earlier block is cited beside it
     from factkernels.experiments import ssfr_swap as texp
 
-    cells = list(engine.load_cells(tmp_path, "ssfr").values())
+    cells = list(engine.load_cells(folder.parent, "ssfr").values())
     assert res.summary["output_norm"] and all(c.config["output_norm"] for c in cells)
     old = next(c for c in cells if c.config.get("variant") == "seed_modifications")
     earlier = engine.Cell("earlier", {k: v for k, v in old.config.items() if k != "output_norm"},
@@ -381,14 +381,14 @@ def test_ssfr_fact_adaptive_shortfall_says_how_long_it_trained_and_whether_train
     assert ("training, not the swap, is what falls short" in claim.reason) == blames_training
 
 
-def test_experiment_ssfr_search_resumes_from_its_finished_sizes(tmp_path, monkeypatch):
+def test_experiment_ssfr_search_resumes_from_its_finished_sizes(tiny_run, tmp_path, monkeypatch):
     import json
 
     from factkernels.transformer import scaling
 
     grid = [c for c in engine.get("ssfr").grid("tiny") if c["part"] == "scaling"]
-    fresh = engine.run("ssfr", tmp_path / "fresh", scale="tiny", grid=grid, quiet=True)
-    (fresh_cell,) = engine.load_cells(tmp_path / "fresh", "ssfr").values()
+    (fresh_cell,) = [c for c in engine.load_cells(tiny_run("ssfr")[1].parent, "ssfr").values()
+                     if c.config["part"] == "scaling"]
     sizes = [t["size"] for t in fresh_cell.result["trace"]]
     assert len(sizes) >= 2
     real = scaling.run_fact_adaptive
