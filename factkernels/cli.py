@@ -338,9 +338,12 @@ def _add_experiment_commands(experiment_subparsers: argparse._SubParsersAction) 
 def _run_rgr_train(args: argparse.Namespace) -> int:
     """Handler of ``rgr-train``: per-run test F1 (or MSE) and the mean with a 95% t-interval per d_k."""
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    config = TrainingConfig(context_length=args.context_length, target_rate=args.target_rate, lr=args.lr,
-                            max_steps=args.steps, threads=args.threads, degree=args.degree, objective=args.objective,
-                            message_dim=args.message_dim)
+    with _reading_input():
+        config = TrainingConfig(context_length=args.context_length, target_rate=args.target_rate, lr=args.lr,
+                                max_steps=args.steps, threads=args.threads, degree=args.degree,
+                                objective=args.objective, message_dim=args.message_dim)
+    if args.context_length > args.m:
+        raise CommandLineError(f"--context-length {args.context_length} exceeds --m {args.m} (items per context)")
     start = time.perf_counter()
     runs = train_runs(args.m, args.d_model, args.heads, args.d_k, seeds, config, quiet=args.quiet)
     elapsed = time.perf_counter() - start

@@ -151,3 +151,8 @@ def test_experiment_options_name_the_bad_entry(tmp_path, capsys):
     assert main(["experiment", "whitening", "--scale", "tiny", "--out", str(tmp_path), "--shard", "3/2"]) == 2
     _one_error_line(capsys.readouterr().err, "shard i/N needs 1 <= i <= N, got '3/2'")
     assert not (tmp_path / "whitening").exists()
+
+
+def test_rgr_train_names_the_option_that_does_not_fit(capsys):
+    assert main(["rgr-train", "--m", "8", "--d-model", "4", "--heads", "2", "--d-k", "2", "--quiet"]) == 2
+    _one_error_line(capsys.readouterr().err, "--context-length 16 exceeds --m 8")
