@@ -226,6 +226,8 @@ def _run_capacity(args: argparse.Namespace) -> int:
     options = {"whiten": args.whiten} if args.whiten else {}
     if args.method == "ours":
         options["multipliers"] = [cost_cells.DEFAULT_MULTIPLIER]
+    if min(args.d, args.facts, args.seeds, args.max_size) < 1:
+        raise CommandLineError("--d, --facts, --seeds and --max-size must be positive")
     config = cost_cells.cost_cell(args.method, args.family, args.facts, args.d, args.seeds, max_size=args.max_size,
                                   gd_steps=args.gd_steps, **options)
     cell = cost_cells.run_cost_cell(config)

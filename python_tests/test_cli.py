@@ -156,3 +156,8 @@ def test_experiment_options_name_the_bad_entry(tmp_path, capsys):
 def test_rgr_train_names_the_option_that_does_not_fit(capsys):
     assert main(["rgr-train", "--m", "8", "--d-model", "4", "--heads", "2", "--d-k", "2", "--quiet"]) == 2
     _one_error_line(capsys.readouterr().err, "--context-length 16 exceeds --m 8")
+
+
+def test_capacity_rejects_sizes_below_one(capsys):
+    assert main(["capacity", "--d", "0"]) == 2
+    _one_error_line(capsys.readouterr().err, "--d, --facts, --seeds and --max-size must be positive")
