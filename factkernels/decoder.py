@@ -19,7 +19,7 @@ from .memory import VERIFY_CHUNK
 
 OUTPUTS = ("margin_optimal", "values")
 M_GROWTH = 1.25  # geometric growth of m while the decoder check fails
-SEARCH_SCREEN = 2048  # used values an m is first checked on during the search
+SEARCH_SCREEN = 512  # used values an m is first checked on during the search
 
 
 @dataclass
