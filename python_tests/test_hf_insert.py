@@ -232,6 +232,13 @@ def test_insert_rejects_bad_arguments(fresh_tiny):
         hf.insert_facts(model, tok, REQUESTS, gate="lookup", background=TEXTS, progress=False)
     with pytest.raises(ValueError, match="not in the prompt"):
         hf.insert_facts(model, tok, [{"prompt": "emma is by", "subject": "dune", "target_new": "x"}], progress=False)
+    with pytest.raises(ValueError, match="keys must be one of"):
+        hf.insert_facts(model, tok, REQUESTS, keys="prompt", background=TEXTS, progress=False)
+    with pytest.raises(ValueError, match=r"threshold must be in \(0, 1\)"):
+        hf.insert_facts(model, tok, REQUESTS, keys="subject", subject_threshold=1.0, background=TEXTS, progress=False)
+    with pytest.raises(ValueError, match="value_prefixes must be in"):
+        hf.insert_facts(model, tok, REQUESTS, keys="subject", prefixes=["a"], value_prefixes=2, background=TEXTS,
+                        progress=False)
     assert model.config.intermediate_size == 64
 
 
@@ -291,3 +298,50 @@ def test_adaptive_threshold_silences_background_near_a_key():
     unit2 = lambda mlp: float(torch.nn.functional.silu(near.float() @ mlp.gate_weight[2] + mlp.gate_bias[2]))  # noqa: E731
     assert unit2(fixed) > 2.0 and abs(unit2(adaptive)) < 0.3
     assert stats["background_tokens_firing"] < stats_fixed["background_tokens_firing"]
+
+
+SUBJECT_PREFIXES = ["the old house by the river .", "music in the city .", "a reader knows that"]
+
+
+def test_subject_keys_certify_every_context_and_remove_exactly(fresh_tiny):
+    model, tok = fresh_tiny
+    before = copy.deepcopy(model.state_dict())
+    requests = REQUESTS + [{"prompt": "the author of {} is", "subject": "dune", "target_new": "mary shelley"}]
+    contexts = hf.parse_requests([{"prompt": (p + " " if p else "") + r["prompt"], "subject": r["subject"],
+                                   "target_new": r["target_new"]} for r in requests for p in ["", *SUBJECT_PREFIXES]])
+    unedited = hf.fact_margins(model, tok, contexts)
+    ins = hf.insert_facts(model, tok, requests, keys="subject", layer=1, background=TEXTS, prefixes=SUBJECT_PREFIXES,
+                          value_prefixes=1, value_steps=30, progress=False)
+    rep = ins.report
+    # 4 subjects (dune twice), 2 units each; 5 requests x 4 contexts, each certified: the report's margins are
+    # the edited model's own on every context (a random 3-layer model cannot reach the margin through attention)
+    assert rep.position == "subject" and rep.construction["subjects"] == 4 and rep.hidden_added == 8
+    assert rep.num_keys == 20 and rep.construction["value_contexts"] == 10
+    edited = hf.fact_margins(model, tok, contexts)
+    assert rep.margins == pytest.approx(edited.tolist(), abs=1e-3)
+    assert rep.efficacy == float((edited > 0).double().mean())
+    assert float(edited.min()) > float(unedited.min())  # one δ per subject moved all its contexts
+    assert rep.value_error < 1e-3  # the ramp saturates: every own context gets its subject's δ
+    assert rep.construction["separated"] == 4
+    ins.remove()
+    after = model.state_dict()
+    assert set(after) == set(before) and all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_lda_detectors_separate_subjects_and_threshold_between():
+    from factkernels.hf.subject_keys import lda_detectors, ramp_units
+
+    gen = torch.Generator().manual_seed(0)
+    d = 8
+    centres = 6.0 * torch.eye(d)[:3]  # three subjects, far from the negatives N(0, I)
+    subject = torch.arange(3).repeat_interleave(5)
+    own = centres[subject] + 0.1 * torch.randn(15, d, generator=gen)
+    negatives = torch.randn(200, d, generator=gen)
+    det = lda_detectors(own, subject, negatives, threshold=0.5)
+    assert bool(det["separated"].all())
+    assert bool((det["contrast_max"] < det["tau"]).all() and (det["tau"] < det["own_min"]).all())
+    deltas = torch.randn(3, d, generator=gen)
+    mlp = ramp_units(det, deltas, ramp=12.0)
+    with torch.no_grad():
+        assert torch.allclose(mlp(own.float()), deltas[subject].float(), atol=1e-3 * float(deltas.norm(dim=1).min()))
+        assert float(mlp(negatives).norm(dim=1).max()) < 1e-3 * float(deltas.norm(dim=1).min())

@@ -135,26 +135,37 @@ def evaluate(model: Any, tok: Any, requests: Union[str, Sequence[Union[Request, 
         parts.append(scores["neighborhood"])
     scores["score"] = len(parts) / sum(1.0 / max(p, 1e-12) for p in parts)  # harmonic mean, as ROME reports
     if texts:
-        nll, kl, offset = [], [], 0
-        for lp, nxt in _text_logprobs(model, tok, texts, batch_size, max_length):
-            nll.append(-lp.gather(1, nxt[:, None]).squeeze(1))
-            if reference is not None:
-                rows = slice(offset, offset + lp.shape[0])
-                ref_logp, idx = reference.text_topk_logp[rows], reference.text_topk_index[rows]
-                if idx.shape[0] != lp.shape[0]:
-                    raise ValueError("reference texts differ from texts: make the reference with the same texts")
-                own = lp.gather(1, idx)
-                own_rest = torch.log1p(-own.exp().sum(1).clamp(max=1 - 1e-7))
-                ref_rest = reference.text_rest_logp[rows]
-                token_kl = (ref_logp.exp() * (ref_logp - own)).sum(1) + ref_rest.exp() * (ref_rest - own_rest)
-                kl.append(token_kl.clamp_min(0.0))  # a KL of bucketed distributions is >= 0: below is float rounding
-            offset += lp.shape[0]
-        mean_nll = float(torch.cat(nll).mean())
-        scores.update(text_tokens=offset, text_nll=mean_nll, perplexity=_exp_or_inf(mean_nll))
-        if reference is not None:
-            log_ratio = mean_nll - reference.text_nll
-            scores.update(log_perplexity_ratio=log_ratio, perplexity_ratio=_exp_or_inf(log_ratio),
-                          kl_mean=float(torch.cat(kl).mean()))
+        scores.update(text_scores(model, tok, texts, reference, batch_size=batch_size, max_length=max_length))
     scores["eval_seconds"] = time.perf_counter() - start
     scores["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return scores
+
+
+@torch.no_grad()
+def text_scores(model: Any, tok: Any, texts: Sequence[str], reference: Optional[Reference] = None, *,
+                batch_size: int = 16, max_length: int = 128) -> dict:
+    """Perplexity on ``texts`` and, with a :class:`Reference` of the same texts, its ratio to the original's and
+    the mean per-token KL(original ‖ model) (see the module docstring): {"text_tokens", "text_nll", "perplexity"[,
+    "log_perplexity_ratio", "perplexity_ratio", "kl_mean"]}."""
+    scores: dict = {}
+    nll, kl, offset = [], [], 0
+    for lp, nxt in _text_logprobs(model, tok, texts, batch_size, max_length):
+        nll.append(-lp.gather(1, nxt[:, None]).squeeze(1))
+        if reference is not None:
+            rows = slice(offset, offset + lp.shape[0])
+            ref_logp, idx = reference.text_topk_logp[rows], reference.text_topk_index[rows]
+            if idx.shape[0] != lp.shape[0]:
+                raise ValueError("reference texts differ from texts: make the reference with the same texts")
+            own = lp.gather(1, idx)
+            own_rest = torch.log1p(-own.exp().sum(1).clamp(max=1 - 1e-7))
+            ref_rest = reference.text_rest_logp[rows]
+            token_kl = (ref_logp.exp() * (ref_logp - own)).sum(1) + ref_rest.exp() * (ref_rest - own_rest)
+            kl.append(token_kl.clamp_min(0.0))  # a KL of bucketed distributions is >= 0: below is float rounding
+        offset += lp.shape[0]
+    mean_nll = float(torch.cat(nll).mean())
+    scores.update(text_tokens=offset, text_nll=mean_nll, perplexity=_exp_or_inf(mean_nll))
+    if reference is not None:
+        log_ratio = mean_nll - reference.text_nll
+        scores.update(log_perplexity_ratio=log_ratio, perplexity_ratio=_exp_or_inf(log_ratio),
+                      kl_mean=float(torch.cat(kl).mean()))
     return scores

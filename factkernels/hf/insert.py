@@ -45,9 +45,11 @@ from .capture import (PromptBatch, block_outputs, capture, encode_requests, enco
 from .checkpoint import ChunkCheckpoint, fingerprint
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
+from .subject_keys import check_subject_options, default_prefixes, insert_by_subject
 from .units import AppendedUnits, append_units
 
 GATES = ("detector", "generic")
+KEYS = ("request", "subject")
 KEY_POSITIONS = ("target", "subject")
 
 
@@ -394,7 +396,9 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
                  background: Optional[Sequence[str]] = None, margin: float = 3.0, value_steps: int = 60,
                  value_lr: float = 0.5, contrast: int = 2, sharpness: float = 100.0, threshold: float = 0.92,
                  adaptive_threshold: bool = False, seed: int = 0, batch_size: int = 32,
-                 progress: bool = True, checkpoint: Union[str, Path, None] = None) -> Insertion:
+                 progress: bool = True, checkpoint: Union[str, Path, None] = None, keys: str = "request",
+                 prefixes: Optional[Sequence[str]] = None, value_prefixes: int = 2, within: float = 1.0,
+                 subject_threshold: float = 0.5, ramp: float = 12.0) -> Insertion:
     """Insert facts by appending constructed hidden units to one layer's MLP (in place).
 
     requests: dicts/Requests or a .json/.csv path (see :func:`factkernels.hf.parse_requests`).
@@ -412,6 +416,13 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     checkpoint: a .safetensors file keeping the values (δ) of finished chunks of requests when they need the
         model (any layer but the last, or subject keys), so a long insertion can be stopped and run again
         (see :func:`optimise_deltas`).
+    keys: "request" (one unit per request's key, above) or "subject" (:mod:`factkernels.hf.subject_keys`: per
+        subject an LDA detector on its last token under every request prompt × ``prefixes`` (default: the
+        editing benchmark's edit prefixes) and one δ fit over the prompts under the first ``value_prefixes``
+        prefixes; ``within`` weighs the within-subject spread in the whitening, ``subject_threshold`` places τ
+        between the contrast and own scores, ``ramp`` is the units' saturation; ``position``, ``gate``,
+        ``threshold``, ``contrast`` and ``checkpoint`` do not apply). The report's margins are then those of
+        every context (request × prefix), each certified in the edited model.
     Returns an :class:`Insertion`; raises ValueError for bad requests, layer or options.
     """
     start_time = time.perf_counter()
@@ -419,6 +430,10 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     parsed = list(dict.fromkeys(parse_requests(requests)))  # repeated requests: one key each
     if gate not in GATES:
         raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    if keys not in KEYS:
+        raise ValueError(f"keys must be one of {KEYS}, got {keys!r}")
+    if keys == "subject":
+        position = "subject"
     if layer is None:
         layer = default_layer(model, position)
     mlp_module(model, layer)  # validates layout and range
@@ -429,6 +444,13 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
 
         background = natural_text("stats")
     torch.manual_seed(seed)
+    if keys == "subject":
+        prefixes = default_prefixes() if prefixes is None else list(prefixes)
+        check_subject_options(value_prefixes, prefixes, subject_threshold, ramp, within)
+        return _insert_by_subject(model, tok, parsed, layer=layer, background=background_states(model, tok, background, layer),
+                                  prefixes=prefixes, value_prefixes=value_prefixes, within=within,
+                                  threshold=subject_threshold, ramp=ramp, margin=margin, value_steps=value_steps,
+                                  value_lr=value_lr, batch_size=batch_size, progress=progress, start_time=start_time)
 
     t = time.perf_counter()
     batch = encode_requests(tok, parsed, with_target=True)
@@ -479,6 +501,26 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         timings=timings, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         construction=construction, values=value_info)
     fact_mlp.report = None
+    return Insertion(report, fact_mlp, units)
+
+
+def _insert_by_subject(model: Any, tok: Any, requests: list[Request], *, layer: int, start_time: float,
+                       **options: Any) -> Insertion:
+    """keys="subject": build (:func:`~factkernels.hf.subject_keys.insert_by_subject`), append, certify every context."""
+    fact_mlp, stats, deltas, ctx = insert_by_subject(model, tok, requests, layer=layer, ridge=1e-2, **options)
+    units = append_units(model, layer, fact_mlp.swiglu_weights())
+    t = time.perf_counter()
+    with torch.no_grad():
+        margins = batch_margins(model, ctx.batch, options["batch_size"])
+    timings = {**stats.pop("timings"), "verify": time.perf_counter() - t, "total": time.perf_counter() - start_time}
+    values = stats.pop("values")
+    report = InsertionReport(
+        layer=layer, gate="lda-ramp", position="subject", num_facts=len(requests), num_keys=len(ctx.requests),
+        hidden_added=fact_mlp.hidden_size, params_added=fact_mlp.num_parameters,
+        efficacy=float((margins > 0).double().mean()), min_margin=float(margins.min()),
+        margins=[round(float(m), 4) for m in margins], value_error=stats.pop("value_error"),
+        delta_norm_mean=float(deltas.norm(dim=1).mean()), background_output_ratio=stats.pop("background_output_ratio"),
+        timings=timings, peak_rss_mb=stats.pop("peak_rss_mb"), construction=stats, values=values)
     return Insertion(report, fact_mlp, units)
 
 

@@ -1,0 +1,242 @@
+"""Subject-keyed insertion (``insert_facts(..., keys="subject")``): a fact recalled however it is asked.
+
+A prompt-keyed unit answers only the prompt it was built from. Here every subject gets one detector on its
+last token's MLP input at layer L, trained to fire in any context, and one residual delta δ at that token,
+fit over many contexts; later layers carry δ to wherever the question ends (as ROME's edits do).
+
+* **Contexts.** Each request's prompt under each prefix ("" first, then ``prefixes``): keys are the subject's
+  last-token states in all of them; δ is fit on the first ``value_prefixes`` + 1 of them.
+* **Detector (an LDA filter).** w_s = A⁻¹(μ_s − μ), A = Σ_neg + within·Σ_within + ridge·I, with μ_s the mean of
+  subject s's keys, Σ_within their pooled spread across contexts, μ, Σ_neg those of the negatives (ordinary
+  text, every other position of the contexts). Scores s(x) = w_sᵀ(x − μ) are 1 at μ_s. The threshold τ_s sits
+  at ``threshold`` of the way from the highest negative or other-subject score (the contrast subjects: every
+  other subject of the request set, in its own contexts) to the subject's lowest context score.
+* **Units.** Two per subject on one gate row, silu(β(s − τ)) − silu(β(s − τ) − a), a = ``ramp``, β such that the
+  lowest own score is 8 past the upper corner: a ramp that is 0 below τ and saturates at a on every training
+  context, so each context receives the same δ (down columns ±δ/a) whatever its score.
+* **Certified.** After appending, every training context (all prefixes) is checked: the report's efficacy
+  and margins are the edited model's own teacher-forced margins on them.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F_nn
+
+from ..mlp import FactMLP
+from ..progress import progress_bar
+from .capture import (PromptBatch, block_outputs, capture, encode_requests, hidden_with_delta, length_sorted_chunks,
+                      logits_at, model_device, tail_matches)
+from .layout import mlp_module
+from .requests import Request
+
+
+@dataclass
+class SubjectContexts:
+    """Every (request, prefix) row: requests (R,), subject (R,) long index into ``subjects``, prefix (R,) long
+    (0 = no prefix), and ``batch`` their encoding with targets."""
+
+    requests: list
+    subject: torch.Tensor
+    prefix: torch.Tensor
+    subjects: list
+    batch: PromptBatch
+
+
+def subject_contexts(tok: Any, requests: Sequence[Request], prefixes: Sequence[str]) -> SubjectContexts:
+    """Each request under "" and each prefix (joined by a space), grouped by subject (first-seen order)."""
+    subjects: dict[str, int] = {}
+    rows, subject, prefix = [], [], []
+    for r in requests:
+        s = subjects.setdefault(r.subject, len(subjects))
+        for p, text in enumerate(["", *prefixes]):
+            rows.append(Request((text + " " if text else "") + r.prompt, r.subject, r.target_new))
+            subject.append(s), prefix.append(p)
+    return SubjectContexts(rows, torch.tensor(subject), torch.tensor(prefix), list(subjects),
+                           encode_requests(tok, rows, with_target=True))
+
+
+def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Tensor, *, within: float = 1.0,
+                  ridge: float = 1e-2, threshold: float = 0.5) -> dict:
+    """One LDA filter per subject (see the module docstring), in float64.
+
+    own (R, d): keys; subject (R,): their subject index (0..S-1); negatives (N, d): states that must stay silent.
+    Returns w (S, d), mu (d,), tau (S,), own_min (S,) lowest own score, contrast_max (S,) highest score of a
+    negative or another subject's key, separated (S,) bool own_min > contrast_max.
+    """
+    work = torch.float64
+    k, x = own.to(work), negatives.to(work)
+    n_subjects = int(subject.max()) + 1
+    mu = x.mean(0)
+    centred = x - mu
+    sigma = centred.T @ centred / max(1, x.shape[0] - 1)
+    count = torch.zeros(n_subjects, dtype=work).index_add(0, subject, torch.ones(len(k), dtype=work))
+    means = torch.zeros(n_subjects, k.shape[1], dtype=work).index_add(0, subject, k) / count[:, None]
+    spread = k - means[subject]
+    sigma_within = spread.T @ spread / max(1, len(k) - n_subjects)
+    a = sigma + within * sigma_within
+    a += ridge * a.diagonal().mean() * torch.eye(a.shape[0], dtype=work)
+    diff = means - mu
+    w = torch.linalg.solve(a, diff.T).T
+    w = w / (w * diff).sum(1, keepdim=True)  # score 1 at the subject's mean key
+    own_scores = ((k - mu) * w[subject]).sum(1)
+    own_min = torch.full((n_subjects,), float("inf"), dtype=work).scatter_reduce(0, subject, own_scores, "amin")
+    contrast_max = (centred @ w.T).amax(0)
+    cross = (k - mu) @ w.T  # (R, S): other subjects' keys on each filter
+    cross[torch.arange(len(k)), subject] = float("-inf")
+    contrast_max = torch.maximum(contrast_max, cross.amax(0))
+    separated = own_min > contrast_max
+    # unseparated subjects keep every own context (certified) at the cost of some contrast firing
+    gap = torch.where(separated, own_min - contrast_max, 0.05 * own_min.abs().clamp_min(1e-3))
+    tau = torch.where(separated, contrast_max + threshold * gap, own_min - gap)
+    return {"w": w, "mu": mu, "tau": tau, "own_min": own_min, "contrast_max": contrast_max, "separated": separated}
+
+
+# How far past the ramp's upper corner the lowest own score sits (silu(x) - relu(x) ~ -x e^-x there).
+RAMP_OVERSHOOT = 8.0
+
+
+def ramp_units(det: dict, deltas: torch.Tensor, *, ramp: float = 12.0) -> FactMLP:
+    """Two SwiGLU units per subject: silu(β(s − τ)) − silu(β(s − τ) − ramp) times δ/ramp, with β = (ramp +
+    RAMP_OVERSHOOT) / (own_min − τ): every own context is past both corners and gets δ (to ~e^-8 relative), scores
+    below τ get ≈ 0 (~ramp·e^-ramp). deltas (S, d)."""
+    w, mu, tau = det["w"], det["mu"], det["tau"]
+    beta = (ramp + RAMP_OVERSHOOT) / (det["own_min"] - tau)
+    gate_w = beta[:, None] * w
+    gate_b = -beta * (w @ mu + tau)
+    n, d = w.shape
+    gate = torch.cat([gate_w, gate_w]).float()
+    bias = torch.cat([gate_b, gate_b - ramp]).float()
+    down = torch.cat([deltas.double(), -deltas.double()]) / ramp  # (2S, d)
+    return FactMLP(gate, bias, torch.zeros(2 * n, d), torch.ones(2 * n), down.T.float().contiguous(), None)
+
+
+def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, layer: int, *, margin: float = 3.0,
+                       steps: int = 40, lr: float = 0.5, batch_size: int = 32,
+                       progress: bool = True) -> tuple[torch.Tensor, dict]:
+    """One δ per subject (S, d), added after ``layer``'s MLP at the subject's last token of each of its rows, fit
+    jointly over them: Adam on the summed target cross-entropy of the rows below ``margin`` until every row
+    reaches it (or ``steps``). The blocks up to ``layer`` run once; each step runs only the later ones."""
+    device = model_device(model)
+    n_subjects = int(subject.max()) + 1
+    delta = torch.zeros(n_subjects, model.config.hidden_size, device=device, requires_grad=True)
+    opt = torch.optim.Adam([delta], lr=lr)
+    probe = batch.rows(slice(0, 2))
+    states = (block_outputs(model, batch.input_ids, batch.attention_mask, layer, batch_size=batch_size)
+              if tail_matches(model, probe.input_ids, probe.attention_mask, layer) else None)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    history = []
+    active = torch.arange(len(batch))
+    margins = torch.full((len(batch),), float("-inf"))
+    try:
+        for _ in progress_bar(range(steps), desc=f"subject values at layer {layer}", enabled=progress, leave=False):
+            opt.zero_grad()
+            for part in length_sorted_chunks(batch.attention_mask.sum(1)[active], batch_size):
+                chunk = active[part]
+                sub = batch.rows(chunk)
+                rows = torch.arange(len(chunk))
+                hidden = hidden_with_delta(model, layer, sub, None if states is None else states[chunk], rows,
+                                           sub.subject_last, delta[subject[chunk].to(device)])
+                t_rows, t_pos, t_tokens = sub.target_positions()
+                logits = logits_at(model, hidden, t_rows, t_pos)
+                t_tokens = t_tokens.to(logits.device)
+                own = logits.gather(1, t_tokens[:, None]).squeeze(1)
+                other = logits.detach().scatter(1, t_tokens[:, None], float("-inf")).amax(1)
+                row_margin = torch.full((len(chunk),), float("inf"), device=logits.device).scatter_reduce(
+                    0, t_rows.to(logits.device), (own.detach() - other), "amin")
+                margins[chunk] = row_margin.cpu()
+                below = (row_margin < margin)[t_rows.to(logits.device)]
+                loss = (F_nn.cross_entropy(logits, t_tokens, reduction="none") * below).sum()
+                if loss.requires_grad and bool(below.any()):
+                    loss.backward()
+            history.append(float(margins.min()))
+            # a subject is done when all its rows reach the margin; its rows stop running and its δ stays
+            subject_min = torch.full((n_subjects,), float("inf")).scatter_reduce(0, subject, margins, "amin")
+            if bool((subject_min >= margin).all()):
+                break
+            active = (subject_min[subject] < margin).nonzero().flatten()
+            with torch.no_grad():
+                frozen = (subject_min >= margin).to(device)
+                if delta.grad is not None:
+                    delta.grad[frozen] = 0.0
+            before = delta.detach().clone()
+            opt.step()
+            with torch.no_grad():
+                delta[frozen] = before[frozen]
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+    return delta.detach(), {"value_steps": len(history), "value_min_margin": history[-1] if history else None}
+
+
+def insert_by_subject(model: Any, tok: Any, requests: Sequence[Request], *, layer: int, background: torch.Tensor,
+                      prefixes: Sequence[str], value_prefixes: int, within: float, threshold: float, ramp: float,
+                      ridge: float, margin: float, value_steps: int, value_lr: float, batch_size: int,
+                      progress: bool) -> tuple[FactMLP, dict, torch.Tensor, SubjectContexts]:
+    """Build the subject-keyed units for ``requests`` (not yet appended): (mlp, stats, deltas (S, d), contexts).
+    background (N, d): MLP inputs of ``layer`` on ordinary text."""
+    timings: dict = {}
+    t = time.perf_counter()
+    ctx = subject_contexts(tok, requests, prefixes)
+    states = capture(model, ctx.batch.input_ids, ctx.batch.attention_mask, layer, site="mlp_in", batch_size=batch_size)
+    lengths = ctx.batch.attention_mask.sum(1)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+    key_index = offsets + ctx.batch.subject_last
+    is_key = torch.zeros(len(states), dtype=torch.bool)
+    is_key[key_index] = True
+    own = states[key_index]
+    negatives = torch.cat([background.to(states), states[~is_key]])
+    timings["capture"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    fit_rows = (ctx.prefix <= value_prefixes).nonzero().flatten()
+    deltas, value_info = fit_subject_deltas(model, ctx.batch.rows(fit_rows), ctx.subject[fit_rows], layer,
+                                            margin=margin, steps=value_steps, lr=value_lr, batch_size=batch_size,
+                                            progress=progress)
+    timings["values"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    det = lda_detectors(own, ctx.subject, negatives, within=within, ridge=ridge, threshold=threshold)
+    mlp = ramp_units(det, deltas, ramp=ramp).to(own.device)
+    with torch.no_grad():
+        old = mlp_module(model, layer)
+        background_ratio = float(mlp(background).norm(dim=1).mean() / old(background).norm(dim=1).mean())
+        negatives_firing = float((mlp(negatives).norm(dim=1) > 1e-3 * deltas.norm(dim=1).mean()).double().mean())
+        # relative to the mean ‖δ‖: subjects whose targets already win by the margin keep δ = 0
+        value_error = float((mlp(own) - deltas[ctx.subject]).norm(dim=1).max()
+                            / deltas.norm(dim=1).mean().clamp_min(1e-12))
+    timings["construct"] = time.perf_counter() - t
+    stats = {"subjects": len(ctx.subjects), "contexts": len(ctx.requests), "value_contexts": len(fit_rows),
+             "separated": int(det["separated"].sum()), "own_min_mean": float(det["own_min"].mean()),
+             "contrast_max_mean": float(det["contrast_max"].mean()), "tau_mean": float(det["tau"].mean()),
+             "background_output_ratio": background_ratio, "negatives_firing": negatives_firing,
+             "value_error": value_error,
+             "timings": timings, "values": value_info,
+             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return mlp, stats, deltas, ctx
+
+
+def default_prefixes() -> list[str]:
+    """The editing benchmark's edit prefixes (never its held-out ones)."""
+    from ..datasets.editing_benchmark import prefixes
+
+    return prefixes("edit")
+
+
+def check_subject_options(value_prefixes: int, prefixes: Sequence[str], threshold: float, ramp: float,
+                          within: float) -> None:
+    if not 0 <= value_prefixes <= len(prefixes):
+        raise ValueError(f"value_prefixes must be in [0, {len(prefixes)}] (the number of prefixes), got {value_prefixes}")
+    if not 0.0 < threshold < 1.0:
+        raise ValueError(f"threshold must be in (0, 1) for keys='subject' (its place between contrast and own "
+                         f"scores), got {threshold}")
+    if ramp <= 0 or within < 0:
+        raise ValueError(f"ramp must be > 0 and within >= 0, got ramp={ramp}, within={within}")
+
