@@ -21,7 +21,8 @@ import torch
 
 from factkernels.datasets.editing_benchmark import NUM_TEST_DRAWS, known_draw, new_knowledge_draw
 from factkernels.environment import environment
-from factkernels.hf import insert_facts, load, natural_text
+from factkernels.datasets import natural_text
+from factkernels.hf import insert_facts, load
 from factkernels.hf.metrics import case_requests, over_draws, record_baseline, score_cases
 
 OUT = Path(__file__).resolve().parent / "results" / "hf" / "editing_benchmark"

@@ -40,7 +40,7 @@ import torch
 
 from ..datasets.editing_benchmark import EditCase, Fact, known_facts
 from .capture import encode_requests, final_hidden, length_sorted_chunks, logits_at, model_device, pad_id
-from .corpus import natural_text
+from ..datasets import natural_text
 from .evaluate import Reference, record_reference, text_scores
 from .requests import Request
 

@@ -4,7 +4,7 @@ A prompt-keyed unit answers only the prompt it was built from. Here every subjec
 last token's MLP input at layer L, trained to fire in any context, and one residual delta δ at that token,
 fit over many contexts; later layers carry δ to wherever the question ends (as ROME's edits do).
 
-* **Contexts.** Each request's prompt under each prefix ("" first, then ``prefixes``): keys are the subject's
+* **Contexts.** Each request's prompt bare and under each prefix ("{prefix}. {prompt}"): keys are the subject's
   last-token states in all of them; δ is fit on the first ``value_prefixes`` + 1 of them.
 * **Detector (an LDA filter).** w_s = A⁻¹(μ_s − μ), A = Σ_neg + within·Σ_within + ridge·I, with μ_s the mean of
   subject s's keys, Σ_within their pooled spread across contexts, μ, Σ_neg those of the negatives (ordinary
@@ -32,6 +32,7 @@ from ..mlp import FactMLP
 from ..progress import progress_bar
 from .capture import (PromptBatch, block_outputs, capture, encode_requests, hidden_with_delta, length_sorted_chunks,
                       logits_at, model_device, tail_matches)
+from .contexts import with_prefixes
 from .layout import mlp_module
 from .requests import Request
 
@@ -49,14 +50,14 @@ class SubjectContexts:
 
 
 def subject_contexts(tok: Any, requests: Sequence[Request], prefixes: Sequence[str]) -> SubjectContexts:
-    """Each request under "" and each prefix (joined by a space), grouped by subject (first-seen order)."""
+    """Each request bare and under each prefix (:func:`~factkernels.hf.contexts.with_prefixes`), grouped by
+    subject (first-seen order)."""
     subjects: dict[str, int] = {}
-    rows, subject, prefix = [], [], []
     for r in requests:
-        s = subjects.setdefault(r.subject, len(subjects))
-        for p, text in enumerate(["", *prefixes]):
-            rows.append(Request((text + " " if text else "") + r.prompt, r.subject, r.target_new))
-            subject.append(s), prefix.append(p)
+        subjects.setdefault(r.subject, len(subjects))
+    rows = with_prefixes(requests, prefixes)
+    subject = [subjects[r.subject] for r in requests for _ in range(1 + len(prefixes))]
+    prefix = [p for _ in requests for p in range(1 + len(prefixes))]
     return SubjectContexts(rows, torch.tensor(subject), torch.tensor(prefix), list(subjects),
                            encode_requests(tok, rows, with_target=True))
 
