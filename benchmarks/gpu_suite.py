@@ -14,7 +14,8 @@ What it runs (all on --device, default cuda):
   scale      outputs="values", solver="auto" at d = 1,024, F = |V| = 2^18 (--scale-facts), each phase beside
              its GEMM-rate limit; then F = 2^20 through the memory guard only: refused at once with its
              estimate, or "fits" (not built: it would take far longer than a lent call)
-  u_star     margin_optimal_outputs at |V| = 65,536, d = 256: time, rho and peak GPU memory
+  ustar      margin_optimal_outputs (U*) at |V| = 4,096, d = 128 and 65,536, d = 256: time, rho, streaming
+             passes, kernel launches, host syncs and copies (torch.profiler), peak GPU memory (ustar_launches.py)
   gd_batch   GD cost searches with every seed (and, for the GD MLP, the sizes ahead) as one batch vs one
              model at a time (gd_batch.py's race at its CPU setting, d = 16, F = 64, 3 seeds, one run each),
              and the cost of one step of 1, 3, 9, 21 GD MLPs as one batch (and of 1 and 3 at F = 256 ... 2,048),
@@ -41,7 +42,7 @@ from pathlib import Path
 import torch
 
 import factkernels
-from factkernels import _ops, embeddings, ustar
+from factkernels import _ops
 from factkernels.embeddings import random_fact_set
 
 from bench import (bench_attention, bench_construct, bench_kernels, cholesky_seconds, device_info, gemm_rate, sync,
@@ -50,10 +51,12 @@ from gd_batch import race as race_gd_searches
 from gd_batch import step_costs as gd_step_costs
 from gd_batch import loss_kernel_race as gd_loss_kernel_race
 from gd_batch import step_costs_by_size as gd_step_costs_by_size
+from ustar_launches import measure as measure_ustar
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_DEVICE_STATUS = 2
-SECTIONS = ("tests", "kernels", "attention", "construct", "u_star", "scale", "gd_batch", "largest_f")
+SECTIONS = ("tests", "kernels", "attention", "construct", "ustar", "scale", "gd_batch", "largest_f")
+USTAR_COUNT_SECONDS = 20.0
 
 
 def cuda_unavailable_reason(device: torch.device) -> str | None:
@@ -210,21 +213,13 @@ def bench_largest_f(device: torch.device, d: int, start: int, max_seconds: float
     return {"largest": largest, "attempts": attempts, "max_seconds": max_seconds}
 
 
-def bench_u_star(device: torch.device, num_values: int, d: int) -> dict:
-    """margin_optimal_outputs (U*, rho) of spherical values: time, rho, peak GPU memory beyond the values."""
-    values = embeddings.spherical(num_values, d, generator=torch.Generator().manual_seed(0)).to(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    sync(device)
-    begin = time.perf_counter()
-    _, rho = ustar.margin_optimal_outputs(values)
-    sync(device)
-    row = {"num_values": num_values, "d": d, "seconds": time.perf_counter() - begin, "rho": float(rho)}
-    if device.type == "cuda":
-        row["peak_extra_gpu_bytes"] = torch.cuda.max_memory_allocated(device) - base
-    print(f"U* |V|={num_values} d={d}: {row['seconds']:.2f} s, rho={row['rho']:.4f}", flush=True)
-    return row
+def bench_ustar(device: torch.device, quick: bool) -> dict:
+    """U* round trips (ustar_launches.measure): time, rho, streaming passes, and the launches, host syncs and
+    copies torch.profiler counts, at |V| = 4,096, d = 128 and |V| = 65,536, d = 256 (the larger one is counted
+    only when its unprofiled call took under USTAR_COUNT_SECONDS, which bounds the section's time)."""
+    sizes = [(512, 32), (1024, 64)] if quick else [(4096, 128), (65536, 256)]
+    return {"rows": [measure_ustar(device, n, d, count_below=USTAR_COUNT_SECONDS) for n, d in sizes],
+            "targets": {"4096x128": "<= 15 ms, <= 300 launches, <= 10 host syncs", "65536x256": "<= 3 s"}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     section("construct", lambda: {
         "values_cholesky": bench_construct(device, [(d, num_facts, 64 if args.quick else 96)], per_gadget_max_f=0),
         "default": bench_default_construct(device, d, num_facts)})
-    section("u_star", lambda: bench_u_star(device, *((512, 32) if args.quick else (65536, 256))))
+    section("ustar", lambda: bench_ustar(device, args.quick))
     section("scale", lambda: bench_scale(device, *((32, 1024, 2**12) if args.quick else
                                                    (args.scale_d, args.scale_facts, 2**20)), rate))
 

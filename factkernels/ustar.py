@@ -80,7 +80,7 @@ from . import _ops
 from .geometry import exact_star_scores, normalized_values
 from .validation import check_choice, check_matrix as _check_matrix
 
-__all__ = ["decodability", "margin_optimal_outputs"]
+__all__ = ["decodability", "margin_optimal_outputs", "SYNC_FREE_DEVICES"]
 
 _CLOSE_REL = 1e-6
 # ||p||^2 below this (star vectors are unit) means the minimum-norm point is 0:
@@ -90,18 +90,26 @@ _ZERO_PP = 1e-20
 _EPS_W = 1e-13
 # Ridge of the corral systems (relative to entries of size O(1)).
 _RIDGE = 1e-11
-# Rows * values handled per chunk (float64 work arrays of this many entries).
-_CHUNK_ELEMS = 1 << 22
-# Bytes allowed for the corral buffers (X and its Gram) of one chunk.
-_CORRAL_BYTES = 1 << 27
-# Bytes for the candidate stars and corrals of one chunk of the active-set
-# method: at least this, else about the size of the float64 values themselves
-# (extra memory O(n d), never O(n^2)).
-_ACTIVE_BYTES = 1 << 24
+# Bytes of float64 work arrays that one chunk of rows may hold (its star rows or candidate stars, the corral
+# buffers and their factorisation copies): on SYNC_FREE_DEVICES few, large chunks keep the launches per round
+# few; elsewhere chunks that stay near the caches run fastest.
+_WORK_BYTES = {"sync_free": 1 << 33, "cpu": 1 << 26}
 # Up to this many values "auto" solves densely (every value against all others
 # per iteration, fastest for small sets); above it, by active-set cutting planes.
 _DENSE_MAX = 4096
 _METHODS = ("auto", "dense", "active_set")
+# Constraints per value, in units of d, that the active-set method's first streaming pass ranks and that
+# each later pass brings: a wider net means fewer passes (each a full n x n score sweep).
+_FIRST_PER_DIM = 0.5
+_PASS_PER_DIM = 0.19
+# Device types on which the solver keeps fixed shapes between convergence checks (no host round trip: on a GPU
+# each one stalls the launch queue); elsewhere it gathers the rows and slots still moving at every corral step.
+SYNC_FREE_DEVICES = {"cuda"}
+# A chunk's solve looks at its state on the host (stop, drop finished rows) only every this many
+# iterations after the clipped phase: the iterations in between are fixed-shape device work.
+_CHECK_EVERY = 2
+# Wolfe line-search steps per iteration; a row whose minor cycle is not finished goes on in the next one.
+_MINOR_STEPS = 1
 
 
 def _check_tol(tol: float, max_iter: int) -> None:
@@ -251,6 +259,10 @@ def _star(W: Tensor, sq: Tensor, rows: Tensor) -> _Star:
 # ----------------------------------------------------------------------------
 
 
+def _work_bytes(device: torch.device) -> int:
+    return _WORK_BYTES["sync_free" if device.type in SYNC_FREE_DEVICES else "cpu"]
+
+
 def _affine_min_norm(Q: Tensor, m: Tensor, refine: bool = True) -> Tuple[Tensor, Tensor]:
     """Affine minimum-norm weights of each corral.
 
@@ -260,26 +272,26 @@ def _affine_min_norm(Q: Tensor, m: Tensor, refine: bool = True) -> Tuple[Tensor,
     could not be solved.  Solves ``(Q + 1 1^T) z = 1``, ``y = z / sum(z)``:
     ``Q + 1 1^T`` is positive definite on the corral iff the corral is
     affinely independent; a tiny ridge makes numerically dependent corrals
-    give the small-norm minimiser instead of garbage.
+    give the small-norm minimiser instead of garbage.  One factorisation, no
+    host round trip: a row whose factorisation fails keeps its weights (``ok``
+    False) until the next convergence check makes room in its corral.
     """
     mf = m.to(Q.dtype)
     M = (Q + 1.0).mul_(mf[:, :, None] * mf[:, None, :])
     M.diagonal(dim1=1, dim2=2).add_(1.0 - mf + _RIDGE * mf)
     L, info = torch.linalg.cholesky_ex(M)
-    bad = info != 0
-    ok = ~bad
-    if bool(bad.any()):
-        Mb = M[bad]
-        Mb.diagonal(dim1=1, dim2=2).add_(1e-8 * mf[bad])
-        Lb, infob = torch.linalg.cholesky_ex(Mb)
-        L[bad] = Lb
-        ok[bad] = infob == 0
-    rhs = mf[:, :, None]
-    z = torch.cholesky_solve(rhs, L).mul_(rhs)
+    ok = info == 0  # where it is not, z is garbage and the row keeps its weights
+
+    def solve(b: Tensor) -> Tensor:  # on a GPU two triangular solves (cuBLAS trsm, no host round trip)
+        if L.device.type == "cpu":
+            return torch.cholesky_solve(b[:, :, None], L).squeeze(2).mul_(mf)
+        t = torch.linalg.solve_triangular(L, b[:, :, None], upper=False)
+        return torch.linalg.solve_triangular(L.transpose(1, 2), t, upper=True).squeeze(2).mul_(mf)
+
+    z = solve(mf)
     if refine:  # one step of iterative refinement against the unregularised system
         M.diagonal(dim1=1, dim2=2).sub_(_RIDGE * mf)
-        z += torch.cholesky_solve(rhs - _batched_matvec(M, z.squeeze(2))[:, :, None], L).mul_(rhs)
-    z = z.squeeze(2)
+        z += solve(mf - _batched_matvec(M, z))
     s = z.sum(dim=1, keepdim=True)
     ok &= torch.isfinite(s[:, 0]) & (s[:, 0] > 0)
     y = z / torch.where(ok[:, None], s, torch.ones_like(s))
@@ -333,6 +345,116 @@ def _grow(t: Tensor, k: int, dims: Tuple[int, ...], fill: Optional[Tensor] = Non
     return out
 
 
+def _corral_step(Q: Tensor, ls: Tensor, ms: Tensor, frozen: Tensor, fast: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """One corral step of rows not ``frozen`` (r,): Q (r, k, k) Gram, ls (r, k) weights, ms (r, k) corral mask.
+    Returns the new weights, mask and (r,) whether the row's minor cycle goes on."""
+    y, ok = _affine_min_norm(Q, ms, refine=not fast)
+    ok &= ms.any(dim=1) & ~frozen
+    neg = ms & (y <= _EPS_W)
+    if fast:  # one solve, clip the negative weights
+        lnew, drop, again = torch.where(neg, torch.zeros_like(y), y), neg, torch.zeros_like(ok)
+    else:  # Wolfe: move towards y until the first weight hits 0
+        again = neg.any(dim=1)
+        ratio = torch.where(neg, ls / (ls - y).clamp_min(1e-300), torch.full_like(y, math.inf))
+        theta, first = ratio.min(dim=1)
+        theta = torch.where(again, theta.clamp(0.0, 1.0), torch.ones_like(theta))
+        lnew = ls + theta[:, None] * (y - ls)
+        slots = torch.arange(ms.shape[1], device=ms.device)
+        drop = ((neg & (lnew <= _EPS_W)) | (again[:, None] & (slots[None, :] == first[:, None]))) & ms
+    lnew = torch.where(drop | ~ms, torch.zeros_like(lnew), lnew.clamp_min(0.0))
+    ssum = lnew.sum(dim=1, keepdim=True)
+    lnew = lnew / torch.where(ssum > 0, ssum, torch.ones_like(ssum))
+    ls = torch.where(ok[:, None], lnew, ls)  # unsolvable system or frozen row: keep the weights
+    return ls, ms & ~(drop & ok[:, None]), again & ok
+
+
+class _Corrals:
+    """Corral state of the unfinished rows of a chunk, ``kb`` slots each (float64).
+
+    ``gid`` (r,) chunk position of each row; ``idx`` (r, kb) star columns (free
+    slots hold the row's own column ``self_j``, a zero vector); ``occ`` (r, kb)
+    slot in use; ``lam`` (r, kb) simplex weights; ``X`` (r, kb, d) star vectors;
+    ``Q`` (r, kb, kb) their Gram matrix.
+    """
+
+    def __init__(self, st, W: Tensor, c: int, kb: int, corral: Optional[Tuple[Tensor, Tensor]]):
+        dev, dt = W.device, W.dtype
+        self.gid = torch.arange(c, device=dev)
+        self.idx = st.self_j[:, None].repeat(1, kb)
+        self.occ = torch.zeros(c, kb, dtype=torch.bool, device=dev)
+        self.lam = torch.zeros(c, kb, dtype=dt, device=dev)
+        self.X = torch.zeros(c, kb, W.shape[1], dtype=dt, device=dev)
+        self.Q = torch.zeros(c, kb, kb, dtype=dt, device=dev)
+        if corral is not None and corral[0].shape[1] > 0:
+            cols, weights = corral
+            k0 = cols.shape[1]
+            self.occ[:, :k0] = cols >= 0
+            self.idx[:, :k0] = torch.where(self.occ[:, :k0], cols, st.self_j[:, None])
+            self.lam[:, :k0] = weights * self.occ[:, :k0]
+            self.X[:, :k0] = st.vectors(W, self.idx[:, :k0])
+            self.Q[:, :k0, :k0] = torch.bmm(self.X[:, :k0], self.X[:, :k0].transpose(1, 2))
+
+    def keep(self, rows: Tensor) -> None:
+        for name in ("gid", "idx", "occ", "lam", "X", "Q"):
+            setattr(self, name, getattr(self, name)[rows])
+
+    def grow(self, kb: int, self_j: Tensor) -> None:
+        """Widen the slot buffer to ``kb`` (the factorisations cost O(kb^3) per row, so it follows the
+        corrals instead of starting at their worst-case size)."""
+        self.idx = _grow(self.idx, kb, (1,), fill=self_j)
+        self.occ, self.lam = _grow(self.occ, kb, (1,)), _grow(self.lam, kb, (1,))
+        self.X, self.Q = _grow(self.X, kb, (1,)), _grow(self.Q, kb, (1, 2))
+
+    def add(self, st, W: Tensor, g: Tensor, a: int, thr: Tensor, room: Tensor, first: bool) -> None:
+        """Put each row's ``a`` most violating columns of ``g`` (r, N) below ``thr`` (r,) into free slots
+        (at most ``room`` (r,) of them), with fixed shapes: candidates that find no free slot wait."""
+        r, dev = g.shape[0], g.device
+        g.scatter_(1, self.idx, math.inf)
+        vals, cand = torch.topk(g, a, dim=1, largest=False)
+        sl = torch.argsort(self.occ.to(torch.int8), dim=1, stable=True)[:, :a]  # free slots first
+        ri = torch.arange(r, device=dev)[:, None].expand(-1, a)
+        t = torch.arange(a, device=dev)
+        ok = (vals < thr[:, None]) & (t[None, :] < room[:, None]) & ~self.occ[ri, sl]
+        cand = torch.where(ok, cand, st.self_j[:, None])
+        self.idx[ri, sl] = torch.where(ok, cand, self.idx[ri, sl])
+        self.lam[ri, sl] = torch.where(ok, 0.0, self.lam[ri, sl])
+        self.occ[ri, sl] |= ok
+        self.X[ri, sl] = torch.where(ok[:, :, None], st.vectors(W, cand), self.X[ri, sl])
+        if first:
+            self.lam[:, 0] = ok[:, 0].to(self.lam.dtype)  # start from the worst point (slot 0)
+        Qn = torch.bmm(self.X[ri, sl], self.X.transpose(1, 2))  # (r, a, kb): Gram rows of the new points
+        self.Q[ri, sl] = torch.where(ok[:, :, None], Qn, self.Q[ri, sl])
+        self.Q[ri, :, sl] = torch.where(ok[:, :, None], Qn, self.Q[ri, :, sl])
+
+    def minor(self, fast: bool, frozen: Tensor) -> Tensor:
+        """Corral steps on every row not ``frozen`` (r,): a clipped affine solve (``fast``) or Wolfe's line
+        search towards it.  Returns (r,) True where the minor cycle is finished.  On ``SYNC_FREE_DEVICES``
+        every row takes ``_MINOR_STEPS`` steps (fixed shapes, no host round trip; an unfinished row goes on
+        in the next iteration); elsewhere (a CPU, where a round trip costs nothing) the rows still moving are
+        gathered and stepped until their cycles finish, on the slots in use only."""
+        if self.Q.device.type not in SYNC_FREE_DEVICES:  # only the slots in use, only the rows still moving
+            ke = int(self.occ.any(dim=0).nonzero()[-1]) + 1 if bool(self.occ.any()) else 1
+            Q = self.Q[:, :ke, :ke]
+            ls, ms, again = _corral_step(Q, self.lam[:, :ke], self.occ[:, :ke], frozen, fast)
+            rows = again.nonzero(as_tuple=True)[0]
+            for _ in range(ke + 1):
+                if fast or rows.numel() == 0:
+                    break
+                l_r, m_r, a_r = _corral_step(Q[rows], ls[rows], ms[rows], frozen[rows], fast)
+                ls[rows], ms[rows], again[rows] = l_r, m_r, a_r
+                rows = rows[a_r]
+            self.lam[:, :ke], self.occ[:, :ke] = ls, ms
+        else:
+            ls, ms, again = _corral_step(self.Q, self.lam, self.occ, frozen, fast)
+            for _ in range(_MINOR_STEPS - 1):
+                ls, ms, again = _corral_step(self.Q, ls, ms, frozen | ~again, fast)
+            self.lam, self.occ = ls, ms
+        return ~again
+
+    def point(self) -> Tensor:
+        return torch.bmm(self.lam[:, None, :], self.X).squeeze(1)
+
+
 def _solve_chunk(
     st: Union[_Star, _CandStar],
     W: Tensor,
@@ -353,47 +475,40 @@ def _solve_chunk(
     smaller candidate set of the same rows).  Returns ``(U, lower, upper,
     corral)``: unit directions (c, d), their achieved margins (c,), the smallest
     hull-point norm seen (c,), an upper bound of ``rho_i`` when ``rho_i > 0``,
-    and the final corral in the same format.  The state of unconverged rows only
-    is kept (compacted when rows finish); corral slots freed by dropped points
-    are reused, so corrals never need compaction.
+    and the final corral in the same format.
+
+    Every iteration has fixed shapes and no host round trip: finished rows are
+    frozen by a device-side mask.  The host looks at the state only every
+    ``_CHECK_EVERY`` iterations (stop when every row is done, drop finished
+    rows, make room in dependent full corrals, widen the slot buffer).
     """
     dev, dt = W.device, W.dtype
     d = W.shape[1]
     c = P.shape[0]
     dup_row, n_other = st.dup_row, st.n_other
-
     kcap = max(1, min(n_other, d + 1 + n_add))  # corral (<= d + 1) + additions
-    k0 = 0 if corral is None else corral[0].shape[1]
-    kb = max(1, min(kcap, max(n_init + 4 * n_add, k0 + 2 * n_add)))  # current slot buffer size
-    gid = torch.arange(c, device=dev)  # chunk position of each unconverged row
-    idx = st.self_j[:, None].repeat(1, kb)  # corral members; free slots hold the row itself
-    occ = torch.zeros(c, kb, dtype=torch.bool, device=dev)  # slot in use
-    lam = torch.zeros(c, kb, dtype=dt, device=dev)  # simplex weights
-    X = torch.zeros(c, kb, d, dtype=dt, device=dev)  # star vectors of the slots
-    Q = torch.zeros(c, kb, kb, dtype=dt, device=dev)  # their Gram matrix
-    prev_pp = torch.full((c,), math.inf, dtype=dt, device=dev)
-    warm = k0 > 0
+    warm = corral is not None and corral[0].shape[1] > 0
+    k0 = corral[0].shape[1] if warm else 0
+    kb = max(1, min(kcap, max(n_init, k0) + _CHECK_EVERY * n_add))
+    cr = _Corrals(st, W, c, kb, corral if warm else None)
     if warm:
-        cols, weights = corral
-        occ[:, :k0] = cols >= 0
-        idx[:, :k0] = torch.where(occ[:, :k0], cols, st.self_j[:, None])
-        lam[:, :k0] = weights * occ[:, :k0]
-        X[:, :k0] = st.vectors(W, idx[:, :k0])
-        Q[:, :k0, :k0] = torch.bmm(X[:, :k0], X[:, :k0].transpose(1, 2))
-        P = torch.where(occ[:, :1], torch.bmm(lam[:, None, :k0], X[:, :k0]).squeeze(1), P)
+        P = torch.where(cr.occ[:, :1], cr.point(), P)
     out_idx = torch.full((c, kcap), -1, dtype=torch.long, device=dev)
     out_lam = torch.zeros(c, kcap, dtype=dt, device=dev)
 
-    def save(rows: Tensor, ids: Tensor) -> None:
-        """Keep the corral of the chunk rows ``ids`` (their state rows ``rows``) for the caller."""
-        k = idx.shape[1]
-        out_idx[ids, :k] = torch.where(occ[rows], idx[rows], -1)
-        out_lam[ids, :k] = lam[rows] * occ[rows]
+    def save(rows: Tensor) -> None:
+        """Keep the corrals of the state rows ``rows`` for the caller."""
+        k = cr.idx.shape[1]
+        out_idx[cr.gid[rows], :k] = torch.where(cr.occ[rows], cr.idx[rows], -1)
+        out_lam[cr.gid[rows], :k] = cr.lam[rows] * cr.occ[rows]
 
     best_lo = torch.full((c,), -math.inf, dtype=dt, device=dev)
     best_u = P / P.norm(dim=1, keepdim=True).clamp_min(1e-300)
     best_hi = torch.full((c,), math.inf, dtype=dt, device=dev)
-
+    done = torch.zeros(c, dtype=torch.bool, device=dev)  # certified (or stalled): frozen from here on
+    settled = torch.ones(c, dtype=torch.bool, device=dev)  # last minor cycle finished
+    prev_pp = torch.full((c,), math.inf, dtype=dt, device=dev)
+    check = 2
     it = 0
     while True:
         # ---- certificate against all j (one GEMM): g[k, j] = <x_{i_k j}, p_k>
@@ -403,132 +518,54 @@ def _solve_chunk(
         pnr = pp.sqrt()
         lo = torch.where(pnr > 0, gmin / pnr.clamp_min(1e-300), torch.full_like(gmin, -math.inf))
         lo = torch.where(torch.isfinite(gmin), lo, torch.ones_like(lo))  # no other value
+        gid = cr.gid
         better = lo > best_lo[gid]
         best_lo[gid] = torch.where(better, lo, best_lo[gid])
         best_u[gid] = torch.where(better[:, None], P / pnr.clamp_min(1e-300)[:, None], best_u[gid])
         if it > 0:
             best_hi[gid] = torch.minimum(best_hi[gid], pnr)
-            done = (pp - gmin <= tol * pp) | (pp <= _ZERO_PP) | ~torch.isfinite(gmin)
-            if it > n_fast:  # the Wolfe phase is monotone: stop rows that stall
-                done |= pp >= prev_pp * (1.0 - 1e-14)
+            fin = (pp - gmin <= tol * pp) | (pp <= _ZERO_PP) | ~torch.isfinite(gmin)
+            if it > n_fast + 1:  # the Wolfe phase is monotone: stop rows that stall (a full corral waits for room)
+                fin |= settled & (cr.occ.sum(dim=1) <= d) & (pp >= prev_pp * (1.0 - 1e-14))
+            done |= fin
             prev_pp = pp
-            if it >= max_iter or bool(done.all()):
+            if it >= max_iter:
                 break
-            # drop finished rows once enough of them finished (a finished row
-            # that is carried along stays finished; compaction copies all state)
-            nd = int(done.sum())
-            if nd * 8 >= done.numel():
-                fin = done.nonzero(as_tuple=True)[0]
-                save(fin, gid[fin])
-                kk = (~done).nonzero(as_tuple=True)[0]
-                st = st.subset(kk)
-                gid, P, g, pp, prev_pp = gid[kk], P[kk], g[kk], pp[kk], prev_pp[kk]
-                idx, occ, lam, X, Q = idx[kk], occ[kk], lam[kk], X[kk], Q[kk]
+            if it >= check:  # the only host round trip of the loop
+                check = it + _CHECK_EVERY
+                cnt = cr.occ.sum(dim=1)
+                full = (cnt >= d + 1) & ~done
+                n_done, k_max, n_full = torch.stack([done.sum(), cnt.max(), full.sum()]).tolist()
+                if n_done == done.numel():
+                    break
+                if n_done * 8 >= done.numel():  # drop finished rows (compaction copies all state)
+                    save(done.nonzero(as_tuple=True)[0])
+                    kk = (~done).nonzero(as_tuple=True)[0]
+                    st = st.subset(kk)
+                    cr.keep(kk)
+                    P, g, pp, prev_pp, done, settled, full = P[kk], g[kk], pp[kk], prev_pp[kk], done[kk], settled[kk], full[kk]
+                if n_full:  # make room in affinely dependent full corrals
+                    fr = full.nonzero(as_tuple=True)[0]
+                    lf = _drop_dependent(cr.Q[fr], cr.lam[fr], cr.occ[fr])
+                    cr.lam[fr], cr.occ[fr] = lf, cr.occ[fr] & (lf > 0)
+                if k_max + _CHECK_EVERY * n_add > kb and kb < kcap:  # room for the additions until the next check
+                    kb = min(kcap, k_max + 2 * _CHECK_EVERY * n_add)
+                    cr.grow(kb, st.self_j)
         it += 1
-        r = gid.numel()
-        cnt = occ.sum(dim=1)
-        full = (cnt >= d + 1).nonzero(as_tuple=True)[0]
-        if full.numel() > 0:  # make room in affinely dependent full corrals
-            kf = int(occ[full].any(dim=0).nonzero()[-1]) + 1
-            mf_ = occ[full, :kf]
-            lf = _drop_dependent(Q[full, :kf, :kf], lam[full, :kf], mf_)
-            mf_ = mf_ & (lf > 0)
-            lam[full, :kf] = lf
-            occ[full, :kf] = mf_
-            idx[full, :kf] = torch.where(mf_, idx[full, :kf], st.self_j[full][:, None])
-            cnt = occ.sum(dim=1)
-
-        # ---- add the most violating j outside the corral
+        # ---- add the most violating j outside the corral (Wolfe's corrals hold at most d + 1 points)
         first = it == 1 and not warm
-        a = min(n_init if first else n_add, n_other)
-        need = min(kcap, int(cnt.max()) + a)
-        if need > kb:
-            kb_new = min(kcap, max(need, kb + 2 * n_add))
-            idx = _grow(idx, kb_new, (1,), fill=st.self_j)
-            occ = _grow(occ, kb_new, (1,))
-            lam = _grow(lam, kb_new, (1,))
-            X = _grow(X, kb_new, (1,))
-            Q = _grow(Q, kb_new, (1, 2))
-            kb = kb_new
-        a = min(a, int((kb - cnt).min()))
+        a = min(n_init if first else n_add, n_other, kb)
+        thr = torch.full_like(pp, math.inf) if first else pp * (1.0 - 0.5 * tol)
+        # (as in Wolfe's method, only rows whose minor cycle finished take new points)
         if a > 0:
-            g.scatter_(1, idx, math.inf)
-            vals, cand = torch.topk(g, a, dim=1, largest=False)
-            thr = torch.full_like(pp, math.inf) if first else pp * (1.0 - 0.5 * tol)
-            # Wolfe's corrals are affinely independent: at most d + 1 points
-            t = torch.arange(a, device=dev)
-            ok = (vals < thr[:, None]) & (t[None, :] < (d + 1 - cnt)[:, None])
-            cand = torch.where(ok, cand, st.self_j[:, None])
-            sl = torch.argsort(occ.to(torch.int8), dim=1, stable=True)[:, :a]  # free slots
-            xn = st.vectors(W, cand)
-            ri = torch.arange(r, device=dev)[:, None].expand(-1, a)
-            idx[ri, sl] = cand
-            lam[ri, sl] = 0.0
-            occ[ri, sl] = ok
-            X[ri, sl] = xn
-            if first:
-                lam[:, 0] = ok[:, 0].to(dt)  # start from the worst point (slot 0)
-            # Gram rows of the new points against every slot in use
-            in_use = occ.any(dim=0).nonzero()  # empty when no row has a valid candidate
-            kw = max(int(sl.max()), int(in_use[-1]) if in_use.numel() else 0) + 1
-            Qn = torch.bmm(xn, X[:, :kw].transpose(1, 2))  # (r, a, kw)
-            Q[ri, sl, :kw] = Qn
-            Q[ri, :kw, sl] = Qn
-        used = occ.any(dim=0).nonzero(as_tuple=True)[0]
-        if used.numel() == 0:
-            break
-        ke = int(used[-1]) + 1
-
-        # ---- minor cycles on every unconverged row (after clipped steps the
-        # worst point can already be in the corral)
+            cr.add(st, W, g, a, torch.where(done | ~settled, -math.inf, thr), d + 1 - cr.occ.sum(dim=1), first)
+        # ---- corral steps on every unfinished row (after clipped steps the worst point can already be in it)
         fast = it <= n_fast
-        ls = lam[:, :ke].clone()
-        ms = occ[:, :ke].clone()
-        A: Optional[Tensor] = None  # None: all rows
-        for _ in range(kcap + 2):
-            if A is None:
-                m, Qa, l_old = ms, Q[:, :ke, :ke], ls
-            else:
-                m, Qa, l_old = ms[A], Q[A, :ke, :ke], ls[A]
-            y, okA = _affine_min_norm(Qa, m, refine=not fast)
-            okA &= m.any(dim=1)
-            neg = m & (y <= _EPS_W)
-            if fast:  # one solve, clip the negative weights
-                lnew = torch.where(neg, torch.zeros_like(y), y)
-                drop = neg
-                again = torch.zeros_like(okA)
-            else:  # Wolfe: move towards y until the first weight hits 0
-                again = neg.any(dim=1)
-                ratio = torch.where(neg, l_old / (l_old - y).clamp_min(1e-300), torch.full_like(y, math.inf))
-                theta = ratio.min(dim=1).values.clamp(0.0, 1.0)
-                theta = torch.where(again, theta, torch.ones_like(theta))
-                lnew = l_old + theta[:, None] * (y - l_old)
-                drop = neg & (lnew <= _EPS_W)
-                ka = again.nonzero(as_tuple=True)[0]
-                drop[ka, ratio.argmin(dim=1)[ka]] = True
-                drop &= m
-            lnew = torch.where(drop | ~m, torch.zeros_like(lnew), lnew.clamp_min(0.0))
-            ssum = lnew.sum(dim=1, keepdim=True)
-            lnew = lnew / torch.where(ssum > 0, ssum, torch.ones_like(ssum))
-            # unsolvable system: keep the old weights
-            lnew = torch.where(okA[:, None], lnew, l_old)
-            drop &= okA[:, None]
-            again &= okA
-            if A is None:
-                ls, ms = lnew, m & ~drop
-                A = again.nonzero(as_tuple=True)[0]
-            else:
-                ls[A] = lnew
-                ms[A] = m & ~drop
-                A = A[again]
-            if A.numel() == 0:
-                break
-        lam[:, :ke] = ls
-        occ[:, :ke] = ms
-        idx[:, :ke] = torch.where(ms, idx[:, :ke], st.self_j[:, None])
-        P = torch.bmm(ls[:, None, :], X[:, :ke]).squeeze(1)
+        settled = cr.minor(fast, done)
+        cr.idx = torch.where(cr.occ, cr.idx, st.self_j[:, None])
+        P = cr.point()
 
-    save(torch.arange(gid.numel(), device=dev), gid)
+    save(torch.arange(cr.gid.numel(), device=dev))
     best_lo.clamp_(-1.0, 1.0)  # margins are cosines; drop rounding excess
     # a duplicated value has margin 0 for every output
     zero = torch.zeros_like(best_lo)
@@ -558,7 +595,8 @@ def _solve_dense(W: Tensor, tol: float, max_iter: int, n_init: int, n_add: int, 
     lo = torch.empty(n, dtype=torch.float64, device=W.device)
     hi = torch.empty(n, dtype=torch.float64, device=W.device)
     k_est = min(n - 1, d + 1 + n_add)
-    step = max(1, min(n, _CHUNK_ELEMS // n, _CORRAL_BYTES // (8 * k_est * (k_est + d + 2))))
+    budget = _work_bytes(W.device)
+    step = max(1, min(n, budget // (32 * n), budget // (8 * k_est * (d + 3 * k_est + 2))))
     for s in range(0, n, step):
         rows = torch.arange(s, min(n, s + step), device=W.device)
         st = _star(W, sq, rows)
@@ -581,23 +619,25 @@ def _pad_columns(t: Tensor, width: int, fill: float) -> Tensor:
 
 def _members(cand: Tensor, active: Tensor) -> Tensor:
     """(r, c) bool: is ``cand[i, a]`` among ``active[i]`` (r, K)? Compared in row chunks of about
-    ``_CHUNK_ELEMS`` pairs: the whole r x c x K comparison was the peak memory at large n
+    the work budget: the whole r x c x K comparison was the peak memory at large n
     (1.2 GB at n = 65,536, d = 256)."""
     r, c = cand.shape
     out = torch.empty(r, c, dtype=torch.bool, device=cand.device)
-    step = max(1, _CHUNK_ELEMS // max(1, c * active.shape[1]))
+    step = max(1, _work_bytes(cand.device) // max(1, 8 * c * active.shape[1]))
     for s in range(0, r, step):
         out[s : s + step] = (cand[s : s + step, :, None] == active[s : s + step, None, :]).any(dim=2)
     return out
 
 
 def _solve_active_set(
-    W: Tensor, Wk: Tensor, tol: float, max_iter: int, n_init: int, n_add: int, n_fast: int, backend: str
+    W: Tensor, Wk: Tensor, tol: float, max_iter: int, n_init: int, n_add: int, n_fast: int, backend: str,
+    n_first: int, n_pass: int,
 ):
     """Cutting planes: each value's problem on its active constraints, one streaming pass per round.
 
     ``W`` float64 centred values, ``Wk`` the same in the precision of the
-    streaming pass.  Returns ``(U, lower, upper, passes)``.
+    streaming pass; the first pass ranks ``n_first`` constraints per value, each
+    later one ``n_pass``.  Returns ``(U, lower, upper, passes)``.
     """
     n, d = W.shape
     dev = W.device
@@ -607,10 +647,10 @@ def _solve_active_set(
     lo = torch.full((n,), -math.inf, dtype=torch.float64, device=dev)
     hi = torch.full((n,), math.inf, dtype=torch.float64, device=dev)
     # pass 1 ranks the constraints of u_i = v_i / |v_i| (one GEMM tile per value tile)
-    _, active = _ops.star_topk(Wk, min(n - 1, 2 * n_init), backend=backend)
+    _, active = _ops.star_topk(Wk, n_first, backend=backend)
     active = active.to(torch.int32)  # value indices < n: int32 halves the lists (n x K, K ~ 400 at d = 256)
     rows = torch.arange(n, device=dev)
-    budget = max(_ACTIVE_BYTES, 8 * n * d)
+    budget = _work_bytes(dev)
     passes = 1
     # each value's corral (positions in its active list, -1 for none) and weights, by value index: the next
     # round starts from the last optimum, which stays feasible because constraints are only appended. Written
@@ -622,12 +662,10 @@ def _solve_active_set(
     width = 0  # columns in use
     while rows.numel() > 0:
         K = active.shape[1]
-        # rows per chunk: the candidate star (K + 1 vectors per row) within the budget, and the corral
-        # solver's buffers (X, the Gram Q and ~4 factorisation copies of it, k <= kc slots per row) within
-        # _CORRAL_BYTES: at d = 256 the latter dominate (kc = 282: ~3.7 MB per row)
+        # rows per chunk: the candidate star (K + 1 vectors per row) and the corral solver's buffers (X, the
+        # Gram Q and its factorisation copies, k <= kc slots per row) within the budget
         kc = min(K, d + 1 + n_add)
-        step = max(1, min(rows.numel(), budget // (8 * (K + 1) * (2 * d + K + 2)),
-                          _CORRAL_BYTES // (8 * kc * (d + 5 * kc + 2))))
+        step = max(1, min(rows.numel(), budget // (8 * (K + 1) * (2 * d + K + 2)), budget // (8 * kc * (d + 3 * kc + 2))))
         dup = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
         new_width = width
         for s in range(0, rows.numel(), step):
@@ -642,7 +680,7 @@ def _solve_active_set(
             new_width = max(new_width, cols.shape[1])
         width = new_width
         # one streaming pass: the most violated constraints of every unfinished value
-        _, cand = _ops.star_topk(Wk, min(n - 1, 2 * n_add), U[rows], rows, backend=backend)
+        _, cand = _ops.star_topk(Wk, n_pass, U[rows], rows, backend=backend)
         passes += 1
         g = exact_star_scores(W, U[rows].double(), rows, cand)
         lo[rows] = g.min(dim=1).values
@@ -685,7 +723,9 @@ def _margin_optimal(
         if method == "dense" or (method == "auto" and n <= _DENSE_MAX):
             return _solve_dense(W, tol, max_iter, n_init, n_add, n_fast)
         Wk = W.to(V.dtype) if V.dtype in (torch.float32, torch.float64) else W
-        U, lo, hi, _ = _solve_active_set(W, Wk, tol, max_iter, n_init, n_add, n_fast, backend)
+        n_first = min(n - 1, max(2 * n_init, round(_FIRST_PER_DIM * d)))
+        n_pass = min(n - 1, max(2 * n_add, round(_PASS_PER_DIM * d)))
+        U, lo, hi, _ = _solve_active_set(W, Wk, tol, max_iter, n_init, n_add, n_fast, backend, n_first, n_pass)
     return U, lo, hi
 
 

@@ -41,3 +41,18 @@ def test_gd_stop_race_agrees_and_covers_far_to_near(monkeypatch):
     rows = report["rows"]
     assert [r["noise"] for r in rows] == list(gd_stop.NOISE) and report["median_radius"] > 0
     assert not rows[0]["all_decoded"] and rows[-1]["all_decoded"] and rows[-1]["rows_inside_radius"] == 1.0
+
+
+def test_ustar_section_runs_on_the_cpu(tmp_path, monkeypatch):
+    """The suite's U* section (the GPU run counts launches and syncs there) in its CPU smoke run."""
+    import json
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    suite = importlib.import_module("gpu_suite")
+    out = tmp_path / "suite.json"
+    assert suite.main(["--out", str(out), "--device", "cpu", "--quick", "--skip-tests", "--only", "ustar"]) == 0
+    rows = json.loads(out.read_text())["ustar"]["rows"]
+    assert [(r["n"], r["d"]) for r in rows] == [(512, 32), (1024, 64)]
+    for row in rows:
+        assert row["rho"] > 0 and row["work_ops"] > 0 and row["host_syncs"] > 0
+        assert 0 < row["sync_free_path"]["host_syncs"] and row["sync_free_path"]["work_ops"] > 0

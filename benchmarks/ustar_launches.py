@@ -1,0 +1,180 @@
+"""U* round trips: launches, host syncs and streaming passes per margin_optimal_outputs call.
+
+    python benchmarks/ustar_launches.py                      # CPU, |V| = 4,096 d = 128 and 16,384 d = 128
+    python benchmarks/ustar_launches.py --sizes 65536x256    # one size (minutes on a CPU)
+    python benchmarks/ustar_launches.py --device cuda        # on a GPU: also kernel launches, syncs, copies
+
+Writes benchmarks/results/ustar_launches-<device>.json (rows are merged by size, device and --label, so a
+run on another checkout, e.g. --label before, adds its rows beside the others). Per size, for spherical
+values (seed 0), in float32:
+
+  seconds          one call, unprofiled, after a warm-up call at a small size
+  passes           calls of the streaming star-score pass (``_ops.star_topk``, kernel or twin) and the
+                   same in full-pass equivalents (rows scored / |V|)
+  pass_seconds     one full streaming pass at the call's width; seconds_in_passes = seconds / pass_seconds
+  aten_ops         aten operators the call runs (every operator, and those called from Python), from
+                   torch.profiler; work_ops those that do work (innermost, not a view or an allocation):
+                   about one kernel launch each on a GPU
+  host_syncs       operators that make the host wait for the device: aten::_local_scalar_dense (item,
+                   bool, int, tolist of a tensor) and aten::nonzero (boolean masks, data-dependent shapes)
+  cuda             (GPU only) runtime calls: kernel launches, stream/device/event synchronisations, memcpy
+  sync_free_path   (CPU) the same counts for the GPU's code path (ustar.SYNC_FREE_DEVICES), run on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from factkernels import _ops, embeddings, ustar
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero")
+NO_WORK_OPS = {f"aten::{name}" for name in (
+    "as_strided", "view", "reshape", "_reshape_alias", "unsqueeze", "squeeze", "expand", "transpose", "t", "permute",
+    "select", "slice", "alias", "empty", "empty_strided", "empty_like", "detach", "resolve_conj", "resolve_neg",
+    "_unsafe_view", "lift_fresh", "diagonal", "narrow", "split", "unbind", "as_strided_", "_local_scalar_dense",
+    "result_type", "is_nonzero", "size", "stride", "numel", "dim")}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class PassCounter:
+    """Counts the streaming passes of U* (calls of ``_ops.star_topk``, the one door to the kernel and its
+    twin) and the rows they score, while installed as a context manager."""
+
+    def __init__(self) -> None:
+        self.calls, self.rows, self.width = 0, 0, 1
+
+    def __enter__(self) -> "PassCounter":
+        self._real = _ops.star_topk
+
+        def counted(values, k, outputs=None, rows=None, **kwargs):
+            self.calls += 1
+            self.rows += values.shape[0] if rows is None else rows.numel()
+            self.width = k  # that of the last pass
+            return self._real(values, k, outputs, rows, **kwargs)
+
+        _ops.star_topk = counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _ops.star_topk = self._real
+
+
+def _profile_counts(prof) -> dict:
+    events = list(prof.events())
+    aten = [e for e in events if e.name.startswith("aten::")]
+    names = collections.Counter(e.name for e in aten)
+    # operators that do work: no aten operator below them, and not a view or an allocation
+    work = collections.Counter(e.name for e in aten if e.name not in NO_WORK_OPS
+                               and not any(c.name.startswith("aten::") for c in e.cpu_children))
+    out = {
+        "aten_ops": len(aten),
+        "aten_ops_from_python": sum(1 for e in aten if e.cpu_parent is None),
+        "work_ops": sum(work.values()),
+        "host_syncs": sum(names[name] for name in SYNC_OPS),
+        "host_syncs_by_op": {name: names[name] for name in SYNC_OPS},
+        "top_work_ops": dict(work.most_common(12)),
+    }
+    runtime = collections.Counter(e.name for e in events if e.name.startswith(("cuda", "cu")))
+    if runtime:
+        out["cuda"] = {
+            "kernel_launches": sum(c for name, c in runtime.items() if "LaunchKernel" in name or name == "cudaGraphLaunch"),
+            "stream_syncs": sum(c for name, c in runtime.items() if "Synchronize" in name),
+            "memcpy": sum(c for name, c in runtime.items() if "Memcpy" in name),
+            "device_kernels": sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA),
+            "runtime_calls": dict(runtime.most_common(12)),
+        }
+    return out
+
+
+def measure(device: torch.device, n: int, d: int, *, method: str = "auto", count_below: float = math.inf,
+            backend: str = "auto") -> dict:
+    """One size: time, rho, passes and, when the call took under ``count_below`` seconds, the profiler's
+    operator, sync and launch counts."""
+    values = embeddings.spherical(n, d, generator=torch.Generator().manual_seed(0)).to(device)
+    ustar.margin_optimal_outputs(values[:256], method=method, backend=backend)  # warm-up (kernels, allocator)
+    _sync(device)
+    with PassCounter() as passes:
+        begin = time.perf_counter()
+        U, rho = ustar.margin_optimal_outputs(values, method=method, backend=backend)
+        _sync(device)
+        seconds = time.perf_counter() - begin
+    row = {"n": n, "d": d, "method": method, "backend": backend, "seconds": seconds, "rho": rho,
+           "passes": passes.calls, "full_pass_equivalents": passes.rows / n}
+    # the unit of the CPU target "<= 8 score passes": one full streaming pass at the width the solver uses
+    begin = time.perf_counter()
+    _ops.star_topk(values, passes.width, U, torch.arange(n, device=device), backend=backend)
+    _sync(device)
+    row["pass_seconds"] = time.perf_counter() - begin
+    row["seconds_in_passes"] = seconds / row["pass_seconds"]
+    if seconds < count_below:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            ustar.margin_optimal_outputs(values, method=method, backend=backend)
+            _sync(device)
+        row.update(_profile_counts(prof))
+        if device.type not in ustar.SYNC_FREE_DEVICES:  # the GPU's code path, counted here
+            ustar.SYNC_FREE_DEVICES.add(device.type)
+            try:
+                begin = time.perf_counter()
+                ustar.margin_optimal_outputs(values, method=method, backend=backend)
+                seconds_sync_free = time.perf_counter() - begin
+                with profile(activities=activities) as prof:
+                    ustar.margin_optimal_outputs(values, method=method, backend=backend)
+            finally:
+                ustar.SYNC_FREE_DEVICES.discard(device.type)
+            row["sync_free_path"] = dict(_profile_counts(prof), seconds=seconds_sync_free)
+    if device.type == "cuda":
+        row["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(device)
+    print(json.dumps({k: v for k, v in row.items() if k not in ("top_work_ops", "host_syncs_by_op", "sync_free_path")}),
+          flush=True)
+    if "sync_free_path" in row:
+        print("  sync-free path:", json.dumps({k: v for k, v in row["sync_free_path"].items() if k.startswith(("aten", "work", "host", "sec"))}), flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--sizes", default="4096x128,16384x128", help="comma-separated |V|xd")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--label", default="after", help="names this checkout's rows (e.g. before, after)")
+    parser.add_argument("--no-count", action="store_true", help="time and passes only (no profiler run)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench import device_info
+
+    out = Path(args.out) if args.out else RESULTS / f"ustar_launches-{device.type}.json"
+    report = json.loads(out.read_text()) if out.exists() else {"rows": []}
+    report["environment"] = device_info(device)
+    report["command"] = "python benchmarks/ustar_launches.py " + " ".join(sys.argv[1:])
+    for size in args.sizes.split(","):
+        n, d = (int(x) for x in size.split("x"))
+        row = dict(measure(device, n, d, count_below=0.0 if args.no_count else math.inf), label=args.label,
+                   threads=args.threads,
+                   device=str(device))
+        report["rows"] = [r for r in report["rows"]
+                          if (r["n"], r["d"], r["label"], r["device"]) != (n, d, args.label, str(device))] + [row]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2, default=str))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
