@@ -8,6 +8,10 @@
     baselines.gd_mlp_batch([(K, V, f)] * 3, hiddens=32, seeds=[0, 1, 2])   # B models as one batch
 
 Each returns a module with ``.predict(K, V)`` and ``.num_parameters``.
+
+Modules: ``ntk``, ``naive``, ``hebbian``; ``gd_swiglu`` (the GD MLP), ``gd_hybrids`` (GD encoder, GD
+decoder and the encoder/decoder hybrids), both trained through ``batched_adam`` (the batched Adam loop
+``fit``) on ``stacked_swiglu`` models (B SwiGLU nets as one, the fused cross-entropy, the stop tests).
 """
 
 from .batched_adam import FitResult, fit
