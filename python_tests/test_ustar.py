@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize, nnls
 
-from factkernels import _ops, geometry, ustar
+from factkernels import _ops, corral, geometry, ustar
 from factkernels.embeddings import spherical
 from helpers import direct_margins
 
@@ -307,14 +307,14 @@ def test_warm_corral_restarts_at_the_optimum():
     rows = torch.arange(40)
     _, cand = _ops.star_topk(W, 60, backend="torch")
     kw = dict(tol=1e-9, max_iter=200, n_init=8, n_add=4, n_fast=3)
-    small = ustar._cand_star(W, rows, cand[:40, :30])
-    U0, lo0, _, corral = ustar._solve_chunk(small, W, W[rows], **kw)
-    assert bool((corral[0] < 30).all()) and torch.allclose(corral[1].sum(1), torch.ones(40, dtype=torch.float64))
-    U1, lo1, _, _ = ustar._solve_chunk(small, W, W[rows], **dict(kw, max_iter=1), corral=corral)
+    small = corral.candidate_star(W, rows, cand[:40, :30])
+    U0, lo0, _, optimum = corral.solve_rows(small, W, W[rows], **kw)
+    assert bool((optimum[0] < 30).all()) and torch.allclose(optimum[1].sum(1), torch.ones(40, dtype=torch.float64))
+    U1, lo1, _, _ = corral.solve_rows(small, W, W[rows], **dict(kw, max_iter=1), corral=optimum)
     assert torch.allclose(lo1, lo0, atol=1e-9) and (U1 - U0).norm(dim=1).max().item() < 1e-6
-    big = ustar._cand_star(W, rows, cand[:40])
-    U2, lo2, _, _ = ustar._solve_chunk(big, W, W[rows], **kw, corral=corral)
-    U3, lo3, _, _ = ustar._solve_chunk(big, W, W[rows], **kw)
+    big = corral.candidate_star(W, rows, cand[:40])
+    U2, lo2, _, _ = corral.solve_rows(big, W, W[rows], **kw, corral=optimum)
+    U3, lo3, _, _ = corral.solve_rows(big, W, W[rows], **kw)
     assert torch.allclose(lo2, lo3, atol=1e-9) and (U2 - U3).norm(dim=1).max().item() < 1e-6
 
 
@@ -392,7 +392,7 @@ def test_sync_free_path_matches_the_dense_certificates(monkeypatch, kind, n, d):
     """The GPU's code path (fixed shapes between convergence checks), run on the CPU: same radii and U*."""
     V = _values(kind, n, d, 31)
     U0, lo0, hi0 = ustar._margin_optimal(V, 1e-6, 200, method="dense")
-    monkeypatch.setattr(ustar, "SYNC_FREE_DEVICES", {"cpu"})
+    monkeypatch.setattr(corral, "SYNC_FREE_DEVICES", {"cpu"})
     pos = lo0 > 1e-3
     for method in ("dense", "active_set"):
         U1, lo1, hi1 = ustar._margin_optimal(V, 1e-6, 200, method=method)
