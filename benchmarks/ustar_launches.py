@@ -27,6 +27,7 @@ import argparse
 import collections
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -118,6 +119,7 @@ def measure(device: torch.device, n: int, d: int, *, method: str = "auto", count
         _sync(device)
         seconds = time.perf_counter() - begin
     row = {"n": n, "d": d, "method": method, "backend": backend, "seconds": seconds, "rho": rho,
+           "loadavg_1min": os.getloadavg()[0],
            "passes": passes.calls, "full_pass_equivalents": passes.rows / n}
     # the unit of the CPU target "<= 8 score passes": one full streaming pass at the width the solver uses
     begin = time.perf_counter()

@@ -419,7 +419,8 @@ def solve_rows(
     kcap = max(1, min(n_other, d + 1 + n_add))  # corral (<= d + 1) + additions
     warm = corral is not None and corral[0].shape[1] > 0
     k0 = corral[0].shape[1] if warm else 0
-    kb = max(1, min(kcap, max(n_init, k0) + _CHECK_EVERY * n_add))
+    every = _CHECK_EVERY if dev.type in SYNC_FREE_DEVICES else 1  # round trips cost nothing on a CPU
+    kb = max(1, min(kcap, max(n_init, k0) + every * n_add))
     cr = _Corrals(st, W, c, kb, corral if warm else None)
     if warm:
         P = torch.where(cr.occ[:, :1], cr.point(), P)
@@ -438,7 +439,7 @@ def solve_rows(
     done = torch.zeros(c, dtype=torch.bool, device=dev)  # certified (or stalled): frozen from here on
     settled = torch.ones(c, dtype=torch.bool, device=dev)  # last minor cycle finished
     prev_pp = torch.full((c,), math.inf, dtype=dt, device=dev)
-    check = 2
+    check = 2 if every > 1 else 1
     it = 0
     while True:
         # ---- certificate against all j (one GEMM): g[k, j] = <x_{i_k j}, p_k>
@@ -462,7 +463,7 @@ def solve_rows(
             if it >= max_iter:
                 break
             if it >= check:  # the only host round trip of the loop
-                check = it + _CHECK_EVERY
+                check = it + every
                 cnt = cr.occ.sum(dim=1)
                 full = (cnt >= d + 1) & ~done
                 n_done, k_max, n_full = torch.stack([done.sum(), cnt.max(), full.sum()]).tolist()
@@ -478,8 +479,8 @@ def solve_rows(
                     fr = full.nonzero(as_tuple=True)[0]
                     lf = _drop_dependent(cr.Q[fr], cr.lam[fr], cr.occ[fr])
                     cr.lam[fr], cr.occ[fr] = lf, cr.occ[fr] & (lf > 0)
-                if k_max + _CHECK_EVERY * n_add > kb and kb < kcap:  # room for the additions until the next check
-                    kb = min(kcap, k_max + 2 * _CHECK_EVERY * n_add)
+                if k_max + every * n_add > kb and kb < kcap:  # room for the additions until the next check
+                    kb = min(kcap, k_max + 2 * every * n_add)
                     cr.grow(kb, st.self_j)
         it += 1
         # ---- add the most violating j outside the corral (Wolfe's corrals hold at most d + 1 points)

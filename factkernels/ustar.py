@@ -73,8 +73,8 @@ _DENSE_MAX = 4096
 _METHODS = ("auto", "dense", "active_set")
 # Constraints per value, in units of d, that the active-set method's first streaming pass ranks and that
 # each later pass brings: a wider net means fewer passes (each a full n x n score sweep).
-_FIRST_PER_DIM = 0.5
-_PASS_PER_DIM = 0.19
+_FIRST_PER_DIM = 1.5
+_PASS_PER_DIM = 0.5
 
 
 def _check_tol(tol: float, max_iter: int) -> None:
