@@ -96,8 +96,8 @@ def construct_sharded(
     gate = sample_gate(K, width, generator, gate_scale, key_rms=(sums[1] / num_facts).sqrt().to(K.dtype))
     features = _ops.gate_features(K, *gate, activation, backend=backend)
     keys_aug = augment(K)
-    ws = whitening(_all_reduce((features.T @ features).double()) / num_facts).to(K.dtype)
-    wp = whitening(_all_reduce((keys_aug.T @ keys_aug).double()) / num_facts).to(K.dtype)
+    ws = whitening(_all_reduce((features.T @ features).double()) / num_facts, K.dtype)
+    wp = whitening(_all_reduce((keys_aug.T @ keys_aug).double()) / num_facts, K.dtype)
     op = GadgetOperator(features @ ws, keys_aug @ wp, ws, wp, backend, reduce=_all_reduce)
     alpha, info = solve_cg(op, decoder.codes[facts], tol=cg_tol, progress=progress,
                            max_iter=cg_max_iter or cg_iterations_hint(width_multiplier))

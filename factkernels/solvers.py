@@ -35,23 +35,26 @@ DENSE_MAX_FACTS = 16384
 RESIDUAL_TOL = 1e-4
 
 
-def whitening(cov: torch.Tensor) -> torch.Tensor:
-    """W (k, k) with Wᵀ cov W = I for a (k, k) second-moment matrix: W = L⁻ᵀ for cov = L Lᵀ.
+def whitening(cov: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """W (k, k) in ``dtype`` with Wᵀ cov W ≈ I for a (k, k) second-moment matrix: W = L⁻ᵀ for cov = L Lᵀ.
 
     One Cholesky and one triangular solve in float64 (not an eigendecomposition: on a GPU an
-    eigh is a chain of small launches and host round trips); a ridge of 1e-12 of the mean
-    diagonal keeps a rank-deficient cov (fewer rows than features) factorable without a check.
+    eigh is a chain of small launches and host round trips). A ridge keeps a rank-deficient cov (fewer
+    rows than features) factorable without a check: max(1e-12, eps of ``dtype``) of the mean diagonal,
+    since W scales the null directions by ridge^(-1/2) and a product with W in float32 must keep its digits
+    (a 1e-12 ridge cast to float32 lost 4 of 8 facts at F = 8, d = 16). The ridge only conditions the
+    system: the unknowns map back through the same W.
     """
     cov = cov.double()
-    ridge = 1e-12 * cov.diagonal().mean().clamp_min(1e-300)
+    ridge = max(1e-12, torch.finfo(dtype).eps) * cov.diagonal().mean().clamp_min(1e-300)
     factor = torch.linalg.cholesky_ex(cov + ridge * torch.eye(cov.shape[0], dtype=cov.dtype, device=cov.device))[0]
     eye = torch.eye(cov.shape[0], dtype=cov.dtype, device=cov.device)
-    return torch.linalg.solve_triangular(factor, eye, upper=False).T
+    return torch.linalg.solve_triangular(factor, eye, upper=False).T.to(dtype)
 
 
 def _whitening(features: torch.Tensor) -> torch.Tensor:
     """:func:`whitening` of ``featuresᵀ features / n`` for an (n, k) matrix: (k, k) in the features' dtype."""
-    return whitening((features.T @ features).double() / features.shape[0]).to(features.dtype)
+    return whitening((features.T @ features).double() / features.shape[0], features.dtype)
 
 
 @dataclass

@@ -27,6 +27,13 @@ def test_every_solver_stores_all_facts(request, solver, outputs):
     assert mlp(K).shape == K.shape
 
 
+def test_float32_with_fewer_facts_than_key_features():
+    # 8 keys in d = 16 (the toy LM's constructed expert): the whitening of a rank-deficient key covariance
+    # must keep float32's digits (a 1e-12 ridge lost 4-5 of 8 facts)
+    K, V, f = random_fact_set(8, 16, 16, seed=0)
+    assert torch.equal(construct(K, V, f, progress=False).predict(K, V), f)
+
+
 def test_float32_medium_with_auto_m(medium_facts):
     K, V, f = medium_facts
     mlp = construct(K, V, f, outputs="values", progress=False)
