@@ -133,7 +133,7 @@ def test_float32_input_and_chunking(monkeypatch):
     assert U.dtype == torch.float32 and radii.dtype == torch.float32 and isinstance(rho, float)
     assert U.shape == V.shape
     # the same problem solved in chunks of 32 rows
-    monkeypatch.setitem(ustar._WORK_BYTES, "cpu", 32 * 32 * 120)
+    monkeypatch.setitem(ustar._WORK_BYTES["cpu"], "pairs", 8 * 32 * 120)
     U2, rho2, radii2 = ustar.margin_optimal_outputs(V, return_radii=True)
     assert torch.allclose(radii, radii2, atol=1e-6)
     assert torch.allclose(U, U2, atol=1e-4)
