@@ -202,6 +202,46 @@ def gd_stop() -> str:
             f"{run['threads']} thread." + _source(path))
 
 
+H200_RUN = f"{RESULTS}/gpu_suite-NVIDIA_H200-construct-ustar-scale.json"
+
+
+def gpu_builds() -> str:
+    run = load(H200_RUN)
+    values, default = run["construct"]["values_cholesky"][0], run["construct"]["default"]
+    rows = [[f"values, {values['solver']}", values["d"], f"{values['F']:,}", values["m"], f"{values['kernels_s'] * 1e3:.1f} ms",
+             f"{values['torch_s'] * 1e3:.1f} ms", f"{values['cholesky_s'] * 1e3:.2f} ms",
+             f"{values['kernels_over_cholesky']:.1f}×"],
+            [f"default (U*), {default['solver']}", default["d"], f"{default['F']:,}", default["m"],
+             f"{default['seconds'] * 1e3:.1f} ms (U* {default['phases_ms']['outputs']:.1f} ms)", "–",
+             f"{default['limit_s'] * 1e3:.2f} ms", f"{default['seconds_over_limit']:.0f}×"]]
+    header = ["build", "d", "F = \\|V\\|", "m", "time (backend auto)", "all torch twins", "one Cholesky of the Gram",
+              "time / Cholesky"]
+    return _rows(header, rows) + _source(H200_RUN)
+
+
+def gpu_ustar() -> str:
+    rows = [[f"{r['n']:,}", r["d"], _ms(r["seconds"]) if r["seconds"] < 1 else f"{r['seconds']:.1f} s", f"{r['rho']:.4f}", r["passes"],
+             f"{r['cuda']['kernel_launches']:,}", r["cuda"]["stream_syncs"], f"{r['peak_gpu_bytes'] / 2**30:.2f} GiB"]
+            for r in load(H200_RUN)["ustar"]["rows"]]
+    header = ["\\|V\\|", "d", "time", "ρ", "streaming passes", "CUDA launches", "stream syncs", "peak GPU memory"]
+    return _rows(header, rows) + _source(H200_RUN)
+
+
+def gpu_scale() -> str:
+    scale = load(H200_RUN)["scale"]
+    limits = {name.split(" ")[0]: seconds for name, seconds in scale["limits_s"].items()}
+    rows = [[phase, f"{scale['phases_s'][phase]:.1f} s", f"{limits[phase]:.1f} s" if phase in limits else "–",
+             next((name.split("(", 1)[1].rstrip(")") for name in scale["limits_s"] if name.startswith(phase)), "–")]
+            for phase in ("outputs", "m_search", "solve", "verify")]
+    refusal = scale["refusal"]
+    return (f"d = {scale['d']:,}, F = \\|V\\| = {scale['F']:,}, outputs = values: {scale['seconds']:.0f} s, accuracy "
+            f"{scale['accuracy']:.3f}, m = {scale['m']} ({scale['m_search']}), {scale['solver']} in {scale['cg_iterations']} "
+            f"iterations, peak GPU memory {scale['peak_gpu_bytes'] / 2**30:.1f} GiB.\n\n"
+            + _rows(["phase", "time", "physical limit", "limit measured as"], rows)
+            + f"\n\nThe memory guard's estimate for F = {refusal['F']:,} at d = {refusal['d']:,}: "
+            f"{refusal['estimate_bytes'] / 2**30:.1f} GiB ({refusal['estimate']}); {refusal['note']}." + _source(H200_RUN))
+
+
 # --- attention (seed 002) --------------------------------------------------------------------------------
 
 def construction2_f1() -> str:
@@ -572,6 +612,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "cpu-kernels": cpu_kernels,
     "gpu-kernels": gpu_kernels,
     "gpu-largest-f": gpu_largest_f,
+    "gpu-builds": gpu_builds,
+    "gpu-ustar": gpu_ustar,
+    "gpu-scale": gpu_scale,
     "ustar-scale": ustar_scale,
     "construct-scale": construct_default,
     "incremental": incremental,
