@@ -16,7 +16,9 @@ values (seed 0), in float32:
                    torch.profiler; work_ops those that do work (innermost, not a view or an allocation):
                    about one kernel launch each on a GPU
   host_syncs       operators that make the host wait for the device: aten::_local_scalar_dense (item,
-                   bool, int, tolist of a tensor) and aten::nonzero (boolean masks, data-dependent shapes)
+                   bool, int of a tensor) and aten::nonzero (boolean masks, data-dependent shapes); host_reads
+                   the reads of tensor values from Python (those, tolist, boolean-mask indexing) counted by
+                   a TorchFunctionMode: each one host round trip on a GPU
   cuda             (GPU only) runtime calls: kernel launches, stream/device/event synchronisations, memcpy
   sync_free_path   (CPU) the same counts for the GPU's code path (corral.SYNC_FREE_DEVICES), run on the CPU
 """
@@ -33,6 +35,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile
 
 from factkernels import _ops, embeddings, ustar
@@ -54,6 +57,24 @@ NO_WORK_OPS = {f"aten::{name}" for name in (
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class HostReads(TorchFunctionMode):
+    """Counts the places where Python reads a tensor's value (bool, int, float, item, tolist, nonzero, boolean
+    mask indexing): on a GPU each waits for the device (one host round trip)."""
+
+    READS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "nonzero"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.READS or (name == "__getitem__" and len(args) > 1 and isinstance(args[1], torch.Tensor)
+                                  and args[1].dtype == torch.bool):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 class PassCounter:
@@ -133,6 +154,9 @@ def measure(device: torch.device, n: int, d: int, *, method: str = "auto", count
             ustar.margin_optimal_outputs(values, method=method, backend=backend)
             _sync(device)
         row.update(_profile_counts(prof))
+        with HostReads() as reads:
+            ustar.margin_optimal_outputs(values, method=method, backend=backend)
+        row["host_reads"] = reads.count
         sync_free = None if corral is None else corral.SYNC_FREE_DEVICES
         if sync_free is not None and device.type not in sync_free:  # the GPU's code path, counted here
             sync_free.add(device.type)
@@ -142,9 +166,11 @@ def measure(device: torch.device, n: int, d: int, *, method: str = "auto", count
                 seconds_sync_free = time.perf_counter() - begin
                 with profile(activities=activities) as prof:
                     ustar.margin_optimal_outputs(values, method=method, backend=backend)
+                with HostReads() as reads:
+                    ustar.margin_optimal_outputs(values, method=method, backend=backend)
             finally:
                 sync_free.discard(device.type)
-            row["sync_free_path"] = dict(_profile_counts(prof), seconds=seconds_sync_free)
+            row["sync_free_path"] = dict(_profile_counts(prof), seconds=seconds_sync_free, host_reads=reads.count)
     if device.type == "cuda":
         row["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(device)
     print(json.dumps({k: v for k, v in row.items() if k not in ("top_work_ops", "host_syncs_by_op", "sync_free_path")}),

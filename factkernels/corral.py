@@ -58,7 +58,7 @@ _RIDGE = 1e-11
 SYNC_FREE_DEVICES = {"cuda"}
 # A chunk's solve looks at its state on the host (stop, drop finished rows) only every this many
 # iterations after the clipped phase: the iterations in between are fixed-shape device work.
-_CHECK_EVERY = 2
+_CHECK_EVERY = 3
 # Wolfe line-search steps per iteration; a row whose minor cycle is not finished goes on in the next one.
 _MINOR_STEPS = 1
 
@@ -111,8 +111,9 @@ class _Star(NamedTuple):
         r = self.inv.shape[0]
         pos = torch.full((r,), -1, dtype=torch.long, device=keep.device)
         pos[keep] = torch.arange(keep.numel(), device=keep.device)
-        sc = pos[self.close_r] >= 0
-        sd = pos[self.dup_r] >= 0
+        # boolean masks wait for the device: only where there are close or duplicated pairs at all
+        sc = pos[self.close_r] >= 0 if self.close_r.numel() else slice(None)
+        sd = pos[self.dup_r] >= 0 if self.dup_r.numel() else slice(None)
         return _Star(
             self.Wr[keep], self.inv[keep], self.self_j[keep],
             pos[self.dup_r][sd], self.dup_j[sd],
@@ -469,9 +470,10 @@ def solve_rows(
                 n_done, k_max, n_full = torch.stack([done.sum(), cnt.max(), full.sum()]).tolist()
                 if n_done == done.numel():
                     break
-                if n_done * 8 >= done.numel():  # drop finished rows (compaction copies all state)
-                    save(done.nonzero(as_tuple=True)[0])
-                    kk = (~done).nonzero(as_tuple=True)[0]
+                if n_done * (2 if every > 1 else 8) >= done.numel():  # drop finished rows (copies all state)
+                    order = torch.argsort(done.to(torch.int8), stable=True)  # the counts are known: no nonzero
+                    kk, fin = order[: done.numel() - n_done], order[done.numel() - n_done :]
+                    save(fin)
                     st = st.subset(kk)
                     cr.keep(kk)
                     P, g, pp, prev_pp, done, settled, full = P[kk], g[kk], pp[kk], prev_pp[kk], done[kk], settled[kk], full[kk]

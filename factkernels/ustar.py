@@ -95,7 +95,7 @@ def _unit_start(Wr: Tensor, P: Tensor) -> Tensor:
     pn = P.norm(dim=1, keepdim=True)
     fallback = Wr / Wr.norm(dim=1, keepdim=True).clamp_min(1e-300)
     P = torch.where(pn > 1e-12, P / pn.clamp_min(1e-300), fallback)
-    P[(P == 0).all(dim=1), 0] = 1.0
+    P[:, 0] = torch.where((P == 0).all(dim=1), 1.0, P[:, 0])
     return P
 
 
