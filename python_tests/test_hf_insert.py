@@ -242,6 +242,7 @@ def test_insert_rejects_bad_arguments(fresh_tiny):
     assert model.config.intermediate_size == 64
 
 
+@pytest.mark.slow
 def test_real_model_handful_of_facts(smollm2):
     """Five counterfactual authors into the packaged SmolLM2-135M: stored, quiet on text, removable. At the last
     layer (values through the head alone; the path through later blocks is tested on the tiny Llama) with 8 of the

@@ -316,6 +316,7 @@ def test_smallest_size_doubles_then_bisects():
         smallest_size(usable, 8, max_size=64, resolution=1.0)
 
 
+@pytest.mark.slow
 def test_lm_usable_size_searches_the_gd_expert_width():
     from factkernels.transformer.scaling import lm_usable_size
 
@@ -357,6 +358,7 @@ def test_swap_report_leaves_the_model_as_it_was():
     assert lm.evaluate(model, task, lm.random_facts(8, seed=1)) == numbers["swapped"]
 
 
+@pytest.mark.slow
 def test_lm_usable_size_swaps_the_expert_of_the_smallest_usable_lm():
     from factkernels.transformer.scaling import lm_usable_size
 

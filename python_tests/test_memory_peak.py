@@ -39,6 +39,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_default_cg_build_has_no_quadratic_allocation(tmp_path):
     F, d = 8192, 32
