@@ -2,6 +2,9 @@
 
     # the unedited model on the validation draw and the three test draws, with 95 % t-intervals over the test draws
     OMP_NUM_THREADS=2 python benchmarks/hf_editing_benchmark.py unedited
+    # one JSON over draws: mean and 95 % t-interval of each run of the named results
+    python benchmarks/hf_editing_benchmark.py summarize --sources subject_test0 subject_test1 subject_test2 \
+        --name subject_tests
     # our insertion on the first 30 cases of the validation draw, under each options dict (hf.insert_facts kwargs)
     OMP_NUM_THREADS=2 python benchmarks/hf_editing_benchmark.py insert --split validation --n 30 \
         --options '[{}, {"keys": "subject", "layer": 10}]' --name validation_n30
@@ -65,9 +68,21 @@ def insert(args: argparse.Namespace, model, tok) -> dict:
     return {"unedited": base.scores, "runs": runs}
 
 
+def summarize(names: list[str]) -> dict:
+    """Mean and 95 % t-interval over draws of each run (by position) of the named result files."""
+    results = [json.loads((OUT / f"{name}.json").read_text()) for name in names]
+    runs = []
+    for i, first in enumerate(results[0]["runs"]):
+        per_draw = [r["runs"][i]["scores"] for r in results]
+        runs.append({"options": first["options"], "draws": [f"{r['split']}{r['index']}" for r in results],
+                     "over_draws": over_draws(per_draw)})
+    return {"sources": names, "runs": runs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("method", choices=("unedited", "insert"))
+    parser.add_argument("method", choices=("unedited", "insert", "summarize"))
+    parser.add_argument("--sources", nargs="*", default=[], help="summarize: result names, one per draw")
     parser.add_argument("--kind", choices=("known", "new"), default="known")
     parser.add_argument("--split", choices=("validation", "test"), default="validation")
     parser.add_argument("--index", type=int, default=0)
@@ -76,6 +91,9 @@ def main() -> None:
     parser.add_argument("--options", default="{}", help="insert_facts keyword arguments, as JSON")
     parser.add_argument("--name", default=None)
     args = parser.parse_args()
+    if args.method == "summarize":
+        OUT.joinpath(f"{args.name}.json").write_text(json.dumps(summarize(args.sources), indent=1) + "\n")
+        return
     torch.manual_seed(0)
     model, tok = load("smollm2-135m")
     start = time.perf_counter()

@@ -397,7 +397,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
                  value_lr: float = 0.5, contrast: int = 2, sharpness: float = 100.0, threshold: float = 0.92,
                  adaptive_threshold: bool = False, seed: int = 0, batch_size: int = 32,
                  progress: bool = True, checkpoint: Union[str, Path, None] = None, keys: str = "request",
-                 prefixes: Optional[Sequence[str]] = None, value_prefixes: int = 2, within: float = 1.0,
+                 prefixes: Optional[Sequence[str]] = None, value_prefixes: int = 0, within: float = 1.0,
                  subject_threshold: float = 0.5, ramp: float = 12.0) -> Insertion:
     """Insert facts by appending constructed hidden units to one layer's MLP (in place).
 
