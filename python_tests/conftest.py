@@ -34,29 +34,24 @@ def medium_facts():
     return random_fact_set(256, 256, 32, seed=2)
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_threads():
-    """Every test starts at the session's torch thread count: engine.run and the CLI set the count for the
-    rest of the process, which would make a test's threads (and time) depend on what ran before it."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """Tiny training problems run faster on one thread than with thread hand-offs,
-    which dominate (10x and more) on a busy 2-core machine."""
-    threads = torch.get_num_threads()
+def pytest_configure(config):
+    """The suite runs on one torch thread: its problems are tiny, where thread hand-offs cost more than they give
+    (10x and more on a busy 2-core machine)."""
     torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Back to one thread after each test: engine.run and the CLI set the count for the rest of the process,
+    which would make a test's threads (and time) depend on what ran before it."""
     yield
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """``tiny_run(name)`` -> (engine result, its output folder): each registered experiment runs once per session
-    at scale "tiny" (on one thread), shared by test_experiments' checks of every experiment and the tests of its
+    at scale "tiny", shared by test_experiments' checks of every experiment and the tests of its
     own numbers. Tests must not write into the folder."""
     from factkernels.experiments import engine
 
@@ -65,12 +60,7 @@ def tiny_run(tmp_path_factory):
     def run(name: str):
         if name not in runs:
             out = tmp_path_factory.mktemp(name)
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                runs[name] = (engine.run(name, out, scale="tiny", quiet=True), out / name)
-            finally:
-                torch.set_num_threads(threads)
+            runs[name] = (engine.run(name, out, scale="tiny", quiet=True), out / name)
         return runs[name]
     return run
 

@@ -20,9 +20,6 @@ ntk_module = importlib.import_module("factkernels.baselines.ntk")  # the package
 FAST_GD = dict(lr=1e-2, final_lr=1e-4, steps=2000)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def accuracy(module, K, V, f) -> float:
     return float((module.predict(K, V) == f).float().mean())
 

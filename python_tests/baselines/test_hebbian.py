@@ -7,8 +7,6 @@ from factkernels.baselines import HebbianMLP, hebbian
 from factkernels.capacity import fact_storage_cost, methods
 from factkernels.cli import random_fact_set
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.mark.parametrize("variant,facts,m", [("raw", 8, 512), ("ridge", 24, 64), ("data_dependent", 24, 32)])
 def test_each_variant_stores_every_fact_of_a_small_case(variant, facts, m):

@@ -12,9 +12,6 @@ from factkernels.capacity import Method, encoder_width_method, fact_storage_cost
 from factkernels.embeddings import family_fact_set, random_fact_set
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 class ToyModule(nn.Module):
     """Gets the first ``F − failures`` facts right and the rest wrong; 10 parameters per size unit."""
 

@@ -7,8 +7,6 @@ from factkernels import _ops
 from factkernels.decoder import jl_decoder
 from factkernels.encoder import assemble, augment, build_shared_gate, sample_gate, two_hot_gadgets, two_hot_keys
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def test_two_hot_keys_are_every_ordered_pair():
     keys, pairs = two_hot_keys(4)

@@ -11,9 +11,6 @@ from factkernels.embeddings import random_fact_set
 D = 12
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is faster on 2 shared cores
-
-
 @pytest.fixture(scope="module")
 def facts():
     return random_fact_set(24, 24, D, seed=0)

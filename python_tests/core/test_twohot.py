@@ -6,8 +6,6 @@ import torch
 from factkernels import embeddings, ustar
 from factkernels.twohot import TwoHotMLP, construct_two_hot, two_hot_keys
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_two_hot_mlp_stores_every_fact(tied):

@@ -7,8 +7,6 @@ from factkernels import editing as rules
 from factkernels.transformer import editing
 from factkernels.transformer.lm import AuthorsBooks, AuthorsLM
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def _problem(h=24, d_out=8, n=5, seed=0):
     gen = torch.Generator().manual_seed(seed)

@@ -19,8 +19,6 @@ from factkernels.experiments.cost_cells import DEFAULT_MULTIPLIER, coherence, co
 from factkernels.experiments.method_costs import run_two_hot_cell, two_hot_cell
 from factkernels.experiments.summary_math import loglog_fit
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def _image(path):
     import matplotlib.image

@@ -10,8 +10,6 @@ from factkernels.datasets import BOOK_TEMPLATES
 from factkernels.transformer import lm
 from factkernels.transformer.lm import KEY, PAD, VALUE, WORD, AuthorsBooks, AuthorsLM
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def test_sentences_spell_out_the_facts():
     task = AuthorsBooks.build(8)

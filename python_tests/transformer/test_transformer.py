@@ -16,9 +16,6 @@ from factkernels.transformer.usability import spearman
 GEN = torch.Generator
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is faster on 2 shared cores
-
-
 # ----------------------------------------------------------------------------- layers
 
 
