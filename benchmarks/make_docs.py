@@ -9,6 +9,7 @@ with the JSON it was read from, as a path relative to the repository.
 """
 
 import argparse
+import ast
 import json
 import re
 import sys
@@ -566,6 +567,31 @@ def headline() -> str:
     return _rows(["what", "measured", "JSON"], rows)
 
 
+# --- layout --------------------------------------------------------------------------------------------------
+
+def _first_sentence(docstring: str, limit: int = 120) -> str:
+    text = " ".join(docstring.split("\n\n")[0].split()).replace("``", "`")
+    for end in re.finditer(r"[.!?]\s+(?=[A-Z])", text):  # a sentence ends here unless after "App." or "Fig."
+        if not re.search(r"\b(?:Alg|App|Sec|Fig|Eq|Thm|Prop|Tab|al)\.$", text[:end.start() + 1]):
+            text = text[:end.start() + 1]
+            break
+    if len(text) > limit:
+        text = text[:limit].rsplit(" ", 1)[0] + " …"
+    return text.replace("|", "\\|")
+
+
+def module_map() -> str:
+    """Every module of the package with its size and the first sentence of its docstring."""
+    package = ROOT / "factkernels"
+    rows = []
+    for path in sorted(package.rglob("*.py"), key=lambda p: (len(p.relative_to(package).parts) > 1, str(p))):
+        source = path.read_text()
+        docstring = ast.get_docstring(ast.parse(source)) or ""
+        rows.append([f"`{path.relative_to(ROOT)}`", len(source.splitlines()), _first_sentence(docstring)])
+    return (_rows(["module", "lines", "what it holds (its docstring)"], rows)
+            + "\n\nGenerated from the package itself: a module that is added, moved or renamed makes this table stale.")
+
+
 # --- claims of each area ---------------------------------------------------------------------------------
 
 def claims_counts() -> str:
@@ -626,6 +652,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "method-costs": method_costs,
     "ntk-ustar": ntk_ustar,
     "headline": headline,
+    "module-map": module_map,
     "ssfr-w-vs-f": ssfr_w_vs_f,
     "ssfr-headline": ssfr_headline,
     "usability-correlations": usability_correlations,

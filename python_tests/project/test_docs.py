@@ -1,6 +1,7 @@
 """README.md and docs/ stay true: snippets run, command lines parse, links and named modules exist, tables equal
 what the committed JSON gives, and the README stays short."""
 
+import ast
 import importlib
 import importlib.util
 import json
@@ -181,3 +182,48 @@ def test_named_attributes_exist(path):
         if not any(_resolves(f"{module}.{attribute}") for module in modules[base]):
             missing.append(f"{base}.{attribute}")
     assert not missing, f"{path.relative_to(ROOT)} names what does not exist: {missing}"
+
+
+def _package_imports() -> dict:
+    """{unit: units it imports}, a unit being a top-level module (file stem) or subpackage of factkernels."""
+    package = ROOT / "factkernels"
+    edges: dict = {}
+    for path in package.rglob("*.py"):
+        if path == package / "__init__.py":  # the public API re-exports from every row
+            continue
+        parts = path.relative_to(package).parts
+        unit = parts[0] if len(parts) > 1 else path.stem
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        base = (module if path.name == "__init__.py" else module.rsplit(".", 1)[0]).split(".")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                stem = ".".join((base[:len(base) - node.level + 1] if node.level else []) + [node.module or ""])
+                names = [stem.rstrip(".")] + [f"{stem.rstrip('.')}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for name in names:
+                target = name.split(".")[1] if name.startswith("factkernels.") else None
+                if target and target != unit and ((package / target).is_dir() or (package / f"{target}.py").exists()):
+                    edges.setdefault(unit, set()).add(target)
+        edges.setdefault(unit, set())
+    return edges
+
+
+def test_readme_layout_names_every_module_and_points_down():
+    block = README.split("## Layout", 1)[1].split("```", 2)[1]
+    edges = _package_imports()
+    row_of: dict = {}
+    row = -1
+    for line in block.splitlines():
+        if not line.strip() or line.startswith("─"):
+            continue
+        row += not line.startswith(" ")
+        for name in re.findall(r"\b(\w+)(?:\.py\b|/)", line):
+            if name in edges:
+                row_of.setdefault(name, row)
+    assert sorted(set(edges) - set(row_of)) == [], "modules the README's layout does not name"
+    upward = sorted(f"{unit} -> {target}" for unit, targets in edges.items() for target in targets
+                    if row_of[target] < row_of[unit])
+    assert not upward, f"imports that point up the README's layout: {upward}"
