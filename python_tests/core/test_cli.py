@@ -124,7 +124,8 @@ def test_malformed_json_exits_2_without_a_traceback(tmp_path):
     bad.parent.mkdir(parents=True)
     bad.write_text('{"summary": {"claims": {}, }')
     done = subprocess.run([sys.executable, "-m", "factkernels", "experiment", "report", str(tmp_path / "results"),
-                           "--out", str(tmp_path / "CLAIMS.md")], capture_output=True, text=True)
+                           "--out", str(tmp_path / "CLAIMS.md")], capture_output=True, text=True,
+                          cwd=tmp_path)  # not the repository root, whose source folder has no compiled _C
     assert done.returncode == 2
     _one_error_line(done.stderr, str(bad), "not valid JSON", "line 1, column 28")
 
