@@ -221,11 +221,14 @@ def gpu_builds() -> str:
 
 
 def gpu_ustar() -> str:
-    rows = [[f"{r['n']:,}", r["d"], _ms(r["seconds"]) if r["seconds"] < 1 else f"{r['seconds']:.1f} s", f"{r['rho']:.4f}", r["passes"],
-             f"{r['cuda']['kernel_launches']:,}", r["cuda"]["stream_syncs"], f"{r['peak_gpu_bytes'] / 2**30:.2f} GiB"]
-            for r in load(H200_RUN)["ustar"]["rows"]]
-    header = ["\\|V\\|", "d", "time", "ρ", "streaming passes", "CUDA launches", "stream syncs", "peak GPU memory"]
-    return _rows(header, rows) + _source(H200_RUN)
+    runs = {"first run": H200_RUN, "sync-free corral steps": f"{RESULTS}/gpu_suite-NVIDIA_H200-construct-ustar-syncfree.json"}
+    rows = [[label, f"{r['n']:,}", r["d"], _ms(r["seconds"]) if r["seconds"] < 1 else f"{r['seconds']:.1f} s",
+             f"{r['rho']:.4f}", r["passes"], f"{r['cuda']['kernel_launches']:,}", r["cuda"]["stream_syncs"],
+             r.get("host_syncs", "–"), f"{r['peak_gpu_bytes'] / 2**30:.2f} GiB"]
+            for label, path in runs.items() for r in load(path)["ustar"]["rows"]]
+    header = ["run", "\\|V\\|", "d", "time", "ρ", "streaming passes", "CUDA launches", "stream syncs", "host syncs",
+              "peak GPU memory"]
+    return _rows(header, rows) + _source(*runs.values())
 
 
 def gpu_scale() -> str:
