@@ -94,6 +94,8 @@ def main() -> None:
     parser.add_argument("--facts", type=int, default=20)
     parser.add_argument("--methods", nargs="*", default=list(method_names(real_lm=True, kind="side_memory"))
                         + list(method_names(real_lm=True, kind="weights"))[::-1])  # ROME, the slowest, last
+    parser.add_argument("--hparams", type=json.loads, default={},
+                        help='overrides for every method run, as JSON (e.g. \'{"lr": 0.5}\' with --methods alphaedit)')
     parser.add_argument("--trace", type=int, default=2, help="facts to trace causally (after the editors)")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -110,6 +112,7 @@ def main() -> None:
                    "statistics": "natural_text('stats'): SmolLM2-written text, whole documents (not >= 1M real tokens)",
                    "target": ">= 0.95 single-edit efficacy score per editor"})
     result.setdefault("methods", {})
+    result["overrides"] = args.hparams
     for method in args.methods:
         entry = result["methods"].setdefault(method, {"rows": []})
         done = {row["subject"] for row in entry["rows"]}
@@ -117,7 +120,7 @@ def main() -> None:
             if r.subject in done:
                 continue
             started = time.perf_counter()
-            applied = hf.edit(model, tok, [r], method=method, progress=False)
+            applied = hf.edit(model, tok, [r], method=method, progress=False, **args.hparams)
             seconds = time.perf_counter() - started
             try:
                 new, true = mean_logprob(model, tok, [r], "new"), mean_logprob(model, tok, [r], "true")
