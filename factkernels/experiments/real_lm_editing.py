@@ -262,9 +262,11 @@ def markdown_table(summary: dict, best_only: bool = False) -> str:
         rows = [b for n in sorted({r["n_facts"] for r in rows}) for m in METHODS if (b := _best(rows, m, n))]
     for r in rows:
         layer = "default" if r["layer"] == EDITOR_LAYERS else str(r["layer"])
+        # a ratio that overflowed is stored as null (JSON has no inf); its log sits in log_perplexity_ratio
+        ppl = "inf" if r["perplexity_ratio"] is None else f"{r['perplexity_ratio']:.4f}"
         lines.append(f"| {r['n_facts']} | {r['method']} | {layer} | {r.get('setting', '')} | {r['efficacy']:.3f} | "
                      f"{r['paraphrase']:.3f} | "
-                     f"{r['neighborhood']:.3f} | {r['score']:.3f} | {r['perplexity_ratio']:.4f} | "
+                     f"{r['neighborhood']:.3f} | {r['score']:.3f} | {ppl} | "
                      f"{r['kl_mean']:.2e} | {r['edit_seconds']:.0f} |")
     return "\n".join(lines)
 

@@ -35,6 +35,8 @@ def test_tiny_grid_runs_every_method_and_leaves_the_model_unedited(tiny_run):
     table = real_lm.markdown_table(res.summary)
     assert len(table.splitlines()) == 2 + len(grid)
     assert len(real_lm.markdown_table(res.summary, best_only=True).splitlines()) == 2 + len(real_lm.METHODS)
+    overflowed = {**res.summary, "rows": [{**res.summary["rows"][0], "perplexity_ratio": None}]}
+    assert "| inf |" in real_lm.markdown_table(overflowed)  # JSON stores an overflowed ratio as null
     assert set(res.summary["comparison"]["4"]) >= {"ours_score", "best_editor_score", "least_editor_kl_mean"}
     assert set(res.summary["comparison"]["4"]["best"]) == set(real_lm.METHODS)
 
