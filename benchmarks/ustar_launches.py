@@ -17,8 +17,8 @@ values (seed 0), in float32:
                    about one kernel launch each on a GPU
   host_syncs       operators that make the host wait for the device: aten::_local_scalar_dense (item,
                    bool, int of a tensor) and aten::nonzero (boolean masks, data-dependent shapes); host_reads
-                   the reads of tensor values from Python (those, tolist, boolean-mask indexing) counted by
-                   a TorchFunctionMode: each one host round trip on a GPU
+                   every read of a tensor's value on the host, from Python or inside an operator
+                   (factkernels.host_reads.HostReadCounter): each one host round trip on a GPU
   cuda             (GPU only) runtime calls: kernel launches, stream/device/event synchronisations, memcpy
   sync_free_path   (CPU) the same counts for the GPU's code path (corral.SYNC_FREE_DEVICES), run on the CPU
 """
@@ -37,10 +37,10 @@ import warnings
 from pathlib import Path
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile
 
 from factkernels import _ops, embeddings, ustar
+from factkernels.host_reads import HostReadCounter
 
 try:  # the solver before its sync-free path had no factkernels.corral (the rows labelled "before")
     from factkernels import corral
@@ -59,24 +59,6 @@ NO_WORK_OPS = {f"aten::{name}" for name in (
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-class HostReads(TorchFunctionMode):
-    """Counts the places where Python reads a tensor's value (bool, int, float, item, tolist, nonzero, boolean
-    mask indexing): on a GPU each waits for the device (one host round trip)."""
-
-    READS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "nonzero"}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in self.READS or (name == "__getitem__" and len(args) > 1 and isinstance(args[1], torch.Tensor)
-                                  and args[1].dtype == torch.bool):
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 class PassCounter:
@@ -167,7 +149,7 @@ def measure(device: torch.device, n: int, d: int, *, method: str = "auto", count
             ustar.margin_optimal_outputs(values, method=method, backend=backend)
             _sync(device)
         row.update(_profile_counts(prof))
-        with HostReads() as reads:
+        with HostReadCounter() as reads:
             ustar.margin_optimal_outputs(values, method=method, backend=backend)
         row["host_reads"] = reads.count
         sync_free = None if corral is None else corral.SYNC_FREE_DEVICES
@@ -179,7 +161,7 @@ def measure(device: torch.device, n: int, d: int, *, method: str = "auto", count
                 seconds_sync_free = time.perf_counter() - begin
                 with _profiler(activities) as prof:
                     ustar.margin_optimal_outputs(values, method=method, backend=backend)
-                with HostReads() as reads:
+                with HostReadCounter() as reads:
                     ustar.margin_optimal_outputs(values, method=method, backend=backend)
             finally:
                 sync_free.discard(device.type)

@@ -5,7 +5,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 # Kernel tests run on every device present; CUDA ones are simply absent without a GPU. The cuda mark puts
 # them in `pytest -m cuda`, the GPU suite's selection (without it the suite's first GPU run compared no
@@ -49,22 +48,3 @@ def direct_margins(V: np.ndarray, U: np.ndarray) -> np.ndarray:
             best = min(best, m)
         out[i] = best
     return out
-
-
-class HostReadCounter(TorchDispatchMode):
-    """Counts the ops that read a tensor back to the host (on a GPU each is a stream synchronization):
-    scalar reads (``.item()``, ``float(t)``, ``bool(t)``), data-dependent shapes (nonzero, unique,
-    masked_select) and whole-tensor comparisons (``torch.equal``). On a CPU nothing synchronizes, but
-    the same ops run, so a CPU test can assert where a GPU run would wait. ``reads`` lists their names."""
-
-    READS = ("_local_scalar_dense", "nonzero", "unique", "masked_select", "equal", "is_nonzero", "item")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reads: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.__name__.split(".")[0]
-        if any(name.startswith(read) or name.lstrip("_").startswith(read) for read in self.READS):
-            self.reads.append(name)
-        return func(*args, **(kwargs or {}))
