@@ -8,7 +8,8 @@ CounterFact's: the fraction of facts whose new object has a higher mean token lo
 one after the edit (published: ≥ 0.95 for these methods). Also recorded: the unedited model's score, the
 magnitude (mean log-prob gap), exact match (greedy whole target) and seconds, C's token count, AlphaEdit's
 null-space size; causal tracing of a few facts (mean restored probability per layer at the subject's last
-token). C: the shipped model-written text (``natural_text("stats")``, 21,964 tokens), cached.
+token). C: the editors' ``mom2_dataset`` (default the shipped Wikipedia article leads, 1.05M tokens; results
+before 2026-11-26 21:00 used ``"smollm2_text"``, 21,964 tokens of model-written text), cached.
 
     python benchmarks/editor_sanity_gate.py --out benchmarks/results/hf/editor_sanity_gate.json [--facts 20]
 
@@ -109,7 +110,8 @@ def main() -> None:
                    "facts": [r.to_dict() for r in facts],
                    "unedited": {"efficacy_score": float((base_new > base_true).double().mean()),
                                 "magnitude": float((base_new - base_true).mean())},
-                   "statistics": "natural_text('stats'): SmolLM2-written text, whole documents (not >= 1M real tokens)",
+                   "statistics": {"mom2_dataset": args.hparams.get("mom2_dataset", "wikipedia"),
+                                  "mom2_n_samples": args.hparams.get("mom2_n_samples")},
                    "target": ">= 0.95 single-edit efficacy score per editor"})
     result.setdefault("methods", {})
     result["overrides"] = args.hparams

@@ -1,9 +1,10 @@
-"""Natural text shipped with factkernels, for second-moment statistics and non-fact metrics.
+"""Natural text written by SmolLM2 and shipped with factkernels, for non-fact metrics and background states.
 
 ``smollm2_text.jsonl`` beside this module holds English prose written by SmolLM2-135M-Instruct
 itself (see ``benchmarks/make_natural_text.py`` and ``README.md`` here): one document per line,
-each in split ``"stats"`` (the editors' key statistics) or ``"eval"`` (held out for perplexity / KL
-against the original model).
+each in split ``"stats"`` (insertion's background states; the editors' key statistics with
+``mom2_dataset="smollm2_text"``, a quick 22k-token stand-in for the shipped Wikipedia text) or
+``"eval"`` (held out for perplexity / KL against the original model).
 
     texts = natural_text("stats")     # list[str]
 """

@@ -79,7 +79,19 @@ class ResidualStep(_Published):
 
 
 @dataclass(frozen=True)
-class ROMEHparams(ResidualStep):
+class KeyStatistics(ResidualStep):
+    """Where ROME, MEMIT and AlphaEdit take C = E[k kᵀ] from on a real model
+    (:func:`factkernels.hf.statistics.mom2_texts`): ``mom2_dataset`` "wikipedia" (the shipped English
+    Wikipedia article leads, ~1.05M tokens; the references use Wikipedia too) or "smollm2_text" (22k tokens,
+    quick runs), its first ``mom2_n_samples`` documents (None: all 10,033; the references take 100,000
+    whole articles). The toy LM computes its own C."""
+
+    mom2_dataset: str = "wikipedia"
+    mom2_n_samples: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ROMEHparams(KeyStatistics):
     """ROME (Meng et al. 2022; kmeng01/rome hparams/ROME/gpt-j-6B.json): one layer, rank-one edits.
     ``ridge`` · mean(diag C) is added to C before it is inverted (C from a finite sample; ours)."""
 
@@ -92,7 +104,7 @@ class ROMEHparams(ResidualStep):
 
 
 @dataclass(frozen=True)
-class MEMITHparams(ResidualStep):
+class MEMITHparams(KeyStatistics):
     """MEMIT (Meng et al. 2023; kmeng01/memit hparams/MEMIT/gpt-j-6B.json): z* spread over ``layers``
     by W + R Kᵀ (λ C + K Kᵀ)⁻¹; λ = ``mom2_weight`` (1.5e4 at GPT-J's width, rescaled by for_model)."""
 
@@ -101,7 +113,7 @@ class MEMITHparams(ResidualStep):
 
 
 @dataclass(frozen=True)
-class AlphaEditHparams(ResidualStep):
+class AlphaEditHparams(KeyStatistics):
     """AlphaEdit (Fang et al. 2025; jianghoucheng/AlphaEdit hparams/AlphaEdit/Llama3-8B.json): MEMIT's
     spreading projected onto the null space of C (eigenvalues < ``nullspace_threshold``; when
     ``nullspace_relative`` is set the threshold is that fraction of C's mean eigenvalue instead, a
@@ -245,5 +257,5 @@ def json_ready(value: Any) -> Any:
 
 
 __all__ = ["METHODS", "Method", "method_names", "get_method", "hparams", "as_dict", "ResidualStep",
-           "ROMEHparams", "MEMITHparams", "AlphaEditHparams", "GRACEHparams", "WISEHparams", "MLPSwapHparams",
+           "KeyStatistics", "ROMEHparams", "MEMITHparams", "AlphaEditHparams", "GRACEHparams", "WISEHparams", "MLPSwapHparams",
            "InsertionHparams"]

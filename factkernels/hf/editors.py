@@ -36,7 +36,7 @@ from .contexts import context_prefixes, with_prefixes
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
 from .residual import ResidualTargets, layer_output, residual_targets
-from .statistics import key_second_moments, second_moment_tokens
+from .statistics import key_second_moments, mom2_texts, second_moment_tokens
 
 WEIGHT_EDITORS = ("rome", "memit", "alphaedit")
 
@@ -120,7 +120,9 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
 
     requests: anything :func:`~factkernels.hf.requests.parse_requests` takes. layers: the edited layers
     (default: the published depth, :func:`factkernels.editing.hparams`). stats: {layer: C} to use instead of
-    :func:`~factkernels.hf.statistics.key_second_moments` (computed and cached under ``cache_dir``).
+    :func:`~factkernels.hf.statistics.key_second_moments` over the hparams' ``mom2_dataset`` /
+    ``mom2_n_samples`` (default: the shipped Wikipedia leads, ~1.05M tokens; computed once and cached under
+    ``cache_dir``).
     hparams: overrides of the method's dataclass fields. targets: the δ of an earlier edit of the same
     requests (``EditResult.targets``), reused instead of re-trained where every δ is trained on the unedited
     model; they must match the last layer and the δ settings, else ValueError. checkpoint: a .safetensors
@@ -137,7 +139,9 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
 
         return edit_side_memory(model, tok, reqs, method, hp, progress=progress)
     missing = [layer for layer in hp.layers if stats is None or layer not in stats]
-    covs = {**(stats or {}), **key_second_moments(model, tok, missing, cache_dir=cache_dir, progress=progress)}
+    stats_texts = mom2_texts(hp.mom2_dataset, hp.mom2_n_samples) if missing else []
+    covs = {**(stats or {}), **key_second_moments(model, tok, missing, texts=stats_texts, cache_dir=cache_dir,
+                                                  progress=progress)}
     stats_seconds = time.perf_counter() - started
     prefixes = context_prefixes(model, tok, hp.prefixes, hp.prefix_starts)
     undo = weight_restorer(model, hp.layers)
@@ -150,7 +154,7 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
             "clamp_to": "mlp" if method == "rome" else "layer", "prefixes": list(prefixes)}
     report: dict[str, Any] = {"method": method, "layers": list(hp.layers), "facts": len(reqs),
                               "hparams": as_dict(hp), "prefixes": list(prefixes), "batches": len(batches),
-                              "stats_tokens": {layer: second_moment_tokens(model, layer, cache_dir=cache_dir)
+                              "stats_tokens": {layer: second_moment_tokens(model, layer, texts=stats_texts, cache_dir=cache_dir)
                                                for layer in missing}}
     last = hp.layers[-1]
     previous = {layer: None for layer in hp.layers}  # AlphaEdit's earlier batches' key Gram per layer

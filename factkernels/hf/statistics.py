@@ -1,33 +1,53 @@
 """Second moments C = E[k kᵀ] of a layer's down-projection inputs over natural text, cached on disk.
 
 ROME, MEMIT and AlphaEdit weigh their edits by how the layer's keys k (the down projection's
-input, ``act(gate(x)) * up(x)``) are spread over ordinary text; the published editors use
-100k Wikipedia tokens, we use the shipped ``natural_text("stats")`` by default (any ``texts`` can be
-given). Computing C takes one forward pass over the text, so it is cached under ``cache_dir``
-(default ``$FACTKERNELS_CACHE`` or ``~/.cache/factkernels``) in a file named by a hash of the
-model's weights up to that layer, the layer and the text, with the token count in its metadata
-(:func:`second_moment_tokens`). A long pass (a million tokens) keeps its running sums in a
-``.partial`` file every ``save_every`` batches and a rerun resumes from there.
+input, ``act(gate(x)) * up(x)``) are spread over ordinary text; their reference code takes C from
+Wikipedia (``mom2_dataset`` "wikipedia", ``mom2_n_samples`` articles). Ours come from a named shipped
+corpus (:func:`mom2_texts`): "wikipedia", the 10,033 English Wikipedia article leads of
+:func:`factkernels.datasets.wikipedia_leads` (about 1.05M SmolLM2 tokens, the default), or
+"smollm2_text", 22k tokens of the model's own writing (quick runs); any ``texts`` can be given instead.
+One pass streams the documents in batches of similar length (tokenised batch by batch, each forward
+stopped after the highest layer asked for). C is cached under ``cache_dir`` (default
+``$FACTKERNELS_CACHE`` or ``~/.cache/factkernels``) in a file named by a hash of the model's weights up
+to that layer, the layer and the text, with the token and document counts in its metadata
+(:func:`second_moment_tokens`); the running sums are kept in a ``partial_*`` file every ``save_every``
+batches and a rerun resumes from there.
 
     covs = key_second_moments(model, tok, layers=[5, 6])   # {layer: (intermediate, intermediate) float32}
+    covs = key_second_moments(model, tok, [5], texts=mom2_texts("smollm2_text"))
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from contextlib import ExitStack
+import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
-from ..progress import progress_bar
 
-from .capture import encode_texts, model_device, record_inputs
-from ..datasets import natural_text
+from ..datasets import natural_text, wikipedia_leads
+from ..progress import log_line, progress_bar
+from .capture import encode_texts, model_device
 from .layout import mlp_module
 
+MOM2_DATASETS = ("wikipedia", "smollm2_text")
+
+
+def mom2_texts(dataset: str = "wikipedia", n_samples: Optional[int] = None) -> list[str]:
+    """The first ``n_samples`` documents (default: all) of a named statistics corpus: "wikipedia" (10,033
+    Wikipedia article leads, ~1.05M tokens) or "smollm2_text" (``natural_text("stats")``: 90 documents
+    written by SmolLM2, ~22k tokens)."""
+    if dataset not in MOM2_DATASETS:
+        raise ValueError(f"mom2_dataset must be one of {MOM2_DATASETS}, got {dataset!r}")
+    if dataset == "wikipedia":
+        return wikipedia_leads(n_samples)
+    texts = natural_text("stats")
+    if n_samples is not None and not 0 < n_samples <= len(texts):
+        raise ValueError(f"mom2_n_samples must be in 1..{len(texts)} for {dataset!r}, got {n_samples!r}")
+    return texts if n_samples is None else texts[:n_samples]
 
 
 def default_cache_dir() -> Path:
@@ -71,11 +91,11 @@ def _save(path: Path, tensors: dict, metadata: dict) -> None:
 
 def second_moment_tokens(model: Any, layer: int, *, texts: Optional[Sequence[str]] = None, cache_dir: Any = None,
                          max_length: int = 2048) -> Optional[int]:
-    """How many tokens the cached C of ``layer`` over ``texts`` (default the shipped text) was computed from;
-    None when it is not cached."""
+    """How many tokens the cached C of ``layer`` over ``texts`` (default :func:`mom2_texts`) was computed
+    from; None when it is not cached."""
     from safetensors import safe_open
 
-    texts = natural_text("stats") if texts is None else list(texts)
+    texts = mom2_texts() if texts is None else list(texts)
     path = _cache_path(model, layer, texts, max_length, cache_dir)
     if path is None or not path.is_file():
         return None
@@ -83,27 +103,39 @@ def second_moment_tokens(model: Any, layer: int, *, texts: Optional[Sequence[str
         return int(handle.metadata()["tokens"])
 
 
+class _Done(Exception):
+    """Raised by the highest layer's hook: the layers above it are not needed."""
+
+
+def _length_batches(texts: Sequence[str], batch_size: int) -> list[list[int]]:
+    """Document indices in batches of ``batch_size`` by character length (similar lengths pad little)."""
+    order = sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
 @torch.no_grad()
 def key_second_moments(model: Any, tok: Any, layers: Sequence[int], *, texts: Optional[Sequence[str]] = None,
-                       cache_dir: Any = None, max_length: int = 2048, batch_size: int = 4,
+                       cache_dir: Any = None, max_length: int = 2048, batch_size: int = 16,
                        save_every: int = 50, progress: Optional[bool] = None) -> dict[int, torch.Tensor]:
     """{layer: C} with C = E[k kᵀ] (intermediate, intermediate), float32, of each layer's down-projection
-    inputs at every real token of ``texts`` (default: the shipped ``natural_text("stats")``), each cut to
-    ``max_length`` tokens (default: whole documents, as ROME's statistics take up to the model's context); the missing layers share one pass over the text. Read from / written to
-    ``cache_dir`` (see the module docstring); ``cache_dir=False`` skips the cache. With a cache, the running
-    sums are kept every ``save_every`` batches and an interrupted pass resumes from them.
+    inputs at every real token of ``texts`` (default: :func:`mom2_texts`, the shipped Wikipedia leads), each
+    cut to ``max_length`` tokens (as ROME's statistics take up to the model's context). The missing layers
+    share one streamed pass over the text, ``batch_size`` documents at a time, accumulated in float64 (each
+    batch's kᵀk in float32). Read from / written to ``cache_dir`` (see the module docstring);
+    ``cache_dir=False`` skips the cache. With a cache, the running sums are kept every ``save_every``
+    batches and an interrupted pass resumes from them.
     """
     layers = sorted({int(layer) for layer in layers})
     for layer in layers:
         mlp_module(model, layer)  # validates the layout and the layer index
-    texts = natural_text("stats") if texts is None else list(texts)
+    texts = mom2_texts() if texts is None else list(texts)
     paths = {layer: _cache_path(model, layer, texts, max_length, cache_dir) for layer in layers}
     found = {layer: load_file(path)["second_moment"] for layer, path in paths.items()
              if path is not None and path.is_file()}
     todo = [layer for layer in layers if layer not in found]
     if not todo:
         return found
-    input_ids, attention_mask = encode_texts(tok, texts, max_length=max_length)
+    batches = _length_batches(texts, batch_size)
     device = model_device(model)
     width = {layer: mlp_module(model, layer).down_proj.in_features for layer in todo}
     totals = {layer: torch.zeros(width[layer], width[layer], dtype=torch.float64) for layer in todo}
@@ -114,26 +146,41 @@ def key_second_moments(model: Any, tok: Any, layers: Sequence[int], *, texts: Op
         saved = load_file(str(partial))
         totals = {layer: saved[f"layer{layer}"] for layer in todo}
         count, first = int(saved["count"]), int(saved["next_batch"])
-    starts = range(first * batch_size, input_ids.shape[0], batch_size)
-    with ExitStack() as stack:
-        seen = {layer: stack.enter_context(record_inputs(mlp_module(model, layer).down_proj)) for layer in todo}
-        for i, start in enumerate(progress_bar(starts, desc=f"second moments, layers {todo}",
-                                               enabled=progress is not False, leave=False), start=first):
-            mask = attention_mask[start:start + batch_size].to(device)
-            for inputs in seen.values():
-                inputs.clear()
-            model.model(input_ids=input_ids[start:start + batch_size].to(device), attention_mask=mask, use_cache=False)
-            for layer, inputs in seen.items():
-                keys = inputs[0][mask.bool()].to("cpu", torch.float64)
-                totals[layer] += keys.T @ keys
-            count += int(mask.sum())
+    real = {}  # the current batch's attention mask, read by the hooks
+
+    def accumulate(layer: int):
+        def hook(_module: Any, args: tuple) -> None:
+            keys = args[0][real["mask"]].float()  # (real tokens, intermediate)
+            totals[layer] += (keys.T @ keys).to("cpu", torch.float64)
+            if layer == todo[-1]:
+                raise _Done
+        return hook
+
+    hooks = [mlp_module(model, layer).down_proj.register_forward_pre_hook(accumulate(layer)) for layer in todo]
+    logged = progress is not False and not sys.stderr.isatty()
+    try:
+        for i in progress_bar(range(first, len(batches)), desc=f"second moments, layers {todo}", unit="batch",
+                              enabled=progress is not False, leave=False):
+            input_ids, attention_mask = encode_texts(tok, [texts[j] for j in batches[i]], max_length=max_length)
+            real["mask"] = attention_mask.to(device).bool()
+            try:
+                model.model(input_ids=input_ids.to(device), attention_mask=real["mask"].long(), use_cache=False)
+            except _Done:
+                pass
+            count += int(attention_mask.sum())
             if partial is not None and (i + 1) % save_every == 0:
                 _save(partial, {**{f"layer{l}": t for l, t in totals.items()},
                                 "count": torch.tensor(count), "next_batch": torch.tensor(i + 1)}, {})
+                if logged:
+                    log_line(f"second moments, layers {todo}: batch {i + 1}/{len(batches)}, {count:,} tokens")
+    finally:
+        for handle in hooks:
+            handle.remove()
     for layer in todo:
         found[layer] = (totals[layer] / count).to(torch.float32)
         if paths[layer] is not None:
-            _save(paths[layer], {"second_moment": found[layer].contiguous()}, {"tokens": str(count)})
+            _save(paths[layer], {"second_moment": found[layer].contiguous()},
+                  {"tokens": str(count), "documents": str(len(texts))})
     if partial is not None:
         partial.unlink(missing_ok=True)
     return {layer: found[layer] for layer in layers}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from factkernels import datasets
-from factkernels.datasets import BOOK_TEMPLATES, load_book_authors, natural_text
+from factkernels.datasets import BOOK_TEMPLATES, load_book_authors, natural_text, wikipedia_leads
 
 
 def test_shipped_pairs_are_distinct_and_ordered():
@@ -31,6 +31,16 @@ def test_shipped_text_splits():
     assert sum(len(t.split()) for t in stats + held_out) > 15000  # ≥ 20k SmolLM2 tokens
     with pytest.raises(ValueError, match="split must be one of"):
         natural_text("train")
+
+
+def test_shipped_wikipedia_leads_are_distinct_prose_in_a_fixed_order():
+    leads = wikipedia_leads()
+    assert len(leads) == 10033 == len(set(leads)) and all(t.strip() == t and t for t in leads)
+    assert sum(len(t) for t in leads) > 4_800_000  # 1.05M SmolLM2 tokens (benchmarks/results/hf/key_statistics.json)
+    assert wikipedia_leads(3) == leads[:3] and leads[0].startswith("The Phasmatodea are an order of insects")
+    for bad in (0, 10034):
+        with pytest.raises(ValueError, match="shipped Wikipedia leads"):
+            wikipedia_leads(bad)
 
 
 def test_shipped_slice_has_real_tokens_and_shapes():

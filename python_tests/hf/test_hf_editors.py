@@ -4,7 +4,7 @@ on a tiny random Llama."""
 import pytest
 import torch
 
-from factkernels import hf
+from factkernels import datasets, hf
 from factkernels.editing import hparams
 from factkernels.hf.editors import context_keys, edit
 from factkernels.hf.residual import residual_targets
@@ -262,6 +262,38 @@ def test_second_moments_match_captured_keys_and_cache_round_trips(llama, tmp_pat
     assert list(again) == [0, 2] and all(torch.equal(again[k], first[k]) for k in first)
     with pytest.raises(AssertionError, match="recomputed"):  # other text: another cache entry
         key_second_moments(model, tok, [0], texts=TEXTS[:2], cache_dir=tmp_path)
+
+
+def test_second_moments_stop_after_the_highest_layer_asked_for(llama, tmp_path):
+    model, tok = llama
+    both = key_second_moments(model, tok, [0, 1], texts=TEXTS, cache_dir=False, batch_size=5)
+    calls = []
+    handle = model.model.layers[2].register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        low = key_second_moments(model, tok, [0], texts=TEXTS, cache_dir=False, batch_size=3)
+    finally:
+        handle.remove()
+    assert not calls  # layer 2 never ran
+    torch.testing.assert_close(low[0], both[0], rtol=1e-5, atol=1e-7)  # other batch widths: float32 rounding
+
+
+def test_editors_take_c_from_the_hparams_corpus(llama, tmp_path):
+    from factkernels.hf import statistics
+
+    model, tok = llama
+    assert hparams("memit").mom2_dataset == "wikipedia" and hparams("rome").mom2_n_samples is None
+    assert statistics.mom2_texts("smollm2_text", 3) == datasets.natural_text("stats")[:3]
+    assert statistics.mom2_texts("wikipedia", 2) == datasets.wikipedia_leads(2)
+    result = edit(model, tok, REQUESTS[:1], method="memit", layers=[1], cache_dir=tmp_path, progress=False,
+                  mom2_dataset="smollm2_text", mom2_n_samples=3, **STRONG, **FEW)
+    result.restore()
+    tokens = int(hf.encode_texts(tok, datasets.natural_text("stats")[:3], max_length=2048)[1].sum())
+    assert result.report["stats_tokens"] == {1: tokens}
+    assert result.report["hparams"]["mom2_dataset"] == "smollm2_text"
+    with pytest.raises(ValueError, match="mom2_dataset must be one of"):
+        edit(model, tok, REQUESTS, method="memit", layers=[1], cache_dir=tmp_path, mom2_dataset="wikitext")
+    with pytest.raises(ValueError, match="mom2_n_samples must be in"):
+        statistics.mom2_texts("smollm2_text", 1000)
 
 
 @pytest.mark.parametrize("kwargs, message", [
