@@ -16,7 +16,8 @@ from typing import Optional, Union
 import torch
 
 from . import _ops, geometry
-from .decoder import OUTPUTS, check_decodable, choose_m, decoder_failures, jl_decoder, output_embeddings, verify_margins
+from .decoder import (OUTPUTS, check_decodable, choose_m, code_margins, decoder_failures, jl_decoder, output_embeddings,
+                      verify_margins)
 from .encoder import assemble, build_per_gadget, build_shared_gate, gadget_width
 from .memory import check_fits, estimate_build
 from .mlp import FactMLP
@@ -214,12 +215,18 @@ def construct(
             encoder = build_shared_gate(keys, targets, width_multiplier=width_multiplier, activation=activation,
                                         solver=chosen, generator=generator, backend=backend, gate_scale=gate_scale,
                                         cg_tol=cg_tol, cg_max_iter=cg_max_iter, progress=progress, gate=gate,
-                                        deferred=deferred)
+                                        deferred=deferred, codes=verify is not False)
         clock.lap("solve")
         mlp = assemble(encoder, decoder.projection, activation=activation, backend=backend,
                        key_transform=key_transform, value_transform=value_transform)
         clock.lap("assemble")
-        margins = verify_margins(mlp, K, V, facts) if verify is not False else None
+        if verify is False:
+            margins = None
+        elif encoder.codes is not None:  # the MLP's outputs are P·codes: decode those, no second forward pass
+            projection = decoder.projection if value_transform is None else value_transform @ decoder.projection
+            margins = code_margins(encoder.codes, projection, V, facts, backend=backend)
+        else:
+            margins = verify_margins(mlp, K, V, facts)
         clock.lap("verify")
         return encoder, mlp, margins
 

@@ -41,11 +41,24 @@ def jl_decoder(outputs: torch.Tensor, m: int, generator: torch.Generator) -> JLD
     return JLDecoder(projection, outputs @ projection)
 
 
+def code_margins(codes: torch.Tensor, projection: torch.Tensor, values: torch.Tensor, facts: torch.Tensor, *,
+                 backend: str = "auto") -> torch.Tensor:
+    """Decode margins (n,) of outputs y_i = P c_i given by their codes: codes (n, m), P = projection (d_out, m)
+    (the MLP's down-projection D, or W_V D with whitened values), values (|V|, d_out), facts (n,) int64 checked.
+
+    <P c_i, v_j> = <c_i, Pᵀ v_j>, so with m < d_out the scores are taken in the m-dimensional code space
+    against Pᵀ v_j (n·|V|·m instead of n·|V|·d_out multiply-adds); otherwise against v_j. A fact is stored
+    iff its margin is > 0 (NaN is not).
+    """
+    if projection.shape[1] < projection.shape[0]:
+        return _ops.decode(codes, values @ projection, facts, backend=backend, target_checked=True)[1]
+    return _ops.decode(codes @ projection.T, values, facts, backend=backend, target_checked=True)[1]
+
+
 def decoder_failures(decoder: JLDecoder, values: torch.Tensor, used: torch.Tensor, backend: str = "auto") -> int:
     """How many of the values ``used`` (indices, (k,)) do not decode to themselves from D c_j."""
-    decoded = decoder.codes[used] @ decoder.projection.T  # (k, d)
-    index, _ = _ops.decode(decoded, values, used, backend=backend)
-    return int((index != used).sum())
+    margins = code_margins(decoder.codes[used], decoder.projection, values, used, backend=backend)
+    return int((~(margins > 0)).sum())
 
 
 def jl_bound(rho: float, num_values: int, delta: float = 0.1) -> int:

@@ -24,9 +24,10 @@ from typing import Optional
 import torch
 
 from . import _ops
+from .memory import VERIFY_CHUNK
 from .mlp import FactMLP
 from .progress import progress_bar
-from .solvers import GadgetOperator, SolveInfo, cg_iterations_hint, solve_cg, solve_cholesky
+from .solvers import RESIDUAL_TOL, GadgetOperator, SolveInfo, cg_iterations_hint, solve_cg, solve_cholesky
 
 
 @dataclass
@@ -44,6 +45,9 @@ class GatedEncoder:
     output_bias: torch.Tensor
     gadget_width: int
     solve: SolveInfo
+    # (F, m) the encoder's outputs at the keys it was built on, when the build computed them (see
+    # :func:`build_shared_gate`): what verification decodes, and how far they miss the targets is the residual.
+    codes: Optional[torch.Tensor] = None
 
     @property
     def num_gadgets(self) -> int:
@@ -54,6 +58,27 @@ class GatedEncoder:
         """[A_j | b_A,j] per gadget: (m, h̃, d+1) (shared gate)."""
         up = torch.cat([self.up_weight, self.up_bias[:, None]], dim=1)
         return up.view(self.num_gadgets, self.gadget_width, -1)
+
+
+def encoder_codes(encoder: GatedEncoder, keys: torch.Tensor, *, activation: str, backend: str = "auto",
+                  features: Optional[torch.Tensor] = None, chunk: int = VERIFY_CHUNK) -> torch.Tensor:
+    """Outputs (n, m) of a shared-gate encoder at keys (n, d): enc_j(x) = Σ_r σ_r(x) [A_j | b_A,j]_r x̃ + b_E[j].
+
+    The assembled MLP computes D · enc(x), so these are its outputs before the (d_out, m) projection D:
+    one F·m·h̃(d+1) product instead of the MLP's two F·d·m·h̃ ones. features: the (n, h̃) gate features
+    of ``keys`` when already computed. Chunks of ``chunk`` keys bound the torch twin's (chunk, m·h̃) temporary.
+    """
+    if encoder.gate_weight.shape[0] != encoder.gadget_width:
+        raise ValueError("encoder_codes needs a shared gate (one gate row per gadget row); evaluate the assembled "
+                         "MLP instead")
+    coef = encoder.coefficients  # (m, h̃, d+1)
+    out = []
+    for lo in range(0, keys.shape[0], chunk):
+        x = keys[lo : lo + chunk]
+        s = (_ops.gate_features(x, encoder.gate_weight, encoder.gate_bias, activation, backend=backend)
+             if features is None else features[lo : lo + chunk])
+        out.append(_ops.gadget_matvec(s, augment(x), coef, backend=backend))
+    return torch.cat(out).add_(encoder.output_bias)
 
 
 def assemble(
@@ -134,6 +159,7 @@ def build_shared_gate(
     gate: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     features: Optional[torch.Tensor] = None,
     deferred: bool = False,
+    codes: bool = False,
 ) -> GatedEncoder:
     """Encoder with one shared gate: keys (F, d), targets (F, m) -> :class:`GatedEncoder`.
 
@@ -141,7 +167,11 @@ def build_shared_gate(
     gate: a given (gate_weight (h̃, d), gate_bias (h̃,)) instead of a sampled one.
     features: precomputed (F, h̃) gate features of that gate (e.g. σ'(K Gᵀ + b) for the
         non-gated gadget of :mod:`factkernels.nongated`); default σ(K Gᵀ + b) with ``activation``.
-    deferred: the Cholesky solve decides nothing on the host (see :func:`solve_cholesky`).
+    deferred: the Cholesky solve decides nothing on the host (see :func:`solve_cholesky`); its residual is
+        measured on the weights, ||enc(K) − O|| / ||O|| (the dual residual ||Gα − O|| / ||O|| in exact
+        arithmetic, without a second pass over the F×F Gram), and ``solve.accepted`` also asks it to be
+        <= RESIDUAL_TOL. Implies ``codes``.
+    codes: also return the encoder's outputs at the keys (``encoder.codes``, (F, m)), e.g. for verification.
     """
     num_facts, d = keys.shape
     if features is not None and gate is None:
@@ -164,7 +194,7 @@ def build_shared_gate(
         raise ValueError(f"solver must be 'cholesky' or 'cg' here, got {solver!r}")
     coef, out_bias = op.unknowns(alpha)  # (m, h̃, d+1), (m,)
     m = coef.shape[0]
-    return GatedEncoder(
+    encoder = GatedEncoder(
         gate_weight=gate_weight,
         gate_bias=gate_bias,
         up_weight=coef[:, :, :d].reshape(m * width, d).contiguous(),
@@ -173,6 +203,12 @@ def build_shared_gate(
         gadget_width=width,
         solve=info,
     )
+    if codes or deferred:
+        encoder.codes = encoder_codes(encoder, keys, activation=activation, backend=backend, features=features)
+    if deferred:
+        info.residual = (encoder.codes - targets).norm() / targets.norm().clamp_min(1e-300)
+        info.accepted = info.accepted & (info.residual <= RESIDUAL_TOL)
+    return encoder
 
 
 def build_per_gadget(
@@ -253,4 +289,4 @@ def two_hot_gadgets(targets: torch.Tensor, dim: int) -> torch.Tensor:
     return up
 
 
-__all__ = ["GatedEncoder", "two_hot_keys", "two_hot_gadgets", "assemble", "build_shared_gate", "build_per_gadget", "gadget_width", "sample_gate", "augment"]
+__all__ = ["GatedEncoder", "encoder_codes", "two_hot_keys", "two_hot_gadgets", "assemble", "build_shared_gate", "build_per_gadget", "gadget_width", "sample_gate", "augment"]

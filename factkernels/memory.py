@@ -154,7 +154,7 @@ def estimate_build(
     if verify:
         rows = min(num_facts, VERIFY_CHUNK)
         activations = 0 if fused_forward else 3 * hidden
-        est.add("verification", num_facts * 8 + rows * (d_out + activations) * item, "m")
+        est.add("verification", num_facts * (8 + m * item) + rows * (d_out + activations) * item, "m")
     est.add("keys and values", (num_facts * d_in + num_values * d_out) * item, "K")
     return est
 

@@ -130,8 +130,9 @@ class SolveInfo:
     precision: str
     residual: float
     iterations: int = 0
-    # A deferred solve (no host sync) holds its residual as a 0-dim tensor and here whether it
-    # passed (factored and residual <= tol); the caller settles both with its final report.
+    # A deferred solve (no host sync) holds its residual as a 0-dim tensor (measured on the weights by
+    # build_shared_gate) and here whether it passed (factored and residual <= tol); the caller settles
+    # both with its final report.
     accepted: Optional[torch.Tensor] = None
 
 
@@ -139,15 +140,11 @@ def relative_residual(op: GadgetOperator, alpha: torch.Tensor, targets: torch.Te
                       gram: Optional[torch.Tensor] = None) -> float:
     """||M̃ M̃ᵀ α − O|| / ||O||, with the dense Gram when given (in its own precision)."""
     if gram is not None:
-        return float(_dense_residual(gram, alpha, targets))
+        r = targets - gram @ alpha.to(gram.dtype)
+        return float(r.norm() / targets.norm().clamp_min(1e-300))
     r = targets - op.matmul(alpha)
     sums = op.total(torch.stack([r.square().sum(), targets.square().sum()]))
     return float(sums[0].sqrt() / sums[1].sqrt().clamp_min(1e-300))
-
-
-def _dense_residual(gram: torch.Tensor, alpha: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """0-dim ||O − G α|| / ||O|| in the Gram's precision, on its device (no host sync)."""
-    return (targets - gram @ alpha.to(gram.dtype)).norm() / targets.norm().clamp_min(1e-300)
 
 
 def _factor_solve(factor: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
@@ -163,17 +160,16 @@ def solve_cholesky(op: GadgetOperator, targets: torch.Tensor, *, tol: float = RE
     targets: (F, m) codes o_j as columns -> α (F, m). In float32, a residual
     above ``tol`` is refined against the float64 residual and, if still too
     large (or the factorization fails), the solve is redone in float64.
-    deferred: decide nothing on the host: return the first solve with ``info.residual`` a
-    0-dim tensor and ``info.accepted`` whether it factored with a residual <= tol; a caller
-    that finds it not accepted (when it reads its report) solves again without ``deferred``.
+    deferred: decide nothing on the host: return the first solve with ``info.accepted`` (a 0-dim
+    tensor) whether it factored, and no residual (nan): the caller measures it on the weights it
+    forms anyway (:func:`factkernels.encoder.build_shared_gate`), folds ``residual <= tol`` into
+    ``accepted`` and, finding it not accepted when it reads its report, solves again without ``deferred``.
     """
     gram = op.dense()
     precision = str(gram.dtype).replace("torch.", "")
     factor, info = torch.linalg.cholesky_ex(gram)
     if deferred:
-        alpha = _factor_solve(factor, targets)
-        residual = _dense_residual(gram, alpha, targets)
-        return alpha, SolveInfo("cholesky", precision, residual, accepted=(info == 0) & (residual <= tol))
+        return _factor_solve(factor, targets), SolveInfo("cholesky", precision, float("nan"), accepted=info == 0)
     alpha = None
     if int(info) == 0:
         alpha = _factor_solve(factor, targets)

@@ -1,11 +1,13 @@
-"""encoder.py: two-hot gadgets (Construction 4.1), one assembly for every builder, given gate features."""
+"""encoder.py: two-hot gadgets (Construction 4.1), one assembly for every builder, given gate features, the
+encoder's outputs at its keys (verification and the deferred residual)."""
 
 import pytest
 import torch
 
 from factkernels import _ops
-from factkernels.decoder import jl_decoder
-from factkernels.encoder import assemble, augment, build_shared_gate, sample_gate, two_hot_gadgets, two_hot_keys
+from factkernels.decoder import code_margins, jl_decoder, verify_margins
+from factkernels.encoder import (assemble, augment, build_shared_gate, encoder_codes, sample_gate, two_hot_gadgets,
+                                 two_hot_keys)
 
 
 def test_two_hot_keys_are_every_ordered_pair():
@@ -65,3 +67,51 @@ def test_assemble_is_decoder_times_encoder_with_whitening_folded(small_facts):
     w_value = torch.diag(torch.linspace(1.0, 3.0, V.shape[1], dtype=K.dtype))
     folded = assemble(enc, decoder.projection, activation="silu", key_transform=w_key, value_transform=w_value)
     torch.testing.assert_close(folded(K @ torch.linalg.inv(w_key)), mlp(K) @ w_value.T)
+
+
+def test_encoder_codes_are_the_mlp_outputs_before_the_projection(small_facts):
+    K, V, f = small_facts
+    gen = torch.Generator().manual_seed(4)
+    decoder = jl_decoder(V, 8, gen)
+    enc = build_shared_gate(K, decoder.codes[f], width_multiplier=1.5, activation="gelu", solver="cholesky",
+                            generator=gen, codes=True)
+    mlp = assemble(enc, decoder.projection, activation="gelu")
+    for chunk in (7, 4096):  # chunked or not, the same outputs
+        codes = encoder_codes(enc, K, activation="gelu", chunk=chunk)
+        torch.testing.assert_close(codes @ decoder.projection.T, mlp(K))
+    torch.testing.assert_close(enc.codes, codes)
+    torch.testing.assert_close(enc.codes, decoder.codes[f], rtol=1e-8, atol=1e-8)  # float64 keys: stored exactly
+
+
+def test_a_deferred_solve_measures_its_residual_on_the_weights(medium_facts):
+    # ||enc(K) − O|| / ||O|| is the dual residual ||Gα − O|| / ||O|| in exact arithmetic: float32 keeps both small
+    K, V, f = medium_facts
+    gen = torch.Generator().manual_seed(5)
+    targets = jl_decoder(V, 24, gen).codes[f]
+    gate = sample_gate(K, 12, gen)
+    enc = build_shared_gate(K, targets, width_multiplier=1.5, activation="silu", solver="cholesky",
+                            generator=gen, gate=gate, deferred=True)
+    assert bool(enc.solve.accepted) and enc.codes.shape == targets.shape
+    residual = float(enc.solve.residual)
+    torch.testing.assert_close(residual, float((enc.codes - targets).norm() / targets.norm()))
+    exact = build_shared_gate(K.double(), targets.double(), width_multiplier=1.5, activation="silu",
+                              solver="cholesky", generator=gen, gate=(gate[0].double(), gate[1].double()))
+    assert exact.solve.residual < 1e-10 and 0 < residual < 1e-4
+
+
+@pytest.mark.parametrize("m", [8, 40])  # scores in the code space (m < d_out = 16), or in the value space
+def test_code_margins_are_the_margins_of_the_assembled_mlp(small_facts, m):
+    K, V, f = small_facts
+    gen = torch.Generator().manual_seed(6)
+    decoder = jl_decoder(V, m, gen)
+    enc = build_shared_gate(K, decoder.codes[f], width_multiplier=1.5, activation="silu", solver="cholesky",
+                            generator=gen, codes=True)
+    w_value = torch.diag(torch.linspace(1.0, 3.0, V.shape[1], dtype=K.dtype))
+    for transform in (None, w_value):
+        mlp = assemble(enc, decoder.projection, activation="silu", value_transform=transform)
+        projection = decoder.projection if transform is None else transform @ decoder.projection
+        margins = code_margins(enc.codes, projection, V, f)
+        torch.testing.assert_close(margins, verify_margins(mlp, K, V, f))
+    nan_codes = enc.codes.clone()
+    nan_codes[0, 0] = float("nan")
+    assert not bool(code_margins(nan_codes, decoder.projection, V, f)[0] > 0)  # NaN is never stored
