@@ -329,13 +329,6 @@ def hf_insert() -> str:
     return _rows(header, rows) + _source(*paths)
 
 
-def real_lm_editing() -> str:
-    from factkernels.experiments.real_lm_editing import markdown_table
-
-    path = f"{RESULTS}/experiments/real-lm-editing/summary.json"
-    return markdown_table(load(path)["summary"], best_only=True) + _source(path)
-
-
 # --- capacity ---------------------------------------------------------------------------------------------
 
 SCALING = f"{RESULTS}/experiments-seed/scaling/summary.json"
@@ -670,7 +663,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "rgr-regular": rgr_regular,
     "rgr-softmax": rgr_softmax,
     "hf-insert": hf_insert,
-    "real-lm-editing": real_lm_editing,
     "claims-counts": claims_counts,
     "claims-capacity": claims_of("rho-vs-cost", "whitening", "scaling", "hybrids", "ntk-ustar", "method-costs"),
     "claims-attention": claims_of("rgr-budget", "rgr-diagonal", "rgr-regular", "rgr-softmax", "rgr-value",

@@ -24,7 +24,7 @@ from .capacity import methods as cost_methods
 from .embeddings import FAMILIES, load_facts, load_matrix, random_fact_set
 from .attention.key_budget import t_interval
 from .attention.train_heads import OBJECTIVES, TrainingConfig, train_runs
-from .experiments import claims, cost_cells, engine, rgr_cells, rgr_search
+from .experiments import claims, cost_cells, engine, real_lm_editing, rgr_cells, rgr_search
 from .solvers import SOLVERS
 
 
@@ -263,13 +263,32 @@ def _add_capacity_command(sub: argparse._SubParsersAction) -> None:
     cap.set_defaults(handler=_run_capacity)
 
 
+def _real_lm_grid(args: argparse.Namespace) -> Optional[list[dict]]:
+    """The real-lm-editing grid of ``--methods ... --sizes ...`` (None when no grid option is given: the scale's)."""
+    if args.experiment != real_lm_editing.NAME or args.methods is None:
+        if args.experiment == real_lm_editing.NAME and (args.hparams or args.protocols):
+            raise ValueError("--hparams and --protocols need --methods")
+        return None
+    settings = json.loads(args.hparams) if args.hparams else {}
+    protocols = json.loads(args.protocols) if args.protocols else {}
+    if not isinstance(settings, dict) or not isinstance(protocols, dict):
+        raise ValueError('--hparams and --protocols take a JSON object by method, e.g. {"memit": {"mom2_weight": 150}}')
+    return real_lm_editing.grid([m.strip() for m in args.methods.split(",")], real_lm_editing.parse_sizes(args.sizes),
+                                kind=args.kind, split=args.split, draws=args.draws, settings=settings,
+                                protocols=protocols)
+
+
 def _run_experiment(args: argparse.Namespace) -> int:
     scale = "quick" if args.quick else args.scale
     with _reading_input():
         shard, only = engine.parse_shard(args.shard), engine.parse_fields(args.only)
         overrides = engine.parse_fields(args.set, "--set")
+        grid = _real_lm_grid(args)
     result = engine.run(args.experiment, args.out, scale=scale, shard=shard, resume=args.resume, threads=args.threads,
-                        quiet=args.quiet, only=only, overrides=overrides, device=args.device)
+                        quiet=args.quiet, only=only, overrides=overrides, device=args.device, grid=grid)
+    if grid is not None and result.summary is not None:  # the summary covers every cell in the folder
+        result.summary, files = engine.summarize_dir(args.experiment, args.out)
+        result.files[:] = files
     print(f"{result.experiment} ({scale}): {result.total} cells, ran {result.ran}, kept {result.kept}, "
           f"missing {result.missing}")
     if result.summary is None:
@@ -334,7 +353,22 @@ def _add_experiment_commands(experiment_subparsers: argparse._SubParsersAction) 
         p.add_argument("--quiet", action="store_true", help="no progress bars")
         p.add_argument("--device", default="cpu", help=f"where the cells compute: one of {list(experiment.devices)} "
                        "(e.g. cuda, cuda:1); recorded in each cell, not part of its key")
+        if name == real_lm_editing.NAME:
+            _add_real_lm_options(p)
         p.set_defaults(handler=_run_experiment)
+
+
+def _add_real_lm_options(p: argparse.ArgumentParser) -> None:
+    """real-lm-editing's grid: every method x size x draw (replaces --scale's grid)."""
+    p.add_argument("--methods", default=None,
+                   help=f"comma-separated, of {', '.join(real_lm_editing.METHODS)} (gives the grid; else --scale's)")
+    p.add_argument("--sizes", default="10,100,all", help="edits at once per cell: ints or 'all', comma-separated")
+    p.add_argument("--kind", choices=real_lm_editing.KINDS, default="known", help="known facts or invented subjects")
+    p.add_argument("--split", choices=("validation", "test"), default="test")
+    p.add_argument("--draws", type=_int_list, default=[0, 1, 2], help="draw indices (validation: 0)")
+    p.add_argument("--hparams", default=None, help='settings by method, JSON: {"memit": {"mom2_weight": 150}} or a '
+                   'list of settings per method (a sweep); ours: hf.insert_facts keyword arguments')
+    p.add_argument("--protocols", default=None, help='protocols by method, JSON: {"rome": ["sequential", "single"]}')
 
 
 def _run_rgr_train(args: argparse.Namespace) -> int:

@@ -1,92 +1,161 @@
-"""Issue 12 part 6: facts into a real pretrained LM — insertion by construction vs ROME, MEMIT, AlphaEdit.
+"""Issue 32 part 5: the editing benchmark on a real LM — every method, one cell at a time.
 
-One cell = (method, n_facts, layer, seed) on one model: ``hf.book_requests(n_facts, seed)``
-(counterfactual authors for shipped book titles) are written into the model by ``method``, scored by
-the one ``hf.evaluate`` (efficacy, paraphrase, neighborhood, their harmonic mean "score", perplexity
-ratio and mean KL against the unedited model on the held-out ``natural_text("eval")``), and undone
-(``Insertion.remove`` / ``EditResult.restore``) before the next cell. ``layer`` is the insertion
-layer for "ours" (a sweep) and the published default layers for the editors (layer = -1).
+A cell edits one draw of the editing benchmark (:mod:`factkernels.datasets.editing_benchmark`) with one
+method and scores it with :mod:`factkernels.hf.metrics` against the unedited model on the same cases, then
+restores the model. Its config (the cell's file name is a hash of it, so a finished cell is never redone):
 
-Editors run a grid (``EDITOR_GRIDS``, cut from the seed's App. A.3.4 grids for CPU time): their
-update-rule setting in full (MEMIT's λ, AlphaEdit's null-space tolerance) at the published
-residual step and at a stronger one (100 Adam steps at lr 0.5). Cells of one residual step share
-δ (``hf.edit(targets=...)`` within a process; its chunks in ``OUT/NAME/partial/shared-*.safetensors``
-across processes, until the grid is complete), so a grid costs one δ per residual step, and MEMIT and
-AlphaEdit share theirs (same last layer and clamp); ``edit_seconds`` always counts that δ, as a
-standalone edit would. The comparison takes each
-method's best grid point by score, as the seed's editing protocol does.
+    {"model": "smollm2-135m" | "tiny",
+     "method": "unedited" | a real-model method of factkernels.editing.METHODS ("ours" is hf.insert_facts),
+     "settings": {...},          # ours: hf.insert_facts keyword arguments; editors: hyperparameter overrides
+     "kind": "known" | "new", "split": "validation" | "test", "draw": 0..2 (validation: 0),
+     "n": 10 | 100 | "all",      # the first n cases of the draw, edited at once
+     "protocol": ...}            # see PROTOCOLS
 
-Scales: tiny — a 3-layer random Llama built from a LlamaConfig with a word-level tokenizer over the
-requests' and texts' words (CI seconds; no numbers worth reading); quick — SmolLM2-135M, 10 facts,
-every method, ours with target-position keys at three layers and subject keys at layers 5 and 10;
-seed — SmolLM2-135M, 10/100/1,000 facts, ours at six layers (target keys) and two (subject keys).
+Protocols: "batch" edits every case's requests in one call (ours, MEMIT, GRACE, WISE); "sequential" is the
+same call for the editors that edit in steps (ROME one request at a time on the model edited so far,
+AlphaEdit batches of ``batch_size``); "single" edits each case alone, scores it and restores (ROME's
+published single-edit protocol), the cell's scores the means over cases. Every method gets the same
+requests: each case's new object under each of its relation's edit templates (``metrics.case_requests``).
+
+Result: {"scores": score_cases' dict (every metric, its "unedited" values, by relation and template),
+"seconds" ({"edit", "edit_cpu", "score", "baseline", "baseline_cpu"}: wall and process CPU seconds of the
+edit, of scoring it and of the unedited model's scores when this process computed them), "report" (what the method reports: hparams, layers,
+units, NLLs), "requests", "generate", "load_average"}; the engine adds the config, wall seconds, device and
+environment. The unedited model's scores of a draw are computed once per process (``_baseline``);
+"unedited" cells write them, and a grid runs each draw's cells in a row.
+
+    factkernels experiment real-lm-editing --out benchmarks/results/experiments --methods unedited,ours \
+        --sizes 10 --kind known --split test --draws 0,1,2 --resume
+    factkernels experiment real-lm-editing --methods memit --sizes 100 --split validation --draws 0 \
+        --hparams '{"memit": [{"mom2_weight": 150}, {"mom2_weight": 1500}]}' --resume
+
+Scales (``--scale``, when no grid options are given): tiny — a random 3-layer Llama with a word-level
+tokenizer, 4 cases, every method (CI seconds; no numbers worth reading); quick — SmolLM2-135M, every method
+at 10 known facts of each test draw; seed — every method at 10, 100 and all known facts of each test draw. Summaries and figures: :mod:`.real_lm_editing_report`.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from functools import lru_cache
-from typing import Any, Optional
+from typing import Any, Optional, Sequence, Union
 
-from ..editing import hparams as _hparams, method_names
-from . import engine
+from ..editing import method_names
+from . import engine, real_lm_editing_report as report
 
 NAME = "real-lm-editing"
-METHODS = ("ours", *method_names(real_lm=True, kind="weights"))
-EDITOR_LAYERS = -1  # "the editor's published default layers"
-METRICS = ("efficacy", "paraphrase", "neighborhood", "score", "perplexity_ratio", "kl_mean", "edit_seconds")
-# Residual steps: the published one ({}) and a stronger one; per method, the update-rule grid (the seed's
-# App. A.3.4 values, MEMIT's published λ rescaled to SmolLM2's MLP width first; AlphaEdit's published threshold
-# 2e-2 in place of the seed grid's 1e-2).
-STRONG_STEP = {"steps": 100, "lr": 0.5}
-MEMIT_LAMBDA = _hparams("memit", num_layers=30, mlp_width=1536).mom2_weight  # 1.5e4 · 1536 / 16384
-EDITOR_GRIDS: dict[str, list[dict]] = {
-    "rome": [{}, STRONG_STEP],
-    "memit": [{**step, "mom2_weight": lam} for step in ({}, STRONG_STEP) for lam in (MEMIT_LAMBDA, 1.5e4, 1.5e2, 1.0)],
-    "alphaedit": [{**step, "nullspace_threshold": tol} for step in ({}, STRONG_STEP) for tol in (2e-2, 1.0, 10.0)],
-}
+MODEL = "smollm2-135m"
+METHODS = ("unedited", *method_names(real_lm=True))
+EDITORS = tuple(m for m in METHODS if m not in ("unedited", "ours"))
+KINDS = ("known", "new")
+SIZES = (10, 100, "all")
+DEFAULT_PROTOCOL = {"unedited": "none", "rome": "sequential", "alphaedit": "sequential"}
+PROTOCOLS = ("none", "batch", "sequential", "single")
+GENERATE = 50
+"""Cases whose generations are scored for fluency and consistency (the first of each cell)."""
+OURS_SETTINGS = {"keys": "subject", "layer": 10}
+"""Our insertion's settings when a grid names none: subject keys at layer 10 (validation draw, issue 32)."""
+TINY_SETTINGS = {"ours": {**OURS_SETTINGS, "layer": 1, "value_steps": 10}, "rome": {"layers": [1], "steps": 10, "prefixes": [[4, 2]]},
+                 "memit": {"layers": [1], "steps": 10, "prefixes": [[4, 2]]},
+                 "alphaedit": {"layers": [1], "steps": 10, "prefixes": [[4, 2]], "batch_size": 10},
+                 "grace": {"layer": 1, "steps": 10}, "wise": {"layer": 1, "steps": 10}}
+"""The tiny model's settings (layers it has, few steps)."""
+TINY_CASES = 4
 
 
-def _grid(scale: str) -> list[dict]:
-    if scale == "tiny":
-        model, sizes, our_layers, subject_layers = "tiny", (4,), (2, 1), (1,)
-    elif scale == "quick":
-        model, sizes, our_layers, subject_layers = "smollm2-135m", (10,), (29, 20, 10), (5, 10)
-    else:
-        model, sizes, our_layers, subject_layers = "smollm2-135m", (10, 100, 1000), (29, 25, 20, 15, 10, 5), (5, 10)
+def default_protocol(method: str) -> str:
+    return DEFAULT_PROTOCOL.get(method, "batch")
+
+
+def cell(method: str, *, n: Union[int, str], kind: str = "known", split: str = "test", draw: int = 0,
+         settings: Optional[dict] = None, protocol: Optional[str] = None, model: str = MODEL) -> dict:
+    """One cell's config, validated (see the module docstring); settings None: the method's defaults (ours:
+    :data:`OURS_SETTINGS`)."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if not (n == "all" or (isinstance(n, int) and not isinstance(n, bool) and n >= 1)):
+        raise ValueError(f"n must be a positive int or 'all', got {n!r}")
+    protocol = default_protocol(method) if protocol is None else protocol
+    allowed = ("none",) if method == "unedited" else (default_protocol(method), "single")
+    if protocol not in allowed:
+        raise ValueError(f"protocol of {method} must be one of {allowed}, got {protocol!r}")
+    if settings is None:
+        settings = dict(OURS_SETTINGS) if method == "ours" else {}
+    if method == "unedited" and settings:
+        raise ValueError(f"the unedited model takes no settings, got {settings}")
+    return {"model": model, "method": method, "settings": settings, "kind": kind, "split": split, "draw": draw,
+            "n": n, "protocol": protocol}
+
+
+def grid(methods: Sequence[str], sizes: Sequence[Union[int, str]], *, kind: str = "known", split: str = "test",
+         draws: Sequence[int] = (0, 1, 2), settings: Optional[dict] = None, protocols: Optional[dict] = None,
+         model: str = MODEL) -> list[dict]:
+    """Cells of every method × size × draw. settings: {method: settings dict or a list of them (a sweep)};
+    protocols: {method: protocol or list of protocols} (default each method's own)."""
+    settings, protocols = settings or {}, protocols or {}
+    unknown = (set(settings) | set(protocols)) - set(methods)
+    if unknown:
+        raise ValueError(f"settings or protocols name methods not in the grid: {sorted(unknown)}")
     cells = []
     for n in sizes:
-        ours = [{"model": model, "method": "ours", "n_facts": n, "layer": layer, "seed": 0} for layer in our_layers]
-        # keys at the subject's last token (ROME's key), values through the model: the way to paraphrases
-        ours += [{"model": model, "method": "ours", "n_facts": n, "layer": layer, "seed": 0, "position": "subject"}
-                 for layer in subject_layers]
-        grids = {m: g[:2] for m, g in EDITOR_GRIDS.items()} if scale == "tiny" else EDITOR_GRIDS  # CI: reuse once
-        editors = [_editor_cell(model, m, n, hp) for m in METHODS[1:] for hp in grids[m]]
-        cells += ours[:1] + editors + ours[1:]  # the comparison first, the rest of the sweep after
+        for d in draws:  # a draw's cells in a row: its unedited scores are computed once
+            for method in methods:
+                points = settings.get(method, [None])
+                ways = protocols.get(method, [None])
+                for point in points if isinstance(points, list) else [points]:
+                    for protocol in ways if isinstance(ways, list) else [ways]:
+                        cells.append(cell(method, n=n, kind=kind, split=split, draw=d, settings=point,
+                                          protocol=protocol, model=model))
     return cells
 
 
-def _editor_cell(model: str, method: str, n: int, hparams: dict) -> dict:
-    """An editor's cell; the published setting (the first grid point) carries no "hparams" key."""
-    defaults = _published(method)
-    published = {k: v for k, v in hparams.items() if v != defaults.get(k)}
-    cell = {"model": model, "method": method, "n_facts": n, "layer": EDITOR_LAYERS, "seed": 0}
-    return cell | ({"hparams": published} if published else {})
+def _scale_grid(scale: str) -> list[dict]:
+    if scale == "tiny":
+        tiny = grid(METHODS, [TINY_CASES], draws=[0], settings=TINY_SETTINGS, model="tiny")
+        return tiny + [cell("rome", n=TINY_CASES, protocol="single", settings=TINY_SETTINGS["rome"], model="tiny")]
+    if scale == "quick":
+        return grid(METHODS, [10])
+    return grid(METHODS, SIZES)
 
 
-def _published(method: str) -> dict:
-    """The method's published settings moved to SmolLM2-135M (30 layers, MLP width 1,536)."""
-    from ..editing import as_dict, hparams
+def _draw(config: dict) -> list:
+    from ..datasets.editing_benchmark import known_draw, new_knowledge_draw
 
-    return as_dict(hparams(method, num_layers=30, mlp_width=1536))
+    n = None if config["n"] == "all" else config["n"]
+    make = known_draw if config["kind"] == "known" else new_knowledge_draw
+    return make(config["split"], config["draw"], n=n)
 
 
-def _tiny_model(words: tuple[str, ...]) -> tuple[Any, Any]:
-    """A random 3-layer Llama (d=32, SwiGLU 64, initializer_range 0.2) with a word-level tokenizer over ``words``."""
+def _texts(split: str, tiny: bool) -> list[str]:
+    """The shipped text of ``split``; at tiny scale four 40-word snippets of it."""
+    from ..datasets import natural_text
+
+    texts = natural_text(split)
+    return [" ".join(t.split()[:40]) for t in texts[:4]] if tiny else texts
+
+
+@lru_cache(maxsize=1)
+def _tiny_words() -> tuple[str, ...]:
+    """Every word the tiny model may meet: the benchmark's templates, prefixes, facts and the tiny texts."""
+    from ..datasets.editing_benchmark import known_fact_candidates, prefixes, relations
+
+    text = [t for r in relations().values() for t in r.edit + r.held_out]
+    text += prefixes("edit") + prefixes("held_out") + _texts("eval", True) + _texts("stats", True)
+    text += [f"{f.subject} {f.object}" for f in known_fact_candidates()]
+    return tuple(sorted({w.lower() for t in text for w in t.replace("{}", " ").split()}))
+
+
+def _tiny_model() -> tuple[Any, Any]:
+    """A random 3-layer Llama (d=32, SwiGLU 64, initializer_range 0.2) with a word-level tokenizer."""
     import tokenizers
     import torch
     import transformers
 
-    vocab = {w: i for i, w in enumerate(("[UNK]", "[PAD]", *words))}
+    vocab = {w: i for i, w in enumerate(("[UNK]", "[PAD]", *_tiny_words()))}
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
     backend.normalizer = tokenizers.normalizers.Lowercase()
     backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
@@ -99,240 +168,139 @@ def _tiny_model(words: tuple[str, ...]) -> tuple[Any, Any]:
 
 
 @lru_cache(maxsize=1)
-def _model(name: str, words: tuple[str, ...] = ()) -> tuple[Any, Any]:
-    """The cell's model, loaded once per process (cells always leave it unedited)."""
+def model_for(name: str) -> tuple[Any, Any]:
+    """(model, tokenizer) of a cell, loaded once per process and put on the run's device (cells always leave
+    it unedited)."""
     from .. import hf
 
-    return _tiny_model(words) if name == "tiny" else hf.load(name)
+    model, tok = _tiny_model() if name == "tiny" else hf.load(name)
+    return model.to(engine.cell_device()), tok
 
 
-def _texts(split: str, tiny: bool) -> list[str]:
-    """The shipped text of ``split``; at tiny scale four 40-word snippets of it."""
-    from ..datasets import natural_text
-
-    texts = natural_text(split)
-    return [" ".join(t.split()[:40]) for t in texts[:4]] if tiny else texts
+_BASELINES: dict[str, tuple[Any, dict]] = {}
 
 
-def _setup(config: dict) -> tuple[Any, list[str], Any, Any]:
-    """(request set, held-out texts, model, tokenizer) of a cell; the model is shared by every cell."""
+def _baseline(config: dict, model: Any, tok: Any, cases: list, texts: list[str]) -> tuple[Any, dict]:
+    """The unedited model's :class:`~factkernels.hf.metrics.Baseline` of the cell's cases and the seconds it
+    took ({"baseline": wall, "baseline_cpu": process CPU}), computed once per process per (model, kind, split,
+    draw, n)."""
+    import torch
+
+    from ..hf.metrics import record_baseline
+
+    key = json.dumps([config[k] for k in ("model", "kind", "split", "draw", "n")])
+    if key not in _BASELINES:  # a few MB each (the text reference's top-k), so every draw's is kept
+        wall, cpu = time.perf_counter(), time.process_time()
+        with torch.no_grad():
+            base = record_baseline(model, tok, cases, texts=texts, generate=GENERATE)
+        _BASELINES[key] = (base, {"baseline": time.perf_counter() - wall, "baseline_cpu": time.process_time() - cpu})
+    return _BASELINES[key]
+
+
+def _edit(config: dict, model: Any, tok: Any, requests: list, tiny: bool):
+    """Apply the cell's method for ``requests``: (undo, report dict)."""
     from .. import hf
 
-    tiny = config["model"] == "tiny"
-    facts = hf.book_requests(config["n_facts"], seed=config["seed"], paraphrases_per_fact=1 if tiny else 2)
-    texts = _texts("eval", tiny)
-    words: tuple[str, ...] = ()
-    if tiny:
-        everything = [r.text + r.target_new for r in facts.requests + facts.paraphrases] + list(facts.neighborhood)
-        words = tuple(sorted({w.lower() for t in everything + texts + _texts("stats", True) for w in t.split()}))
-    model, tok = _model(config["model"], words)
-    return facts, texts, model, tok
+    method, settings = config["method"], dict(config["settings"])
+    if method == "ours":
+        applied = hf.insert_facts(model, tok, requests, progress=False, background=_texts("stats", tiny), **settings)
+        return applied.remove, {k: v for k, v in applied.report.to_dict().items() if k != "margins"}
+    stats = None
+    if tiny and method in ("rome", "memit", "alphaedit"):  # tiny vocabulary: C from the tiny texts
+        from ..hf.statistics import key_second_moments
+
+        stats = key_second_moments(model, tok, settings["layers"], texts=_texts("eval", True), cache_dir=False)
+    applied = hf.edit(model, tok, requests, method=method, stats=stats, progress=False, **settings)
+    return applied.restore, applied.report
 
 
-# δ of the last residual step run in this process: (ResidualTargets, seconds it took).
-_SHARED_TARGETS: dict[tuple, tuple[Any, float]] = {}
+def _timed_edit(config: dict, model: Any, tok: Any, requests: list, tiny: bool):
+    """(undo, report, {"edit": wall s, "edit_cpu": process CPU s})."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    undo, method_report = _edit(config, model, tok, requests, tiny)
+    return undo, method_report, {"edit": time.perf_counter() - wall, "edit_cpu": time.process_time() - cpu}
 
 
-def residual_step_key(config: dict, model: Any, hparams: dict) -> tuple:
-    """What δ depends on: model, facts, the layer it is trained at (the method's last edited layer), what its
-    norm is clamped against (ROME: the MLP output; MEMIT, AlphaEdit: the layer output) and the residual-step
-    settings; not the method, so MEMIT and AlphaEdit cells with one last layer and step share one δ.
-    Public: ``benchmarks/memit_null_directions.py`` shares δ across methods by the same key."""
-    from ..hf.editors import resolve_hparams
+def _single(config: dict, model: Any, tok: Any, cases: list, base: Any, texts: list[str], tiny: bool):
+    """Each case edited alone, scored and restored: (mean scores over cases, seconds summed, reports)."""
+    from dataclasses import replace
 
-    hp = resolve_hparams(model, config["method"], None, hparams)
-    return (config["model"], config["n_facts"], config["seed"], int(hp.layers[-1]),
-            "mlp" if config["method"] == "rome" else "layer", repr(sorted(hp.residual_settings().items())))
+    from ..hf.metrics import KINDS, case_requests, harmonic_mean, score_cases
+
+    per_case, seconds, reports = [], {"edit": 0.0, "edit_cpu": 0.0}, []
+    for i, case in enumerate(cases):
+        undo, method_report, spent = _timed_edit(config, model, tok, case_requests([case]), tiny)
+        try:
+            own = replace(base, generate=1 if i < base.generate else 0)
+            per_case.append(score_cases(model, tok, [case], own, texts=texts))
+        finally:
+            undo()
+        seconds = {k: seconds[k] + spent[k] for k in seconds}
+        reports.append(method_report)
+    numeric = [k for k, v in per_case[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    scores: dict = {}
+    for k in numeric + ["fluency", "consistency"]:
+        values = [s[k] for s in per_case if k in s and s[k] == s[k]]  # NaN: the case had no such prompt
+        if values:
+            scores[k] = sum(values) / len(values)
+    scores["num_cases"] = len(cases)
+    scores["score"] = harmonic_mean([scores[f"{k}_score"] for k in KINDS])
+    scores["consistency_cases"] = sum(s.get("consistency_cases", 0) for s in per_case)
+    scores["unedited"] = per_case[0]["unedited"]
+    return scores, seconds, {"per_case": reports}
 
 
 def run_cell(config: dict) -> dict:
-    import time
+    import torch
 
-    from .. import hf
-    from ..hf.evaluate import evaluate, record_reference
+    from ..hf.metrics import case_requests, score_cases
 
     tiny = config["model"] == "tiny"
-    facts, texts, model, tok = _setup(config)
-    reference = record_reference(model, tok, neighborhood=facts.neighborhood, texts=texts)
-    start = time.perf_counter()
-    if config["method"] not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {config['method']!r}")
-    if config["method"] == "ours":
-        partial = engine.partial_path()  # δ through the model takes hours at 1,000 facts: finished chunks are kept
-        kwargs: dict = {"background": _texts("stats", tiny), "position": config.get("position", "target"),
-                        "checkpoint": None if partial is None else partial.with_suffix(".safetensors")}
-        if tiny:
-            kwargs.update(value_steps=10)
-        applied = hf.insert_facts(model, tok, facts.requests, layer=config["layer"], progress=False, **kwargs)
-        undo, report = applied.remove, {"hidden_added": applied.report.hidden_added,
-                                        "insert_efficacy": applied.report.efficacy}
-        start -= applied.report.values.get("value_restored_seconds", 0.0)  # chunks done by an earlier run
+    cell(config["method"], n=config["n"], kind=config["kind"], split=config["split"], draw=config["draw"],
+         settings=config["settings"], protocol=config["protocol"], model=config["model"])  # validates
+    model, tok = model_for(config["model"])
+    cases = _draw(config)
+    texts = _texts("eval", tiny)
+    base, base_seconds = _baseline(config, model, tok, cases, texts)
+    requests = case_requests(cases)
+    out: dict = {"requests": len(requests), "generate": min(GENERATE, len(cases))}
+    if config["method"] == "unedited":
+        return {**out, "scores": base.scores, "seconds": base_seconds, "report": {},
+                "load_average": list(os.getloadavg())}
+    if config["protocol"] == "single":
+        scores, seconds, method_report = _single(config, model, tok, cases, base, texts, tiny)
     else:
-        hparams = {"layers": [1], "steps": 10, "prefixes": [[4, 2]]} if tiny else {}
-        hparams.update(config.get("hparams", {}))
-        stats = None
-        if tiny:  # tiny vocabulary: the shipped text is mostly unknown words; use the tiny texts
-            from ..hf.statistics import key_second_moments
-
-            stats = key_second_moments(model, tok, hparams["layers"], texts=texts, cache_dir=False)
-        step_key = residual_step_key(config, model, hparams)
-        shared = _SHARED_TARGETS.get(step_key)
-        # the residual step's chunks go to a file of the step, not of the cell: every cell of that step (in
-        # any process or session) reads them back instead of training δ again
-        step_file = engine.shared_partial_path({"residual_step": list(step_key)})
-        applied = hf.edit(model, tok, facts.requests, method=config["method"], stats=stats, progress=False,
-                          targets=shared[0] if shared else None,
-                          checkpoint=None if step_file is None else step_file.with_suffix(".safetensors"), **hparams)
-        step_seconds = shared[1] if shared else applied.report["targets_seconds"]
-        if shared is None and applied.targets is not None:  # sequential edits train δ on the edited model
-            _SHARED_TARGETS.clear()  # one residual step is kept: the grid's cells of one step run in a row
-            _SHARED_TARGETS[step_key] = (applied.targets, step_seconds)
-        undo, report = applied.restore, {"nll_before": applied.report["nll_before"],
-                                         "nll_target": applied.report["nll_target"],
-                                         "targets_reused": applied.report["targets_reused"],
-                                         "targets_seconds": step_seconds,
-                                         "targets_restored_seconds": 0.0 if shared or applied.targets is None
-                                         else applied.targets.restored_seconds}
-        # a standalone edit trains its δ; chunks of it read from a checkpoint count the time they took then
-        start -= shared[1] if shared else report["targets_restored_seconds"]
-    edit_seconds = time.perf_counter() - start
-    try:
-        scores = evaluate(model, tok, facts.requests, paraphrases=facts.paraphrases, neighborhood=facts.neighborhood,
-                          texts=texts, reference=reference)
-    finally:
-        undo()
-    return {**{k: v for k, v in scores.items() if isinstance(v, (int, float))}, **report, "edit_seconds": edit_seconds}
+        with torch.enable_grad():
+            undo, method_report, seconds = _timed_edit(config, model, tok, requests, tiny)
+        try:
+            start = time.perf_counter()
+            scores = score_cases(model, tok, cases, base, texts=texts)
+            seconds["score"] = time.perf_counter() - start
+        finally:
+            undo()
+    return {**out, "scores": scores, "seconds": {**seconds, **base_seconds},
+            "report": engine.clean_json(method_report), "load_average": list(os.getloadavg())}
 
 
-def _setting_text(hparams: dict) -> str:
-    """Grid point as text: "published", or its departures from the published settings."""
-    names = {"mom2_weight": "λ", "nullspace_tol": "tol"}
-    return ", ".join(f"{names.get(k, k)}={v:g}" for k, v in sorted(hparams.items())) or "published"
-
-
-def _rows(cells: list[engine.Cell]) -> list[dict]:
-    rows = []
-    order = sorted(cells, key=lambda c: (c.config["n_facts"], METHODS.index(c.config["method"]), c.config["layer"],
-                                         _setting_text(c.config.get("hparams", {}))))
-    for c in order:
-        rows.append({"method": c.config["method"], "n_facts": c.config["n_facts"], "layer": c.config["layer"],
-                     "setting": (_setting_text(c.config.get("hparams", {})) if c.config["method"] != "ours"
-                                 else f"keys at {c.config.get('position', 'target')}"),
-                     "seed": c.config["seed"], **{m: c.result.get(m) for m in METRICS}})
-        rows[-1]["kl_mean"] = max(rows[-1]["kl_mean"], 0.0)  # >= 0; below is float32 rounding (see hf.evaluate)
-    return rows
-
-
-def _best(rows: list[dict], method: str, n: int) -> Optional[dict]:
-    """A method's best row at n facts: highest score, then lowest KL."""
-    mine = [r for r in rows if r["method"] == method and r["n_facts"] == n]
-    return max(mine, key=lambda r: (r["score"], -r["kl_mean"])) if mine else None
-
-
-def summarize(cells: list[engine.Cell]) -> dict:
-    """Every cell as a table row, and per fact count: each method's best grid point (ours: its best
-    layer), and ours against the best editor (score) and the least-KL editor point."""
-    rows = _rows(cells)
-    comparison = {}
-    for n in sorted({r["n_facts"] for r in rows}):
-        best = {m: b for m in METHODS if (b := _best(rows, m, n)) is not None}
-        editors = [r for r in rows if r["n_facts"] == n and r["method"] != "ours"]
-        if "ours" not in best or not editors:
-            continue
-        best_ours = best["ours"]
-        best_editor = max((best[m] for m in METHODS[1:] if m in best), key=lambda r: (r["score"], -r["kl_mean"]))
-        least_kl = min(r["kl_mean"] for r in editors)
-        comparison[str(n)] = {"best": {m: {k: r[k] for k in ("layer", "setting", "score", "efficacy", "kl_mean")}
-                                       for m, r in best.items()},
-                              "ours_layer": best_ours["layer"], "ours_score": best_ours["score"],
-                              "ours_kl_mean": best_ours["kl_mean"], "best_editor": best_editor["method"],
-                              "best_editor_setting": best_editor["setting"],
-                              "best_editor_score": best_editor["score"], "least_editor_kl_mean": least_kl,
-                              "score_at_least_as_good": best_ours["score"] >= best_editor["score"],
-                              "kl_at_least_as_good": best_ours["kl_mean"] <= least_kl}
-    return {"rows": rows, "comparison": comparison, "claims": {}}
-
-
-def markdown_table(summary: dict, best_only: bool = False) -> str:
-    """The README table of a summary: one line per cell, or (best_only) each method's best point per fact count."""
-    head = "| facts | method | layer | setting | efficacy | paraphrase | neighborhood | score | ppl ratio | KL | seconds |"
-    lines = [head, "|" + "---|" * 11]
-    rows = summary["rows"]
-    if best_only:
-        rows = [b for n in sorted({r["n_facts"] for r in rows}) for m in METHODS if (b := _best(rows, m, n))]
-    for r in rows:
-        layer = "default" if r["layer"] == EDITOR_LAYERS else str(r["layer"])
-        # a ratio that overflowed is stored as null (JSON has no inf); its log sits in log_perplexity_ratio
-        ppl = "inf" if r["perplexity_ratio"] is None else f"{r['perplexity_ratio']:.4f}"
-        lines.append(f"| {r['n_facts']} | {r['method']} | {layer} | {r.get('setting', '')} | {r['efficacy']:.3f} | "
-                     f"{r['paraphrase']:.3f} | "
-                     f"{r['neighborhood']:.3f} | {r['score']:.3f} | {ppl} | "
-                     f"{r['kl_mean']:.2e} | {r['edit_seconds']:.0f} |")
-    return "\n".join(lines)
-
-
-def plot(summary: dict, cells: list[engine.Cell]) -> dict:
-    from .plotting import panels
-
-    rows = summary["rows"]
-    sizes = sorted({r["n_facts"] for r in rows})
-    fig, axes = panels(2)
-    for ax, metric, label in ((axes[0], "score", "harmonic-mean score"), (axes[1], "kl_mean", "mean KL on held-out text")):
-        for i, method in enumerate(METHODS):
-            values = []
-            for n in sizes:  # each method's best point (ours: best layer; editors: best grid point)
-                best = _best(rows, method, n)
-                values.append(best[metric] if best else float("nan"))
-            ax.bar([j + 0.2 * i for j in range(len(sizes))], values, width=0.2, label=method)
-        ax.set_xticks([j + 0.3 for j in range(len(sizes))], [f"{n} facts" for n in sizes])
-        ax.set_ylabel(label)
-    axes[1].set_yscale("log")
-    for j, n in enumerate(sizes):  # a KL of 0 (float32 precision) has no bar on the log axis: say so
-        best = _best(rows, "ours", n)
-        if best and best["kl_mean"] == 0.0:
-            axes[1].annotate("ours: 0", (j, 0), xycoords=("data", "axes fraction"), xytext=(0, 4),
-                             textcoords="offset points", ha="center", fontsize=8)
-    axes[0].legend()
-    figures = {"real_lm_editing": fig}
-    if any(r["method"] == "ours" for r in rows):  # a grid of editors only has no layer sweep
-        figures["real_lm_layers"] = _plot_layers(rows, sizes)
-    return figures
-
-
-def _plot_layers(rows: list[dict], sizes: list[int]):
-    """Ours across insertion layers: neighbourhood, paraphrase and perplexity ratio per fact count; target keys
-    as lines, subject keys as open markers."""
-    from .plotting import panels
-
-    fig, axes = panels(3, width=4.4)
-    metrics = (("neighborhood", "neighbourhood kept"), ("paraphrase", "paraphrase accuracy"),
-               ("perplexity_ratio", "perplexity ratio (held-out text)"))
-    for i, n in enumerate(sizes):
-        color = f"C{i}"
-        for position, style in (("target", {"marker": "o", "linestyle": "-"}),
-                                ("subject", {"marker": "s", "linestyle": "none", "fillstyle": "none"})):
-            mine = sorted((r for r in rows if r["method"] == "ours" and r["n_facts"] == n
-                           and r["setting"] == f"keys at {position}"), key=lambda r: r["layer"])
-            if not mine:
-                continue
-            for ax, (metric, _) in zip(axes, metrics):
-                ax.plot([r["layer"] for r in mine], [r[metric] for r in mine], color=color,
-                        label=f"{n} facts, {position} keys", **style)
-    for ax, (_, label) in zip(axes, metrics):
-        ax.set_xlabel("insertion layer")
-        ax.set_ylabel(label)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+def parse_sizes(text: str) -> list[Union[int, str]]:
+    """"10,100,all" -> [10, 100, "all"]."""
+    sizes: list[Union[int, str]] = []
+    for part in text.split(","):
+        part = part.strip()
+        if part != "all" and not part.isdigit():
+            raise ValueError(f"sizes are positive ints or 'all', comma-separated, got {part!r}")
+        sizes.append(part if part == "all" else int(part))
+    return sizes
 
 
 EXPERIMENT = engine.register(engine.Experiment(
     name=NAME,
-    help="issue 12: facts into SmolLM2-135M — construction (layer sweep) vs ROME, MEMIT, AlphaEdit",
+    help="issue 32: the editing benchmark on SmolLM2-135M — ours vs ROME, MEMIT, AlphaEdit, GRACE, WISE",
     claims=(),
-    grid=_grid,
+    grid=_scale_grid,
     run_cell=run_cell,
-    summarize=summarize,
-    plot=plot,
+    summarize=report.summarize,
+    plot=report.plot,
     tags=("hf",),
+    devices=engine.CPU_OR_CUDA,
 ))

@@ -1,87 +1,118 @@
-"""The real-lm-editing experiment at tiny scale (a random 3-layer Llama; no packaged model needed)."""
+"""The real-lm-editing experiment: its cells at tiny scale (a random 3-layer Llama; no packaged model needed),
+its grids, its summary over draws and its command-line grid."""
+
+import math
 
 import pytest
 import torch
 
 pytest.importorskip("transformers")
-pytest.importorskip("factkernels.hf.evaluate")  # hf.evaluate / hf.insert_facts (issue 12 part 3, 5)
 
 from factkernels.experiments import engine, real_lm_editing as real_lm  # noqa: E402
+from factkernels.experiments import real_lm_editing_report as report  # noqa: E402
+from factkernels.hf.metrics import t_interval  # noqa: E402
 
 
-def test_tiny_grid_runs_every_method_and_leaves_the_model_unedited(tiny_run):
-    grid = real_lm._grid("tiny")
+def test_tiny_grid_runs_every_method_and_leaves_the_model_unedited(tiny_run, tmp_path):
+    grid = real_lm._scale_grid("tiny")
     assert {c["method"] for c in grid} == set(real_lm.METHODS)
     res, folder = tiny_run(real_lm.NAME)
     assert res.missing == 0 and res.summary is not None
-    pngs = {f: folder / f for f in res.files if f.endswith(".png")}  # figures by name, beside summary.json
-    assert set(pngs) == {"real_lm_editing.png", "real_lm_layers.png"}
-    import matplotlib.image
-
-    layers = matplotlib.image.imread(pngs["real_lm_layers.png"])[..., :3]
-    colored = (layers.max(axis=2) - layers.min(axis=2)) > 0.3  # C0 blue lines and markers, not grey axes
-    assert int(colored.sum()) > 100
-    rows = res.summary["rows"]
-    assert len(rows) == len(grid)
-    for row in rows:
-        for metric in ("efficacy", "paraphrase", "neighborhood"):
-            assert 0.0 <= row[metric] <= 1.0
-        assert row["perplexity_ratio"] > 0 and row["kl_mean"] >= 0
-    # every cell undid its edit: the cached model still scores the unedited reference exactly
-    _, _, model, _ = real_lm._setup(grid[1])
+    assert {f for f in res.files if f.endswith(".png")} == {"real_lm_triangle.png", "real_lm_scaling.png",
+                                                            "real_lm_seconds.png"}
+    cells = engine.load_cells(folder.parent, real_lm.NAME)
+    for c in cells.values():
+        scores = c.result["scores"]
+        for metric in ("efficacy_score", "paraphrase_score", "neighbourhood_score", "efficacy_exact"):
+            assert 0.0 <= scores[metric] <= 1.0
+        assert scores["num_cases"] == real_lm.TINY_CASES and c.result["requests"] == 5 * real_lm.TINY_CASES
+        assert c.result["seconds"]["baseline"] > 0 and len(c.result["load_average"]) == 3
+        if c.config["method"] != "unedited":  # scored against the unedited model of the same cases
+            unedited = next(u.result["scores"] for u in cells.values() if u.config["method"] == "unedited")
+            assert scores["unedited"]["efficacy_score"] == unedited["efficacy_score"]
+            assert c.result["seconds"]["edit"] > 0 and c.result["seconds"]["edit_cpu"] >= 0
+    # every cell undid its edit: a cell run again on the cached model leaves every weight as it was
+    model, _ = real_lm.model_for("tiny")
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    real_lm.run_cell(dict(grid[1]))
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
-    table = real_lm.markdown_table(res.summary)
-    assert len(table.splitlines()) == 2 + len(grid)
-    assert len(real_lm.markdown_table(res.summary, best_only=True).splitlines()) == 2 + len(real_lm.METHODS)
-    overflowed = {**res.summary, "rows": [{**res.summary["rows"][0], "perplexity_ratio": None}]}
-    assert "| inf |" in real_lm.markdown_table(overflowed)  # JSON stores an overflowed ratio as null
-    assert set(res.summary["comparison"]["4"]) >= {"ours_score", "best_editor_score", "least_editor_kl_mean"}
-    assert set(res.summary["comparison"]["4"]["best"]) == set(real_lm.METHODS)
+    for config in grid[1:]:
+        if config["method"] in ("memit", "ours") or config["protocol"] == "single":
+            engine.run(real_lm.NAME, tmp_path, grid=[config], quiet=True)
+    after = model.state_dict()
+    assert set(after) == set(state) and all(torch.equal(v, after[k]) for k, v in state.items())
+    table = report.markdown_table(res.summary, model="tiny")
+    assert len(table.splitlines()) == 2 + len(grid)  # one draw per row at tiny scale
+    assert "| 4 | rome | single |" in table and "| 4 | rome | sequential |" in table
 
 
-def test_editor_grid_shares_one_residual_step(tmp_path):
-    """The second MEMIT / AlphaEdit grid point reuses the first's δ and carries its recorded cost over."""
-    grid = [c for c in real_lm._grid("tiny") if c["method"] in ("memit", "alphaedit")]
-    assert [("hparams" in c) for c in grid] == [False, True, False, True]  # published first, one update setting after
-    res = engine.run(real_lm.NAME, tmp_path, scale="tiny", quiet=True, grid=grid)
-    keys = [engine.cell_key(c) for c in grid]
-    loaded = engine.load_cells(tmp_path, real_lm.NAME)
-    assert [loaded[k].result["targets_reused"] for k in keys] == [False, True, False, True]
-    first_memit, reused_memit = (loaded[k].result for k in keys[:2])
-    assert reused_memit["targets_seconds"] == first_memit["targets_seconds"]  # the shared δ's cost is carried over
-    assert res.summary["rows"][1]["setting"] != "published"
+def test_finished_cells_are_kept_on_resume(tmp_path):
+    config = real_lm.cell("unedited", n=2, draw=1, model="tiny")
+    first = engine.run(real_lm.NAME, tmp_path, grid=[config], quiet=True, resume=True)
+    again = engine.run(real_lm.NAME, tmp_path, grid=[config], quiet=True, resume=True)
+    assert (first.ran, again.ran, again.kept) == (1, 0, 1)
+    saved = engine.load_cells(tmp_path, real_lm.NAME)[engine.cell_key(config)]
+    assert saved.result["scores"]["num_cases"] == 2 and saved.config == config
 
 
-def test_memit_and_alphaedit_share_a_residual_step_across_processes(tmp_path, monkeypatch):
-    """An AlphaEdit cell whose residual step is MEMIT's (same last layer, clamp and settings) reads MEMIT's δ from
-    the step's shared file when the process holds none (a later process or session), and counts its cost; the
-    file is gone once the grid is complete."""
+def test_cells_and_grids_are_validated():
+    assert real_lm.cell("rome", n=10)["protocol"] == "sequential"
+    assert real_lm.cell("memit", n="all")["protocol"] == "batch"
+    assert real_lm.cell("ours", n=10)["settings"] == real_lm.OURS_SETTINGS
+    assert real_lm.cell("alphaedit", n=100, protocol="single")["protocol"] == "single"
+    for bad in ({"method": "nope"}, {"method": "memit", "protocol": "sequential"}, {"method": "rome", "n": 0},
+                {"method": "rome", "n": "most"}, {"method": "unedited", "settings": {"a": 1}},
+                {"method": "rome", "kind": "old"}):
+        with pytest.raises(ValueError):
+            real_lm.cell(**{"n": 10, **bad})
+    cells = real_lm.grid(["unedited", "memit"], [10, "all"], draws=[0, 2],
+                         settings={"memit": [{"mom2_weight": 150}, {"mom2_weight": 1500}]})
+    assert len(cells) == 2 * (1 + 2) * 2
+    assert {c["settings"].get("mom2_weight") for c in cells if c["method"] == "memit"} == {150, 1500}
+    with pytest.raises(ValueError, match="not in the grid"):
+        real_lm.grid(["ours"], [10], settings={"memit": {}})
+    assert real_lm.parse_sizes("10, 100,all") == [10, 100, "all"]
+    with pytest.raises(ValueError):
+        real_lm.parse_sizes("10,lots")
 
-    class Forgetful(dict):  # every cell as if in a new process
-        def __setitem__(self, key, value):
-            pass
 
-    monkeypatch.setattr(real_lm, "_SHARED_TARGETS", Forgetful())
-    memit = next(c for c in real_lm._grid("tiny") if c["method"] == "memit" and "hparams" not in c)
-    alpha = real_lm._editor_cell("tiny", "alphaedit", memit["n_facts"], {"lr": 0.5})
-    _, _, model, _ = real_lm._setup(memit)
-    assert real_lm.residual_step_key(memit, model, {"layers": [1], "steps": 10}) == \
-        real_lm.residual_step_key(alpha, model, {"layers": [1], "steps": 10, "lr": 0.5})
-    seen = []
-    real_edit = real_lm.engine.shared_partial_path
+def _fake_cell(method, draw, scores, seconds):
+    config = real_lm.cell(method, n=10, draw=draw)
+    full = {"num_cases": 10, **scores, "kl_mean": 0.0, "perplexity_ratio": 1.0}
+    wall = "baseline" if method == "unedited" else "edit"
+    return engine.Cell(engine.cell_key(config), config,
+                       {"scores": full, "seconds": {wall: seconds, f"{wall}_cpu": seconds / 2}}, seconds)
 
-    def spy(tag):
-        path = real_edit(tag)
-        seen.append(path.with_suffix(".safetensors").exists())
-        return path
 
-    monkeypatch.setattr(real_lm.engine, "shared_partial_path", spy)
-    engine.run(real_lm.NAME, tmp_path, scale="tiny", quiet=True, grid=[memit, alpha])
-    assert seen == [False, True]  # MEMIT trained δ into the step's file, AlphaEdit found it there
-    cells = engine.load_cells(tmp_path, real_lm.NAME)
-    first, second = (cells[engine.cell_key(c)].result for c in (memit, alpha))
-    assert second["targets_restored_seconds"] > 0 and first["targets_restored_seconds"] == 0
-    assert second["nll_target"] == first["nll_target"]  # the same δ
-    assert not list((tmp_path / real_lm.NAME / "partial").glob("shared-*"))
+def test_summary_gives_t_intervals_over_draws_and_the_harmonic_mean():
+    values = [(0.9, 0.5, 1.0), (1.0, 0.3, 0.8), (0.8, 0.4, 0.9)]
+    cells = [_fake_cell("memit", d, dict(zip(("efficacy_score", "paraphrase_score", "neighbourhood_score"), v)),
+                        10.0 * (d + 1)) for d, v in enumerate(values)]
+    cells.append(_fake_cell("unedited", 0, {"efficacy_score": 0.0, "paraphrase_score": 0.1,
+                                            "neighbourhood_score": 1.0}, 5.0))
+    summary = report.summarize(cells)
+    unedited, memit = summary["rows"]  # registry order: unedited first
+    assert unedited["method"] == "unedited" and memit["draws"] == [0, 1, 2]
+    para = memit["metrics"]["paraphrase_score"]
+    assert para == pytest.approx(t_interval([0.5, 0.3, 0.4]))
+    assert para["mean"] == pytest.approx(0.4) and para["high"] - para["mean"] == pytest.approx(
+        4.302652729911275 * 0.1 / math.sqrt(3))  # t(0.975, 2) · s / √3
+    assert memit["hmean"] == pytest.approx(3 / (1 / 0.9 + 1 / 0.4 + 1 / 0.9))
+    assert memit["seconds"]["mean"] == pytest.approx(20.0) and memit["cpu_seconds"]["mean"] == pytest.approx(10.0)
+    table = report.markdown_table(summary)
+    assert "| 10 | memit | batch | defaults | 3 | 0.900 ± 0.248 | 0.400 ± 0.248 |" in table
+    assert "| 10 | unedited | none | defaults | 1 | 0.000 |" in table
+
+
+def test_command_line_builds_the_grid(tmp_path):
+    from factkernels.cli import _real_lm_grid, build_parser
+
+    args = build_parser().parse_args(["experiment", "real-lm-editing", "--methods", "ours,rome", "--sizes", "10,all",
+                                      "--draws", "0,1", "--hparams", '{"ours": {"layer": 5}}',
+                                      "--protocols", '{"rome": ["sequential", "single"]}'])
+    cells = _real_lm_grid(args)
+    assert len(cells) == 2 * (1 + 2) * 2
+    assert {c["settings"]["layer"] for c in cells if c["method"] == "ours"} == {5}
+    plain = build_parser().parse_args(["experiment", "real-lm-editing", "--quick"])
+    assert _real_lm_grid(plain) is None
+    bad = build_parser().parse_args(["experiment", "real-lm-editing", "--hparams", "{}"])
+    with pytest.raises(ValueError, match="need --methods"):
+        _real_lm_grid(bad)

@@ -1,0 +1,249 @@
+"""Summaries, the docs table and the figures of the real-lm-editing cells (:mod:`.real_lm_editing`).
+
+A row is one (model, kind, split, method, settings, protocol, n) over its draws: every numeric metric of
+``hf.metrics.score_cases`` as its mean and 95 % Student-t interval over the draws (``metrics.over_draws``),
+the harmonic mean of the three mean scores (efficacy, paraphrase, neighbourhood), and the edit's wall and
+CPU seconds.
+
+Figures: ``real_lm_triangle`` — reliability (efficacy score), generalization (paraphrase score) and locality
+(neighbourhood score) in three aligned panels, one bar per method and number of edits with its 95 % interval,
+the unedited model's value as a dashed line. Three panels rather than a ternary or radar plot: the three
+scores do not sum to one (a ternary plot needs proportions), and a radar plot's area depends on the order of
+its axes and hides the intervals; aligned 0..1 axes let each score be read against the unedited model and the
+other methods. ``real_lm_scaling`` — the three scores, KL and perplexity ratio against the number of edits
+(log axis), a line per method. ``real_lm_seconds`` — seconds per edit call per method and size (log axis).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Optional
+
+SCORES = (("efficacy_score", "reliability: efficacy score"), ("paraphrase_score", "generalization: paraphrase score"),
+          ("neighbourhood_score", "locality: neighbourhood score"))
+TABLE_METRICS = ("efficacy_score", "paraphrase_score", "neighbourhood_score", "efficacy_exact", "paraphrase_exact",
+                 "neighbourhood_exact", "fluency", "consistency", "kl_mean", "perplexity_ratio")
+
+
+def _order() -> tuple[str, ...]:
+    from .real_lm_editing import METHODS
+
+    return METHODS
+
+
+def _size_key(n: Any) -> float:
+    return math.inf if n == "all" else float(n)
+
+
+def settings_text(settings: dict) -> str:
+    """A cell's settings as short text: "k=v, ..." (sorted), or "defaults"."""
+    return ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(settings.items())) or "defaults"
+
+
+def _interval(values: list[float]) -> dict:
+    from ..hf.metrics import t_interval
+
+    return t_interval(values)
+
+
+def summarize(cells: list) -> dict:
+    """{"rows": one row per (model, kind, split, method, settings, protocol, n) over its draws, "claims": {}}."""
+    from ..hf.metrics import KINDS, harmonic_mean, over_draws
+
+    groups: dict[str, list] = {}
+    for c in cells:
+        cfg = c.config
+        key = json.dumps([cfg["model"], cfg["kind"], cfg["split"], cfg["method"], cfg["settings"], cfg["protocol"],
+                          cfg["n"]], sort_keys=True)
+        groups.setdefault(key, []).append(c)
+    order = _order()
+    rows = []
+    for members in groups.values():
+        members.sort(key=lambda c: c.config["draw"])
+        cfg = members[0].config
+        per_draw = [c.result["scores"] for c in members]
+        stats = over_draws(per_draw)
+        means = [stats[f"{k}_score"]["mean"] for k in KINDS]
+        seconds = [c.result["seconds"] for c in members]
+        wall = "baseline" if cfg["method"] == "unedited" else "edit"
+        rows.append({**{k: cfg[k] for k in ("model", "kind", "split", "method", "settings", "protocol", "n")},
+                     "draws": [c.config["draw"] for c in members], "metrics": stats,
+                     "hmean": harmonic_mean(means),
+                     "seconds": _interval([s[wall] for s in seconds]),
+                     "cpu_seconds": _interval([s.get(f"{wall}_cpu", math.nan) for s in seconds])})
+    rows.sort(key=lambda r: (r["model"], r["kind"], r["split"], _size_key(r["n"]),
+                             order.index(r["method"]) if r["method"] in order else len(order),
+                             r["protocol"], settings_text(r["settings"])))
+    return {"rows": rows, "claims": {}}
+
+
+def _pm(stat: Optional[dict], digits: int = 3, style: str = "f") -> str:
+    """"mean ± half-width" of a t_interval (just the mean for one draw; "–" when missing)."""
+    if not stat or stat["mean"] is None or stat["mean"] != stat["mean"]:
+        return "–"
+    text = f"{stat['mean']:.{digits}{style}}"
+    if stat["n"] >= 2 and stat["high"] is not None and stat["high"] == stat["high"]:
+        text += f" ± {(stat['high'] - stat['low']) / 2:.{digits}{style}}"
+    return text
+
+
+def _size_text(row: dict) -> str:
+    cases = row["metrics"]["num_cases"]["mean"]
+    return f"all ({cases:.0f})" if row["n"] == "all" else str(row["n"])
+
+
+def markdown_table(summary: dict, *, kind: str = "known", split: str = "test", model: str = "smollm2-135m") -> str:
+    """The test-draw table: per number of edits and method, every score as mean ± 95 % t half-width over draws,
+    the harmonic mean of the three scores, KL, perplexity ratio and the edit's seconds (wall, CPU)."""
+    head = ["edits", "method", "protocol", "settings", "draws", "efficacy", "paraphrase", "neighbourhood",
+            "harmonic mean", "efficacy exact", "paraphrase exact", "neighbourhood exact", "fluency", "consistency",
+            "KL", "ppl ratio", "seconds (CPU)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in summary["rows"]:
+        if (r["kind"], r["split"], r["model"]) != (kind, split, model):
+            continue
+        m = r["metrics"]
+        cells = [_size_text(r), r["method"], r["protocol"], settings_text(r["settings"]), str(len(r["draws"]))]
+        cells += [_pm(m.get(k)) for k in TABLE_METRICS[:3]] + [f"{r['hmean']:.3f}"]
+        cells += [_pm(m.get(k)) for k in TABLE_METRICS[3:6]]
+        cells += [_pm(m.get("fluency"), 2), _pm(m.get("consistency")), _pm(m.get("kl_mean"), 1, "e"),
+                  _pm(m.get("perplexity_ratio"), 4)]
+        cpu = r["cpu_seconds"]["mean"]
+        cells.append(f"{r['seconds']['mean']:.0f}" + (f" ({cpu:.0f})" if cpu == cpu else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def headline_rows(summary: dict, model: str = "smollm2-135m") -> tuple[dict, Optional[dict], dict]:
+    """(ours at the most cases on the known-fact test draws (its best settings by harmonic mean), the other
+    method with the best harmonic mean at that size or None, the unedited model at that size)."""
+    rows = [r for r in summary["rows"] if (r["model"], r["kind"], r["split"]) == (model, "known", "test")]
+    ours = max((r for r in rows if r["method"] == "ours"), key=lambda r: (_size_key(r["n"]), r["hmean"]))
+    same = [r for r in rows if r["n"] == ours["n"]]
+    others = [r for r in same if r["method"] not in ("ours", "unedited")]
+    unedited = next(r for r in same if r["method"] == "unedited")
+    return ours, max(others, key=lambda r: r["hmean"]) if others else None, unedited
+
+
+def _rows_for(summary: dict) -> list[dict]:
+    """The rows the figures draw: the test split of the first model and kind present (known before new)."""
+    rows = summary["rows"]
+    if not rows:
+        return []
+    test = [r for r in rows if r["split"] == "test"] or rows
+    kind = "known" if any(r["kind"] == "known" for r in test) else test[0]["kind"]
+    model = next(r["model"] for r in test if r["kind"] == kind)
+    return [r for r in test if r["kind"] == kind and r["model"] == model]
+
+
+def _label(row: dict, methods_with_many: set) -> str:
+    if row["method"] not in methods_with_many:
+        return row["method"]
+    return f"{row['method']} ({row['protocol']}, {settings_text(row['settings'])})"
+
+
+def _series(rows: list[dict]) -> dict[str, list[dict]]:
+    """Rows by curve (a method, or a method's protocol and settings when it has several), sizes ascending."""
+    variants: dict[str, set] = {}
+    for r in rows:
+        variants.setdefault(r["method"], set()).add((r["protocol"], settings_text(r["settings"])))
+    many = {m for m, v in variants.items() if len(v) > 1}
+    out: dict[str, list[dict]] = {}
+    for r in sorted(rows, key=lambda r: _size_key(r["n"])):
+        out.setdefault(_label(r, many), []).append(r)
+    return out
+
+
+def _error(stat: dict) -> tuple[float, float]:
+    if stat["n"] < 2 or stat["high"] is None or stat["high"] != stat["high"]:
+        return 0.0, 0.0
+    return stat["mean"] - stat["low"], stat["high"] - stat["mean"]
+
+
+def plot(summary: dict, cells: list) -> dict:
+    rows = _rows_for(summary)
+    if not rows:
+        return {}
+    return {"real_lm_triangle": _triangle(rows), "real_lm_scaling": _scaling(rows), "real_lm_seconds": _seconds(rows)}
+
+
+def _triangle(rows: list[dict]):
+    from .plotting import panels
+
+    series = {k: v for k, v in _series(rows).items() if v[0]["method"] != "unedited"}
+    unedited = {str(r["n"]): r for r in rows if r["method"] == "unedited"}
+    sizes = sorted({r["n"] for r in rows}, key=_size_key)
+    fig, axes = panels(3, width=max(4.5, 0.9 * len(series) * len(sizes)))
+    width = 0.8 / max(1, len(sizes))
+    for ax, (metric, title) in zip(axes, SCORES):
+        for j, n in enumerate(sizes):
+            xs, ys, errs = [], [], [[], []]
+            for i, members in enumerate(series.values()):
+                row = next((r for r in members if r["n"] == n), None)
+                if row is None:
+                    continue
+                stat = row["metrics"][metric]
+                xs.append(i + (j - (len(sizes) - 1) / 2) * width)
+                ys.append(stat["mean"])
+                lo, hi = _error(stat)
+                errs[0].append(lo), errs[1].append(hi)
+            ax.bar(xs, ys, width=width, yerr=errs, capsize=2, color=f"C{j}",
+                   label=f"{_size_text(next(r for r in rows if r['n'] == n))} edits")
+            base = unedited.get(str(n))
+            if base is not None:
+                ax.axhline(base["metrics"][metric]["mean"], color=f"C{j}", linestyle="--", linewidth=0.8)
+        ax.set_xticks(range(len(series)), list(series), rotation=30, ha="right", fontsize=7)
+        ax.set_ylim(0, 1.05)
+        ax.set_title(title, fontsize=9)
+    axes[0].legend(fontsize=7, title="dashed: unedited", title_fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _scaling(rows: list[dict]):
+    from .plotting import panels
+
+    metrics = SCORES + (("kl_mean", "KL on held-out text"), ("perplexity_ratio", "perplexity ratio"))
+    fig, axes = panels(5, width=3.6)
+    for i, (label, members) in enumerate(_series(rows).items()):
+        xs = [r["metrics"]["num_cases"]["mean"] for r in members]
+        for ax, (metric, _) in zip(axes, metrics):
+            stats = [r["metrics"].get(metric) for r in members]
+            if any(s is None for s in stats):
+                continue
+            errs = list(zip(*[_error(s) for s in stats]))
+            ax.errorbar(xs, [s["mean"] for s in stats], yerr=errs, marker="o", capsize=2, color=f"C{i % 10}",
+                        label=label)
+    for ax, (metric, title) in zip(axes, metrics):
+        ax.set_xscale("log")
+        ax.set_xlabel("edits at once")
+        ax.set_title(title, fontsize=9)
+    axes[3].set_yscale("symlog", linthresh=1e-6)
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def _seconds(rows: list[dict]):
+    from .plotting import panels
+
+    series = {k: v for k, v in _series(rows).items() if v[0]["method"] != "unedited"}
+    sizes = sorted({r["n"] for r in rows}, key=_size_key)
+    fig, axes = panels(1, width=max(5.0, 0.8 * len(series) * len(sizes)))
+    ax = axes[0]
+    width = 0.8 / max(1, len(sizes))
+    for j, n in enumerate(sizes):
+        xs, ys = [], []
+        for i, members in enumerate(series.values()):
+            row = next((r for r in members if r["n"] == n), None)
+            if row is not None:
+                xs.append(i + (j - (len(sizes) - 1) / 2) * width)
+                ys.append(row["seconds"]["mean"])
+        ax.bar(xs, ys, width=width, color=f"C{j}", label=f"{_size_text(next(r for r in rows if r['n'] == n))} edits")
+    ax.set_xticks(range(len(series)), list(series), rotation=30, ha="right", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds per edit call (wall, mean over draws)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
