@@ -8,7 +8,8 @@ later rows border the Gram cleanly), S, P and the Cholesky factor L of G, in the
 whitened Gram is well conditioned, so a float32 factor holds α to ~1e-5, as construct's float32 solve does).
 
 * ``add``: k new facts border G with k rows; L extends by one triangular solve and a
-  k×k Cholesky, O(F²k) instead of O(F³). L is kept as row panels (:class:`BorderedFactor`),
+  k×k Cholesky, O(F²k) instead of O(F³). The new keys are checked against the stored ones through
+  their first coordinate (no sort of all F keys). L is kept as row panels (:class:`BorderedFactor`),
   so a border appends a (k, F+k) panel and never copies the F×F factor (at F = 16,384 that
   copy alone took 7 s and doubled the peak memory).
 * ``remove``: removed facts stay in L as tombstones; the kept system is solved from the
@@ -21,8 +22,8 @@ whitened Gram is well conditioned, so a float32 factor holds α to ~1e-5, as con
 * New values extend U* (recomputed for the enlarged value set) and may grow m: the Gram
   does not depend on m, only the right-hand sides do.
 
-After every change ``.mlp`` is reassembled and the facts the change touched are verified (chunked
-fused decode): the added rows, the changed rows, or every row when the targets of all facts changed
+After every change ``.mlp`` is reassembled and the facts the change touched are verified (their codes
+decoded, as :func:`factkernels.construct` verifies): the added rows, the changed rows, or every row when the targets of all facts changed
 (new values re-solve U* and may grow m; a wider gate rebuilds). Untouched facts keep their exact
 targets in the enlarged system, so re-checking them costs a forward pass over all F keys for no
 information; ``verify_scope="all"`` checks every stored fact after every change anyway.
@@ -35,14 +36,15 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import _ops
-from .decoder import (OUTPUTS, JLDecoder, M_GROWTH, check_decodable, decoder_failures, jl_decoder, output_embeddings,
-                      verify_margins)
-from .encoder import GatedEncoder, assemble, augment, gadget_width, sample_gate
+from .decoder import (OUTPUTS, JLDecoder, M_GROWTH, check_decodable, code_margins, decoder_failures, jl_decoder,
+                      output_embeddings)
+from .encoder import GatedEncoder, assemble, augment, encoder_codes, gadget_width, sample_gate
 from .memory import check_fits, estimate_build
 from .mlp import FactMLP
 from .report import ConstructionReport, FactStorageError
 from .solvers import GadgetOperator, SolveInfo, cg_iterations_hint, pick_solver, solve_cg
-from .validation import check_choice, check_distinct, check_facts, check_matrix, check_positive_int, validate_inputs
+from .validation import (check_choice, check_distinct_added, check_facts, check_matrix, check_positive_int,
+                         validate_inputs)
 
 # Fraction of tombstoned rows at which the factor is recomputed on the kept rows.
 COMPACT_FRACTION = 0.25
@@ -214,18 +216,21 @@ class FactBuilder:
             self._same_kind("V_new", V_new, self._values)
             if V_new.shape[1] != values.shape[1]:
                 raise ValueError(f"V_new must have {values.shape[1]} columns like V, got shape {tuple(V_new.shape)}")
+            check_distinct_added(values, V_new, "V")
             values = torch.cat([values, V_new])
-            check_distinct(values, "V")
         f_new = check_facts(f_new, K_new.shape[0], values.shape[0], self._keys.device, name="f_new")
         if K_new.shape[1] != self._keys.shape[1]:
             raise ValueError(f"K_new must have {self._keys.shape[1]} columns like K, got shape {tuple(K_new.shape)}")
-        keys = torch.cat([self._keys[self._alive], K_new])
-        check_distinct(keys, "K")
-        if self.gadget_width * (keys.shape[1] + 1) < MIN_WIDTH_RATIO * keys.shape[0]:
-            return self._regrow(keys, torch.cat([self._facts[self._alive], f_new]), values, V_new is not None)
+        check_distinct_added(self.keys, K_new, "K")  # the stored keys are distinct already
+        if not bool(self._alive.all()) and bool(torch.isin(self._keys[~self._alive, 0], K_new[:, 0]).any()):
+            self._compact()  # a removed key may come back: its tombstone row would make the bordered Gram singular
+        d_in, stored = K_new.shape[1], self.num_facts + K_new.shape[0]
+        if self.gadget_width * (d_in + 1) < MIN_WIDTH_RATIO * stored:
+            return self._regrow(torch.cat([self.keys, K_new]), torch.cat([self.facts, f_new]), values,
+                                V_new is not None)
         total = self._keys.shape[0] + K_new.shape[0]
-        check_fits(self._estimate(total, values.shape[0], keys.shape[1], values.shape[1], self.m, self.gadget_width,
-                                  keys.dtype), keys.device, self.max_memory, what="FactBuilder.add")
+        check_fits(self._estimate(total, values.shape[0], d_in, values.shape[1], self.m, self.gadget_width,
+                                  K_new.dtype), K_new.device, self.max_memory, what="FactBuilder.add")
         s_new = self._gate_features(K_new) @ self._op.feature_transform
         p_new = augment(K_new) @ self._op.key_transform
         if self._factor is not None:
@@ -244,7 +249,7 @@ class FactBuilder:
             self._set_outputs(self.m)
             self._refresh()
         else:
-            self._refresh(torch.arange(total - K_new.shape[0], total, device=keys.device))
+            self._refresh(torch.arange(total - K_new.shape[0], total, device=K_new.device))
         return self.mlp
 
     def remove(self, indices: Union[Sequence[int], torch.Tensor]) -> FactMLP:
@@ -395,8 +400,9 @@ class FactBuilder:
         else:
             keys, facts = self._keys[touched], self._facts[touched]
         self.checked = keys.shape[0]
-        if self.checked:
-            margins = verify_margins(self.mlp, keys, self._values, facts)
+        if self.checked:  # as construct verifies: the MLP outputs D·codes
+            codes = encoder_codes(encoder, keys, activation=self.activation, backend=self.backend)
+            margins = code_margins(codes, self._decoder.projection, self._values, facts, backend=self.backend)
             self.failed, self.min_margin = int((margins <= 0).sum()), float(margins.min())
         else:
             self.failed, self.min_margin = 0, float("nan")

@@ -80,11 +80,25 @@ def check_facts(facts: object, num_keys: int, num_values: int, device: torch.dev
 def check_distinct(t: torch.Tensor, name: str) -> None:
     """Raise ValueError naming the first pair of equal rows of t (n, d)."""
     dup = first_duplicate(t)
-    if dup is None:
-        return
+    if dup is not None:
+        _raise_duplicate(name, *dup)
+
+
+def check_distinct_added(rows: torch.Tensor, added: torch.Tensor, name: str) -> None:
+    """Raise ValueError naming the first pair of equal rows of ``[rows; added]`` when ``rows`` (n, d) are
+    distinct already. A row of ``added`` (k, d) equal to one of ``rows`` shares its first coordinate, so only
+    those rows are compared exactly: O((n + k) log k) instead of sorting all n + k rows of d coordinates."""
+    near = torch.nonzero(torch.isin(rows[:, 0], added[:, 0])).flatten()
+    dup = first_duplicate(torch.cat([rows[near], added]))
+    if dup is not None:
+        positions = torch.cat([near, torch.arange(rows.shape[0], rows.shape[0] + added.shape[0], device=near.device)])
+        _raise_duplicate(name, int(positions[dup[0]]), int(positions[dup[1]]))
+
+
+def _raise_duplicate(name: str, first: int, second: int) -> None:
     if name == "V":
-        raise ValueError(f"V has duplicate rows {dup[0]} and {dup[1]}: rho(V) = 0, no MLP can tell them apart")
-    raise ValueError(f"{name} has duplicate rows {dup[0]} and {dup[1]}: keys must be distinct (generic)")
+        raise ValueError(f"V has duplicate rows {first} and {second}: rho(V) = 0, no MLP can tell them apart")
+    raise ValueError(f"{name} has duplicate rows {first} and {second}: keys must be distinct (generic)")
 
 
 def validate_inputs(keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor) -> torch.Tensor:
@@ -101,5 +115,5 @@ def validate_inputs(keys: torch.Tensor, values: torch.Tensor, facts: torch.Tenso
     return facts
 
 
-__all__ = ["check_positive_int", "check_choice", "check_matrix", "check_facts", "check_distinct",
+__all__ = ["check_positive_int", "check_choice", "check_matrix", "check_facts", "check_distinct", "check_distinct_added",
            "first_duplicate", "validate_inputs"]

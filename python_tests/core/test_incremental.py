@@ -54,6 +54,19 @@ def test_many_removals_compact_the_factor(fact_set):
     _stores_all(builder)
 
 
+def test_a_removed_key_can_come_back(fact_set):
+    K, V, f = fact_set
+    builder = FactBuilder(K[:100], V, f[:100], m=32, outputs="values")
+    builder.remove([5])
+    builder.add(K[5:6], torch.tensor([7]))  # its tombstone leaves the factor first (a singular border otherwise)
+    assert builder.num_facts == 100 and builder.rebuilds == 1 and builder.facts[-1].item() == 7
+    _stores_all(builder)
+    with pytest.raises(ValueError, match="K has duplicate rows 4 and 101"):  # positions among the stored keys
+        builder.add(torch.cat([K[200:201], K[4:5]]), f[:2])
+    with pytest.raises(ValueError, match="K has duplicate rows 100 and 101"):
+        builder.add(torch.cat([K[200:201], K[200:201]]), f[:2])
+
+
 def test_bad_changes_are_rejected(fact_set):
     K, V, f = fact_set
     builder = FactBuilder(K[:50], V, f[:50], m=32, outputs="values")
