@@ -11,7 +11,8 @@ stopped after the highest layer asked for). C is cached under ``cache_dir`` (def
 ``$FACTKERNELS_CACHE`` or ``~/.cache/factkernels``) in a file named by a hash of the model's weights up
 to that layer, the layer and the text, with the token and document counts in its metadata
 (:func:`second_moment_tokens`); the running sums are kept in a ``partial_*`` file every ``save_every``
-batches and a rerun resumes from there.
+batches and a rerun resumes from there. A lock beside each cache file makes a second process that asks
+for the same C wait for the first one's pass instead of repeating it.
 
     covs = key_second_moments(model, tok, layers=[5, 6])   # {layer: (intermediate, intermediate) float32}
     covs = key_second_moments(model, tok, [5], texts=mom2_texts("smollm2_text"))
@@ -19,11 +20,13 @@ batches and a rerun resumes from there.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import sys
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -113,6 +116,23 @@ def _length_batches(texts: Sequence[str], batch_size: int) -> list[list[int]]:
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+@contextmanager
+def _locked(paths: Sequence[Path], logged: bool) -> Iterator[None]:
+    """Hold an exclusive lock beside each cache file (in a fixed order): a second process asking for the same
+    C waits for the first one's pass and then reads its result instead of repeating it."""
+    with ExitStack() as stack:
+        for path in sorted(paths):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle = stack.enter_context(open(path.with_suffix(".lock"), "w"))
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if logged:
+                    log_line(f"waiting for another process computing {path.name}")
+                fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 @torch.no_grad()
 def key_second_moments(model: Any, tok: Any, layers: Sequence[int], *, texts: Optional[Sequence[str]] = None,
                        cache_dir: Any = None, max_length: int = 2048, batch_size: int = 16,
@@ -123,25 +143,50 @@ def key_second_moments(model: Any, tok: Any, layers: Sequence[int], *, texts: Op
     share one streamed pass over the text, ``batch_size`` documents at a time, accumulated in float64 (each
     batch's kᵀk in float32). Read from / written to ``cache_dir`` (see the module docstring);
     ``cache_dir=False`` skips the cache. With a cache, the running sums are kept every ``save_every``
-    batches and an interrupted pass resumes from them.
+    batches and an interrupted pass resumes from them; a process asking for a C that another is computing
+    waits for it.
     """
     layers = sorted({int(layer) for layer in layers})
     for layer in layers:
         mlp_module(model, layer)  # validates the layout and the layer index
     texts = mom2_texts() if texts is None else list(texts)
     paths = {layer: _cache_path(model, layer, texts, max_length, cache_dir) for layer in layers}
-    found = {layer: load_file(path)["second_moment"] for layer, path in paths.items()
-             if path is not None and path.is_file()}
+    logged = progress is not False and not sys.stderr.isatty()
+
+    def cached() -> dict[int, torch.Tensor]:
+        return {layer: load_file(path)["second_moment"] for layer, path in paths.items()
+                if path is not None and path.is_file()}
+
+    found = cached()
     todo = [layer for layer in layers if layer not in found]
     if not todo:
         return found
+    if cache_dir is False:
+        found.update(_second_moments(model, tok, todo, texts, None, max_length, batch_size, save_every, progress))
+        return found
+    with _locked([paths[layer] for layer in todo], logged):
+        found = cached()  # what another process finished while this one waited
+        todo = [layer for layer in layers if layer not in found]
+        if todo:
+            partial = paths[todo[0]].with_name("partial_" + "_".join(paths[l].stem for l in todo) + ".safetensors")
+            computed = _second_moments(model, tok, todo, texts, partial, max_length, batch_size, save_every, progress)
+            for layer, (cov, tokens) in computed.items():
+                _save(paths[layer], {"second_moment": cov.contiguous()},
+                      {"tokens": str(tokens), "documents": str(len(texts))})
+                found[layer] = cov
+            partial.unlink(missing_ok=True)
+    return {layer: found[layer] for layer in layers}
+
+
+def _second_moments(model: Any, tok: Any, todo: Sequence[int], texts: Sequence[str], partial: Optional[Path],
+                    max_length: int, batch_size: int, save_every: int,
+                    progress: Optional[bool]) -> dict[int, tuple[torch.Tensor, int]]:
+    """{layer: (C, tokens)} from one streamed pass over ``texts`` (resumed from / saved to ``partial``)."""
     batches = _length_batches(texts, batch_size)
     device = model_device(model)
     width = {layer: mlp_module(model, layer).down_proj.in_features for layer in todo}
     totals = {layer: torch.zeros(width[layer], width[layer], dtype=torch.float64) for layer in todo}
     count, first = 0, 0
-    partial = None if paths[todo[0]] is None else paths[todo[0]].with_name(
-        "partial_" + "_".join(paths[l].stem for l in todo) + ".safetensors")
     if partial is not None and partial.is_file():  # an interrupted pass over the same layers and text
         saved = load_file(str(partial))
         totals = {layer: saved[f"layer{layer}"] for layer in todo}
@@ -159,8 +204,8 @@ def key_second_moments(model: Any, tok: Any, layers: Sequence[int], *, texts: Op
     hooks = [mlp_module(model, layer).down_proj.register_forward_pre_hook(accumulate(layer)) for layer in todo]
     logged = progress is not False and not sys.stderr.isatty()
     try:
-        for i in progress_bar(range(first, len(batches)), desc=f"second moments, layers {todo}", unit="batch",
-                              enabled=progress is not False, leave=False):
+        for i in progress_bar(range(first, len(batches)), desc=f"second moments, layers {list(todo)}",
+                              unit="batch", enabled=progress is not False, leave=False):
             input_ids, attention_mask = encode_texts(tok, [texts[j] for j in batches[i]], max_length=max_length)
             real["mask"] = attention_mask.to(device).bool()
             try:
@@ -172,15 +217,8 @@ def key_second_moments(model: Any, tok: Any, layers: Sequence[int], *, texts: Op
                 _save(partial, {**{f"layer{l}": t for l, t in totals.items()},
                                 "count": torch.tensor(count), "next_batch": torch.tensor(i + 1)}, {})
                 if logged:
-                    log_line(f"second moments, layers {todo}: batch {i + 1}/{len(batches)}, {count:,} tokens")
+                    log_line(f"second moments, layers {list(todo)}: batch {i + 1}/{len(batches)}, {count:,} tokens")
     finally:
         for handle in hooks:
             handle.remove()
-    for layer in todo:
-        found[layer] = (totals[layer] / count).to(torch.float32)
-        if paths[layer] is not None:
-            _save(paths[layer], {"second_moment": found[layer].contiguous()},
-                  {"tokens": str(count), "documents": str(len(texts))})
-    if partial is not None:
-        partial.unlink(missing_ok=True)
-    return {layer: found[layer] for layer in layers}
+    return {layer: ((totals[layer] / count).to(torch.float32), count) for layer in todo}

@@ -277,6 +277,31 @@ def test_second_moments_stop_after_the_highest_layer_asked_for(llama, tmp_path):
     torch.testing.assert_close(low[0], both[0], rtol=1e-5, atol=1e-7)  # other batch widths: float32 rounding
 
 
+def test_a_second_pass_over_the_same_c_waits_for_the_first_and_reads_its_file(llama, tmp_path, monkeypatch):
+    import fcntl
+    import threading
+
+    from factkernels.hf import statistics
+
+    model, tok = llama
+    path = statistics._cache_path(model, 1, TEXTS, 2048, tmp_path)
+    path.parent.mkdir(parents=True)
+    waiting, results = threading.Event(), {}
+    monkeypatch.setattr(statistics, "log_line", lambda text: waiting.set())
+    monkeypatch.setattr(statistics, "_second_moments", lambda *a, **k: pytest.fail("the pass was repeated"))
+    monkeypatch.setattr(statistics.sys.stderr, "isatty", lambda: False)
+    with open(path.with_suffix(".lock"), "w") as lock:  # "another process" is computing layer 1
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        second = threading.Thread(target=lambda: results.update(
+            key_second_moments(model, tok, [1], texts=TEXTS, cache_dir=tmp_path)))
+        second.start()
+        assert waiting.wait(60)
+        cov = torch.eye(64)
+        statistics._save(path, {"second_moment": cov}, {"tokens": "7", "documents": "12"})
+    second.join(60)
+    assert torch.equal(results[1], cov)
+
+
 def test_editors_take_c_from_the_hparams_corpus(llama, tmp_path):
     from factkernels.hf import statistics
 
