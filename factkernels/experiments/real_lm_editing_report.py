@@ -6,7 +6,7 @@ the harmonic mean of the three mean scores (efficacy, paraphrase, neighbourhood)
 CPU seconds.
 
 Figures: ``real_lm_triangle`` — reliability (efficacy score), generalization (paraphrase score) and locality
-(neighbourhood score) in three aligned panels, one bar per method and number of edits with its 95 % interval,
+(neighbourhood score) in three aligned panels (stacked, methods shared), one bar per method and number of edits with its 95 % interval,
 the unedited model's value as a dashed line. Three panels rather than a ternary or radar plot: the three
 scores do not sum to one (a ternary plot needs proportions), and a radar plot's area depends on the order of
 its axes and hides the intervals; aligned 0..1 axes let each score be read against the unedited model and the
@@ -69,6 +69,7 @@ def summarize(cells: list) -> dict:
         wall = "baseline" if cfg["method"] == "unedited" else "edit"
         rows.append({**{k: cfg[k] for k in ("model", "kind", "split", "method", "settings", "protocol", "n")},
                      "draws": [c.config["draw"] for c in members], "metrics": stats,
+                     "by_relation": _by_relation(per_draw),
                      "hmean": harmonic_mean(means),
                      "seconds": _interval([s[wall] for s in seconds]),
                      "cpu_seconds": _interval([s.get(f"{wall}_cpu", math.nan) for s in seconds])})
@@ -76,6 +77,23 @@ def summarize(cells: list) -> dict:
                              order.index(r["method"]) if r["method"] in order else len(order),
                              r["protocol"], settings_text(r["settings"])))
     return {"rows": rows, "claims": {}}
+
+
+def _by_relation(per_draw: list[dict]) -> dict:
+    """{relation: {score: mean over the draws' cases of that relation}} (cases weighted equally; single-protocol
+    cells keep no breakdown, so they give {})."""
+    out: dict = {}
+    for scores in per_draw:
+        for relation, part in scores.get("by_relation", {}).items():
+            mine = out.setdefault(relation, {"num_cases": 0})
+            n = part["num_cases"]
+            for k, v in part.items():
+                if k != "num_cases" and v == v:  # NaN: no such prompt in this draw
+                    total, count = mine.get(k, (0.0, 0))
+                    mine[k] = (total + v * n, count + n)
+            mine["num_cases"] += n
+    return {rel: {k: (v if k == "num_cases" else v[0] / v[1]) for k, v in part.items()}
+            for rel, part in sorted(out.items())}
 
 
 def _pm(stat: Optional[dict], digits: int = 3, style: str = "f") -> str:
@@ -112,6 +130,13 @@ def markdown_table(summary: dict, *, kind: str = "known", split: str = "test", m
         cpu = r["cpu_seconds"]["mean"]
         cells.append(f"{r['seconds']['mean']:.0f}" + (f" ({cpu:.0f})" if cpu == cpu else ""))
         lines.append("| " + " | ".join(cells) + " |")
+    ceiling = [r for r in summary["rows"] if (r["kind"], r["split"], r["model"], r["method"]) ==
+               (kind, split, model, "unedited")]
+    if ceiling:  # the held-out templates' true object, greedy: how far paraphrases can be recalled at all
+        lines.append("\nThe unedited model's own cross-template consistency (held-out templates, greedy true object; "
+                     "the ceiling of paraphrase exact): "
+                     + ", ".join(f"{_size_text(r)} cases {_pm(r['metrics'].get('paraphrase_true_exact'))}" for r in ceiling)
+                     + ".")
     return "\n".join(lines)
 
 
@@ -174,7 +199,7 @@ def _triangle(rows: list[dict]):
     series = {k: v for k, v in _series(rows).items() if v[0]["method"] != "unedited"}
     unedited = {str(r["n"]): r for r in rows if r["method"] == "unedited"}
     sizes = sorted({r["n"] for r in rows}, key=_size_key)
-    fig, axes = panels(3, width=max(4.5, 0.9 * len(series) * len(sizes)))
+    fig, axes = panels(1, nrows=3, width=max(6.0, 0.3 * len(series) * len(sizes) + 2), height=2.6)
     width = 0.8 / max(1, len(sizes))
     for ax, (metric, title) in zip(axes, SCORES):
         for j, n in enumerate(sizes):
@@ -193,10 +218,10 @@ def _triangle(rows: list[dict]):
             base = unedited.get(str(n))
             if base is not None:
                 ax.axhline(base["metrics"][metric]["mean"], color=f"C{j}", linestyle="--", linewidth=0.8)
-        ax.set_xticks(range(len(series)), list(series), rotation=30, ha="right", fontsize=7)
+        ax.set_xticks(range(len(series)), list(series) if ax is axes[-1] else [], rotation=30, ha="right", fontsize=7)
         ax.set_ylim(0, 1.05)
-        ax.set_title(title, fontsize=9)
-    axes[0].legend(fontsize=7, title="dashed: unedited", title_fontsize=7)
+        ax.set_ylabel(title, fontsize=8)
+    axes[0].legend(fontsize=7, title="dashed: unedited", title_fontsize=7, loc="lower left")
     fig.tight_layout()
     return fig
 
@@ -219,7 +244,10 @@ def _scaling(rows: list[dict]):
         ax.set_xscale("log")
         ax.set_xlabel("edits at once")
         ax.set_title(title, fontsize=9)
+    for ax in axes[:3]:
+        ax.set_ylim(0, 1.05)
     axes[3].set_yscale("symlog", linthresh=1e-6)
+    axes[3].set_ylim(bottom=0)  # KL >= 0: an interval reaching below is the t-interval's, not the data's
     axes[0].legend(fontsize=6)
     fig.tight_layout()
     return fig

@@ -87,7 +87,10 @@ def test_summary_gives_t_intervals_over_draws_and_the_harmonic_mean():
     cells = [_fake_cell("memit", d, dict(zip(("efficacy_score", "paraphrase_score", "neighbourhood_score"), v)),
                         10.0 * (d + 1)) for d, v in enumerate(values)]
     cells.append(_fake_cell("unedited", 0, {"efficacy_score": 0.0, "paraphrase_score": 0.1,
-                                            "neighbourhood_score": 1.0}, 5.0))
+                                            "neighbourhood_score": 1.0, "paraphrase_true_exact": 0.3}, 5.0))
+    cells[0].result["scores"]["by_relation"] = {"capital": {"num_cases": 3, "paraphrase_score": 1.0},
+                                                "currency": {"num_cases": 7, "paraphrase_score": 0.0}}
+    cells[1].result["scores"]["by_relation"] = {"capital": {"num_cases": 1, "paraphrase_score": 0.0}}
     summary = report.summarize(cells)
     unedited, memit = summary["rows"]  # registry order: unedited first
     assert unedited["method"] == "unedited" and memit["draws"] == [0, 1, 2]
@@ -100,6 +103,10 @@ def test_summary_gives_t_intervals_over_draws_and_the_harmonic_mean():
     table = report.markdown_table(summary)
     assert "| 10 | memit | batch | defaults | 3 | 0.900 ± 0.248 | 0.400 ± 0.248 |" in table
     assert "| 10 | unedited | none | defaults | 1 | 0.000 |" in table
+    assert "cross-template consistency" in table and "10 cases 0.300." in table
+    # per relation: cases of every draw weighted equally
+    assert memit["by_relation"]["capital"] == {"num_cases": 4, "paraphrase_score": pytest.approx(0.75)}
+    assert memit["by_relation"]["currency"]["paraphrase_score"] == 0.0
 
 
 def test_command_line_builds_the_grid(tmp_path):
