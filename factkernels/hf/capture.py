@@ -26,6 +26,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
 from torch import nn
+from torch.nn.functional import pad as F_pad
 
 from .layout import mlp_module
 from .requests import Request
@@ -39,7 +40,8 @@ class PromptBatch:
     """Right-padded token ids of request prompts (optionally followed by their target tokens).
 
     input_ids, attention_mask: (n, T) long; subject_last, prompt_last: (n,) long positions of
-    the subject's last token and the prompt's last token; target_len: (n,) long number of
+    the subject's last token and the prompt's last token; subject_first: (n,) long the subject's first
+    token (the tokens before it are the prompt's head, often shared across rows); target_len: (n,) long number of
     target tokens appended after ``prompt_last`` (0 without targets). Target token t of row i
     sits at ``prompt_last[i] + 1 + t`` and is predicted by the logits at ``prompt_last[i] + t``.
     """
@@ -49,6 +51,7 @@ class PromptBatch:
     subject_last: torch.Tensor
     prompt_last: torch.Tensor
     target_len: torch.Tensor
+    subject_first: torch.Tensor
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -58,7 +61,7 @@ class PromptBatch:
         mask = self.attention_mask[sl]
         width = int(mask.sum(1).max()) if mask.shape[0] else 0
         return PromptBatch(self.input_ids[sl][:, :width], mask[:, :width], self.subject_last[sl],
-                           self.prompt_last[sl], self.target_len[sl])
+                           self.prompt_last[sl], self.target_len[sl], self.subject_first[sl])
 
     def target_ids(self, i: int) -> list[int]:
         start = int(self.prompt_last[i]) + 1
@@ -103,7 +106,7 @@ def encode_requests(tok: Any, requests: Sequence[Request], *, with_target: bool 
     as ROME/MEMIT do.
     """
     _require_fast(tok)
-    rows, subject_last, prompt_last, target_len = [], [], [], []
+    rows, subject_first, subject_last, prompt_last, target_len = [], [], [], [], []
     for i, r in enumerate(requests):
         enc = tok(r.text, return_offsets_mapping=True)
         ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
@@ -111,6 +114,7 @@ def encode_requests(tok: Any, requests: Sequence[Request], *, with_target: bool 
         inside = [t for t, (a, b) in enumerate(offsets) if b > a and a < end]
         if not inside:
             raise ValueError(f"request {i}: no token of subject {r.subject!r} found in {r.text!r}")
+        subject_first.append(next((t for t in inside if offsets[t][1] > r.subject_span[0]), inside[-1]))
         subject_last.append(inside[-1])
         prompt_last.append(len(ids) - 1)
         target = tok(r.target_new, add_special_tokens=False)["input_ids"] if with_target else []
@@ -120,7 +124,7 @@ def encode_requests(tok: Any, requests: Sequence[Request], *, with_target: bool 
         rows.append(ids + list(target))
     input_ids, attention_mask = pad_right(rows, pad_id(tok))
     return PromptBatch(input_ids, attention_mask, torch.tensor(subject_last), torch.tensor(prompt_last),
-                       torch.tensor(target_len))
+                       torch.tensor(target_len), torch.tensor(subject_first))
 
 
 def encode_texts(tok: Any, texts: Sequence[str], *, max_length: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,6 +216,64 @@ def tail_matches(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
 
 
 @torch.no_grad()
+def tail_start(model: Any, batch: PromptBatch, layer: int, start: torch.Tensor, *,
+               batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor, Past]:
+    """What the blocks after ``layer`` need to rerun each row of ``batch`` from position start[i] (n,) on, when
+    nothing before it changes (δ added at the subject's last token): (states (n, S, d) the residual after
+    ``layer`` at positions start + s, mask (n, S) long real ones, past: the keys and values of positions
+    < start at the blocks after ``layer`` (:class:`Past`, None at the others)). One full forward per chunk."""
+    lengths = batch.attention_mask.sum(1)
+    span = int((lengths - start).max())
+    n, blocks = len(batch), model.model.layers
+    keys: list = [None] * len(blocks)
+    values: list = [None] * len(blocks)
+    width = max(1, int(start.max()))
+    states = None
+    past_mask = (torch.arange(width) < start[:, None]).long()
+    seen: dict = {}
+    handle = blocks[layer].register_forward_hook(
+        lambda _m, _a, out: seen.__setitem__("out", out[0] if isinstance(out, tuple) else out))
+    from transformers import DynamicCache
+
+    try:
+        for chunk in length_sorted_chunks(lengths, batch_size):
+            cut = int(lengths[chunk].max())
+            cache = DynamicCache()
+            forward_after(model, batch.input_ids[chunk, :cut], batch.attention_mask[chunk, :cut], None, cache=cache)
+            out = seen.pop("out")
+            at = (start[chunk, None] + torch.arange(span)).clamp(max=cut - 1).to(out.device)
+            if states is None:
+                states = out.new_zeros(n, span, out.shape[-1])
+            states[chunk.to(out.device)] = out.gather(1, at[..., None].expand(-1, -1, out.shape[-1]))
+            for i in range(layer + 1, len(blocks)):
+                k, v = cache.layers[i].keys[..., :width, :], cache.layers[i].values[..., :width, :]
+                if k.shape[2] < width:
+                    pad = (0, 0, 0, width - k.shape[2])
+                    k, v = F_pad(k, pad), F_pad(v, pad)
+                if keys[i] is None:
+                    keys[i] = k.new_zeros(n, *k.shape[1:])
+                    values[i] = v.new_zeros(n, *v.shape[1:])
+                keys[i][chunk.to(k.device)], values[i][chunk.to(k.device)] = k, v
+    finally:
+        handle.remove()
+    mask = (start[:, None] + torch.arange(span) < lengths[:, None]).long()
+    return states, mask, Past(keys, values, past_mask)
+
+
+def tail_from(model: Any, layer: int, states: torch.Tensor, mask: torch.Tensor, past: Past) -> torch.Tensor:
+    """The decoder's last hidden states (b, S, d) of rows continuing ``past`` from the residual stream after
+    block ``layer`` at their positions from there on (``states`` (b, S, d), ``mask`` (b, S); see
+    :func:`tail_start`): only the later blocks and the final norm run. Differentiable in ``states``."""
+    inner = model.model
+    blocks = inner.layers
+    inner.layers = torch.nn.ModuleList(list(blocks)[layer + 1:])
+    try:
+        return forward_after(model, None, mask, past, inputs_embeds=states).last_hidden_state
+    finally:
+        inner.layers = blocks
+
+
+@torch.no_grad()
 def block_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int, *,
                   batch_size: int = 64) -> torch.Tensor:
     """The residual stream after block ``layer`` at every position of right-padded rows: (n, T, d), zero at
@@ -238,23 +300,142 @@ class _Captured(Exception):
     """Raised by a capture hook once it holds its input: the rest of the forward is skipped."""
 
 
+@dataclass
+class Past:
+    """Keys and values of tokens that came before each row, per decoder layer: keys[l], values[l]
+    (b, kv_heads, P, head_dim), or None for a layer that will not run (blocks up to an edited layer);
+    mask (b, P) long, 1 at a row's real slots (the first ``mask[i].sum()``)."""
+
+    keys: list
+    values: list
+    mask: torch.Tensor
+
+    def cache(self) -> Any:
+        """A fresh transformers DynamicCache holding these states (a forward appends to the one it gets);
+        layers that will not run hold zeros of the same shape (masks read their length)."""
+        from transformers import DynamicCache
+
+        like = next(k for k in self.keys if k is not None)
+        cache = DynamicCache()
+        for i, (k, v) in enumerate(zip(self.keys, self.values)):
+            if k is None:
+                k = v = like.new_zeros(()).expand(like.shape)
+            cache.update(k, v, i)
+        return cache
+
+    def rows(self, index: torch.Tensor) -> "Past":
+        """The past of rows ``index`` (k,) long, trimmed to their longest."""
+        width = max(1, int(self.mask[index].sum(1).max())) if len(index) else 1
+        at = index.to(next(k for k in self.keys if k is not None).device)
+        pick = lambda t: None if t is None else t[at, :, :width]  # noqa: E731
+        return Past([pick(k) for k in self.keys], [pick(v) for v in self.values], self.mask[index, :width])
+
+
+def _cache_argument(model: Any) -> str:
+    """The name of the decoder's cache argument (``cache`` from transformers 5.x's rename, else
+    ``past_key_values``)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
+
+
+def forward_after(model: Any, input_ids: Optional[torch.Tensor], attention_mask: torch.Tensor,
+                  past: Optional[Past], *, inputs_embeds: Optional[torch.Tensor] = None, use_cache: bool = False,
+                  cache: Any = None) -> Any:
+    """``model.model`` on right-padded rows (b, T) that continue ``past`` (or none): row i's tokens sit at
+    positions past.mask[i].sum() + t and attend to its real past slots, as if the past's tokens came first in
+    the same forward (the KV cache of generation). ``cache``: a DynamicCache to fill (the past's, when
+    given, is a fresh copy). Returns the decoder's output."""
+    device = model_device(model)
+    mask = attention_mask.to(device)
+    kwargs: dict = {"input_ids": None if input_ids is None else input_ids.to(device), "inputs_embeds": inputs_embeds}
+    if past is not None:
+        offset = past.mask.to(device).sum(1, keepdim=True)
+        kwargs["position_ids"] = offset + torch.arange(mask.shape[1], device=device)
+        mask = torch.cat([past.mask.to(device), mask], 1)
+        cache = past.cache()
+        use_cache = True
+    if cache is not None:
+        kwargs[_cache_argument(model)] = cache
+        use_cache = True
+    return model.model(attention_mask=mask, use_cache=use_cache, **kwargs)
+
+
+def heads(input_ids: torch.Tensor, shared: torch.Tensor) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+    """The distinct heads of rows (b, T) whose first ``shared[i]`` tokens (b,) may repeat across rows (a
+    context prefix, a template's words before the subject): (heads as token tuples, head of each row (b,) long)."""
+    index: dict[tuple[int, ...], int] = {}
+    owner = [index.setdefault(tuple(input_ids[i, :int(s)].tolist()), len(index)) for i, s in enumerate(shared)]
+    return list(index), torch.tensor(owner, dtype=torch.long)
+
+
+def shared_head_forwards(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, shared: torch.Tensor,
+                         batch_size: int) -> Iterator[tuple[str, Any]]:
+    """Forwards of right-padded rows (b, T) whose first ``shared`` (b,) tokens repeat across rows: each
+    distinct head runs once, then every row runs from its head's keys and values (:func:`forward_after`),
+    so a row costs only its own tokens. Yields, after each forward, ("heads", (head rows (h,) long: a row
+    of each head, widths (h,) long)) or ("rows", (rows (k,) long, start (k,) long: where each row's forward
+    began, its output or None)); a capture hook may end a forward early (:class:`_Captured`). Heads run in
+    batches of ``batch_size`` heads (the keys and values of one batch are held at a time), their rows in
+    length-sorted chunks."""
+    head_list, owner = heads(input_ids, shared)
+    lengths = attention_mask.sum(1)
+    widths = torch.tensor([len(h) for h in head_list], dtype=torch.long)
+    order = torch.argsort(widths, stable=True)
+    empty = int((widths == 0).sum())  # rows without a head run alone (an all-padding head row is not run)
+    batches = ([order[:empty]] if empty else []) + list(order[empty:].split(batch_size))
+    for batch in batches:
+        width = int(widths[batch].max())
+        first_row = torch.tensor([int((owner == int(h)).nonzero()[0]) for h in batch])
+        past = None
+        if width > 0:
+            head_mask = (torch.arange(width) < widths[batch, None]).long()
+            from transformers import DynamicCache
+
+            cache = DynamicCache()
+            try:
+                forward_after(model, input_ids[first_row, :width], head_mask, None, cache=cache)
+            except _Captured:
+                pass
+            yield "heads", (first_row, widths[batch])
+            past = Past([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers], head_mask)
+        local = torch.full((len(head_list),), -1, dtype=torch.long)
+        local[batch] = torch.arange(len(batch))
+        rows = (local[owner] >= 0).nonzero().flatten()
+        start = widths[owner[rows]]
+        for part in length_sorted_chunks(lengths[rows] - start, batch_size):
+            chunk, begin = rows[part], start[part]
+            span = int((lengths[chunk] - begin).max())
+            at = begin[:, None] + torch.arange(span)
+            real = at < lengths[chunk, None]
+            ids = input_ids[chunk].gather(1, at.clamp(max=input_ids.shape[1] - 1))
+            out = None
+            try:
+                out = forward_after(model, ids, real.long(), None if past is None else past.rows(local[owner[chunk]]))
+            except _Captured:
+                pass
+            yield "rows", (chunk, begin, out)
+
+
 @torch.no_grad()
 def capture(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int, *,
             site: Union[str, tuple[str, ...]] = "mlp_in", positions: Optional[torch.Tensor] = None,
-            batch_size: int = 64) -> Union[torch.Tensor, tuple[torch.Tensor, ...]]:
+            batch_size: int = 64, shared: Optional[torch.Tensor] = None) -> Union[torch.Tensor, tuple[torch.Tensor, ...]]:
     """States at ``site`` of ``layer`` for right-padded batches (the forward stops there).
 
     input_ids, attention_mask: (n, T). positions: (n,) long -> returns (n, width) (one
     position per row); None -> every real token, (attention_mask.sum(), width) in row-major
     order. width = d for "mlp_in" and "block_out", intermediate size for "down_in".
     A tuple of sites returns one tensor per site, all from the same forwards.
+    shared: (n,) long, how many leading tokens of each row are a head that other rows repeat (a context
+    prefix and a template's words before the subject): each distinct head runs once and the rows continue
+    from its keys and values (:func:`shared_head_forwards`; the same states up to float rounding).
     """
     sites = (site,) if isinstance(site, str) else tuple(site)
     if not sites:
         raise ValueError("site must name at least one capture site")
     modules = [site_module(model, layer, s) for s in sites]
     last = max(SITES.index(s) for s in sites)  # SITES are in forward order: the last one ends the forward
-    device = model_device(model)
     seen: dict = {}
 
     def hook(name: str):
@@ -268,32 +449,59 @@ def capture(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, l
     handles = [m.register_forward_hook(hook(s)) if s == "block_out" else m.register_forward_pre_hook(hook(s))
                for s, m in zip(sites, modules)]
     lengths = attention_mask.sum(1)
-    # rows of similar length run together, each batch trimmed to its widest row (right padding:
-    # trimming changes no real token), and the states go back to the callers' order
     starts = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)[:-1]])
+    total = int(lengths.sum()) if positions is None else input_ids.shape[0]
     out: list[Optional[torch.Tensor]] = [None] * len(sites)
-    try:
-        for chunk in length_sorted_chunks(lengths, batch_size):
-            width = int(lengths[chunk].max())
-            mask = attention_mask[chunk, :width].to(device)
-            seen.clear()
-            try:
-                model.model(input_ids=input_ids[chunk, :width].to(device), attention_mask=mask, use_cache=False)
-            except _Captured:
-                pass
-            real = mask.bool()
+
+    def put(rows: torch.Tensor, begin: torch.Tensor, real: torch.Tensor, source: Optional[torch.Tensor] = None) -> None:
+        """seen's states (b, width, w) at positions begin + t (begin (k,)) of rows (k,) where ``real`` (k, width);
+        source (k,): which of seen's rows holds each row's states (default: the k rows in order)."""
+        for i, s in enumerate(sites):
+            hidden = seen[s]
+            device = hidden.device
+            if out[i] is None:
+                out[i] = hidden.new_empty(total, hidden.shape[-1])
             if positions is None:
-                dest = (starts[chunk, None] + torch.arange(width)).to(device)[real]
+                dest = (starts[rows, None] + begin[:, None] + torch.arange(real.shape[1]))[real]
+                out[i][dest.to(device)] = hidden[source][real.to(device)] if source is not None else hidden[real.to(device)]
             else:
-                dest = chunk.to(device)
-            for i, s in enumerate(sites):
-                hidden = seen[s]  # (b, width, state width)
-                rows = hidden[real] if positions is None else \
-                    hidden[torch.arange(hidden.shape[0], device=device), positions[chunk].to(device)]
-                if out[i] is None:
-                    total = int(lengths.sum()) if positions is None else input_ids.shape[0]
-                    out[i] = rows.new_empty(total, rows.shape[1])
-                out[i][dest] = rows
+                offset = positions[rows] - begin
+                inside = (offset >= 0) & (offset < real.shape[1])
+                picked = offset.clamp(0, real.shape[1] - 1)
+                src = (source if source is not None else torch.arange(len(rows)))
+                states = hidden[src.to(device), picked.to(device)]
+                out[i][rows[inside].to(device)] = states[inside.to(device)]
+
+    try:
+        if shared is None:
+            # rows of similar length run together, each batch trimmed to its widest row (right padding:
+            # trimming changes no real token), and the states go back to the callers' order
+            for chunk in length_sorted_chunks(lengths, batch_size):
+                width = int(lengths[chunk].max())
+                mask = attention_mask[chunk, :width]
+                seen.clear()
+                try:
+                    forward_after(model, input_ids[chunk, :width], mask, None)
+                except _Captured:
+                    pass
+                put(chunk, torch.zeros(len(chunk), dtype=torch.long), mask.bool())
+        else:
+            _, owner = heads(input_ids, shared)
+            seen.clear()
+            for kind, (rows, begin, *_) in shared_head_forwards(model, input_ids, attention_mask, shared, batch_size):
+                if kind == "heads":  # rows: one row per head; begin: the heads' widths
+                    width = int(begin.max())
+                    local = torch.full((int(owner.max()) + 1,), -1, dtype=torch.long)
+                    local[owner[rows]] = torch.arange(len(rows))
+                    every = (local[owner] >= 0).nonzero().flatten()
+                    source = local[owner[every]]
+                    real = torch.arange(width) < begin[source, None]
+                    put(every, torch.zeros(len(every), dtype=torch.long), real, source)
+                else:
+                    span = seen[sites[0]].shape[1]
+                    real = begin[:, None] + torch.arange(span) < lengths[rows, None]
+                    put(rows, begin, real)
+                seen.clear()
     finally:
         for handle in handles:
             handle.remove()

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import resource
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F_nn
@@ -41,7 +42,8 @@ from ..encoder import assemble, build_shared_gate
 from ..mlp import FactMLP
 from ..validation import check_positive_int
 from .capture import (PromptBatch, block_outputs, capture, encode_requests, encode_texts, final_hidden,
-                      hidden_with_delta, length_sorted_chunks, logits_at, model_device, tail_matches)
+                      hidden_with_delta, length_sorted_chunks, logits_at, model_device, shared_head_forwards,
+                      tail_matches)
 from .checkpoint import ChunkCheckpoint, fingerprint
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
@@ -251,11 +253,39 @@ def _full_model_step(model: Any, layer: int, batch: PromptBatch, keys: KeySet, d
     return margins, total
 
 
+# background states by (tokenizer, layer, max_length, texts): (weight versions, tokenizer, weights, states); a few kept
+_BACKGROUND: dict = {}
+_BACKGROUND_KEEP = 4
+
+
+def _weights_before_mlp(model: Any, layer: int) -> list:
+    """The parameters the MLP input of ``layer`` depends on: the embeddings, the blocks before it, and the
+    block's own attention and norms."""
+    inner = model.model
+    params = list(inner.embed_tokens.parameters())
+    for i, block in enumerate(inner.layers[:layer + 1]):
+        params += [p for name, p in block.named_parameters() if i < layer or not name.startswith("mlp.")]
+    return params
+
+
 def background_states(model: Any, tok: Any, texts: Sequence[str], layer: int, *, max_length: int = 128,
                       batch_size: int = 16) -> torch.Tensor:
-    """MLP inputs of ``layer`` at every real token of ``texts`` (ordinary text): (N, d)."""
+    """MLP inputs of ``layer`` at every real token of ``texts`` (ordinary text): (N, d). Kept for the next
+    call with the same model, tokenizer, layer and texts while the weights they depend on are the same
+    tensors, unchanged in place (units appended at ``layer`` or later do not change them)."""
+    weights = _weights_before_mlp(model, layer)
+    key = (id(tok), layer, max_length, tuple(texts))
+    versions = [(id(p), p._version, p.device) for p in weights]
+    hit = _BACKGROUND.get(key)
+    if hit is not None and hit[0] == versions and hit[1] is tok:
+        return hit[3]
     ids, mask = encode_texts(tok, texts, max_length=max_length)
-    return capture(model, ids, mask, layer, site="mlp_in", batch_size=batch_size)
+    states = capture(model, ids, mask, layer, site="mlp_in", batch_size=batch_size)
+    _BACKGROUND.pop(key, None)
+    while len(_BACKGROUND) >= _BACKGROUND_KEEP:
+        _BACKGROUND.pop(next(iter(_BACKGROUND)))
+    _BACKGROUND[key] = (versions, tok, weights, states)  # the tokenizer and weights are held: their ids stay theirs
+    return states
 
 
 def contrast_states(model: Any, tok: Any, requests: Sequence[Request], layer: int, position: str, *, rounds: int,
@@ -371,6 +401,17 @@ class InsertionReport:
         return asdict(self)
 
 
+@contextmanager
+def _removed_on_failure(units: AppendedUnits) -> Iterator[None]:
+    """Units appended but not yet certified are taken out again if anything fails (an interrupt included): a
+    failed insertion leaves the model as it was."""
+    try:
+        yield
+    except BaseException:
+        units.remove()
+        raise
+
+
 @dataclass
 class Insertion:
     """Facts inserted by :func:`insert_facts`: ``.report``, ``.mlp`` (the constructed units), ``.remove()``."""
@@ -398,7 +439,8 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
                  adaptive_threshold: bool = False, seed: int = 0, batch_size: int = 32,
                  progress: bool = True, checkpoint: Union[str, Path, None] = None, keys: str = "request",
                  prefixes: Optional[Sequence[str]] = None, value_prefixes: int = 0, within: float = 1.0,
-                 subject_threshold: float = 0.5, ramp: float = 12.0) -> Insertion:
+                 subject_threshold: float = 0.5, ramp: float = 12.0,
+                 device: Union[str, torch.device, None] = None) -> Insertion:
     """Insert facts by appending constructed hidden units to one layer's MLP (in place).
 
     requests: dicts/Requests or a .json/.csv path (see :func:`factkernels.hf.parse_requests`).
@@ -423,6 +465,8 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         between the contrast and own scores, ``ramp`` is the units' saturation; ``position``, ``gate``,
         ``threshold``, ``contrast`` and ``checkpoint`` do not apply). The report's margins are then those of
         every context (request × prefix), each certified in the edited model.
+    device: where the model runs ("cpu", "cuda", ...): it is moved there in place (``model.to(device)``) and
+        stays; default: where it is. Every step runs on the model's device.
     Returns an :class:`Insertion`; raises ValueError for bad requests, layer or options.
     """
     start_time = time.perf_counter()
@@ -439,15 +483,21 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     mlp_module(model, layer)  # validates layout and range
     if position not in KEY_POSITIONS:
         raise ValueError(f"position must be one of {KEY_POSITIONS}, got {position!r}")
+    if keys == "subject":
+        prefixes = default_prefixes() if prefixes is None else list(prefixes)
+        check_subject_options(value_prefixes, prefixes, subject_threshold, ramp, within)
+    if device is not None:  # after every check: a refused request leaves the model where it was
+        model.to(device)
     if background is None:
         from ..datasets import natural_text
 
         background = natural_text("stats")
     torch.manual_seed(seed)
     if keys == "subject":
-        prefixes = default_prefixes() if prefixes is None else list(prefixes)
-        check_subject_options(value_prefixes, prefixes, subject_threshold, ramp, within)
-        return _insert_by_subject(model, tok, parsed, layer=layer, background=background_states(model, tok, background, layer),
+        t = time.perf_counter()
+        states = background_states(model, tok, background, layer)
+        return _insert_by_subject(model, tok, parsed, layer=layer, background=states,
+                                  background_seconds=time.perf_counter() - t,
                                   prefixes=prefixes, value_prefixes=value_prefixes, within=within,
                                   threshold=subject_threshold, ramp=ramp, margin=margin, value_steps=value_steps,
                                   value_lr=value_lr, batch_size=batch_size, progress=progress, start_time=start_time)
@@ -488,7 +538,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
 
     units = append_units(model, layer, fact_mlp.swiglu_weights())
     t = time.perf_counter()
-    with torch.no_grad():
+    with _removed_on_failure(units), torch.no_grad():
         margins = batch_margins(model, batch, batch_size)
     timings["verify"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - start_time + restored
@@ -505,14 +555,15 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
 
 
 def _insert_by_subject(model: Any, tok: Any, requests: list[Request], *, layer: int, start_time: float,
-                       **options: Any) -> Insertion:
+                       background_seconds: float, **options: Any) -> Insertion:
     """keys="subject": build (:func:`~factkernels.hf.subject_keys.insert_by_subject`), append, certify every context."""
     fact_mlp, stats, deltas, ctx = insert_by_subject(model, tok, requests, layer=layer, ridge=1e-2, **options)
     units = append_units(model, layer, fact_mlp.swiglu_weights())
     t = time.perf_counter()
-    with torch.no_grad():
-        margins = batch_margins(model, ctx.batch, options["batch_size"])
-    timings = {**stats.pop("timings"), "verify": time.perf_counter() - t, "total": time.perf_counter() - start_time}
+    with _removed_on_failure(units), torch.no_grad():
+        margins = batch_margins(model, ctx.batch, options["batch_size"], shared=ctx.batch.subject_first)
+    timings = {"background": background_seconds, **stats.pop("timings"), "verify": time.perf_counter() - t,
+               "total": time.perf_counter() - start_time}
     values = stats.pop("values")
     report = InsertionReport(
         layer=layer, gate="lda-ramp", position="subject", num_facts=len(requests), num_keys=len(ctx.requests),
@@ -537,14 +588,30 @@ def capture_at_keys(model: Any, batch: PromptBatch, layer: int, keys: KeySet, ba
 
 
 @torch.no_grad()
-def batch_margins(model: Any, batch: PromptBatch, batch_size: int) -> torch.Tensor:
+def batch_margins(model: Any, batch: PromptBatch, batch_size: int, shared: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Teacher-forced target margins of every row of ``batch``, in slices: per request, the min over its
     target tokens of (target logit − best other logit); > 0 iff greedy decoding produces the whole
-    target. Logits only at the target positions. (n,)"""
+    target. Logits only at the target positions. (n,)
+    shared: (n,) long, leading tokens of each row that other rows repeat (before the subject): each distinct
+    head runs once and the rows continue from its keys and values, as generation does
+    (:func:`~factkernels.hf.capture.shared_head_forwards`)."""
     out = torch.empty(len(batch))
-    for chunk in length_sorted_chunks(batch.attention_mask.sum(1), batch_size):
+
+    def put(chunk: torch.Tensor, hidden: torch.Tensor, begin: torch.Tensor) -> None:
         sub = batch.rows(chunk)
         rows, positions, tokens = sub.target_positions()
-        logits = logits_at(model, final_hidden(model, sub.input_ids, sub.attention_mask), rows, positions)
+        logits = logits_at(model, hidden, rows, positions - begin[rows])
         out[chunk] = _fact_min(_token_margin(logits, tokens.to(logits.device)), rows.to(logits.device), len(sub)).cpu()
+
+    if shared is None:
+        for chunk in length_sorted_chunks(batch.attention_mask.sum(1), batch_size):
+            sub = batch.rows(chunk)
+            put(chunk, final_hidden(model, sub.input_ids, sub.attention_mask), torch.zeros(len(chunk), dtype=torch.long))
+        return out
+    if bool((shared > batch.prompt_last).any()):
+        raise ValueError("shared heads must end before each row's last prompt token (the first target logit)")
+    for kind, (rows, begin, *output) in shared_head_forwards(model, batch.input_ids, batch.attention_mask, shared,
+                                                              batch_size):
+        if kind == "rows":
+            put(rows, output[0].last_hidden_state, begin)
     return out

@@ -30,8 +30,8 @@ import torch.nn.functional as F_nn
 
 from ..mlp import FactMLP
 from ..progress import progress_bar
-from .capture import (PromptBatch, block_outputs, capture, encode_requests, hidden_with_delta, length_sorted_chunks,
-                      logits_at, model_device, tail_matches)
+from .capture import (PromptBatch, capture, encode_requests, hidden_with_delta, length_sorted_chunks, logits_at,
+                      model_device, tail_from, tail_matches, tail_start)
 from .contexts import with_prefixes
 from .layout import mlp_module
 from .requests import Request
@@ -122,31 +122,46 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
                        progress: bool = True) -> tuple[torch.Tensor, dict]:
     """One δ per subject (S, d), added after ``layer``'s MLP at the subject's last token of each of its rows, fit
     jointly over them: Adam on the summed target cross-entropy of the rows below ``margin`` until every row
-    reaches it (or ``steps``). The blocks up to ``layer`` run once; each step runs only the later ones."""
+    reaches it (or ``steps``). δ changes nothing before the subject's last token: one forward gives the residual
+    after ``layer`` from there on and the keys and values before it (:func:`~factkernels.hf.capture.tail_start`),
+    and each step runs only the later blocks on the positions from the subject's last token on."""
     device = model_device(model)
     n_subjects = int(subject.max()) + 1
     delta = torch.zeros(n_subjects, model.config.hidden_size, device=device, requires_grad=True)
     opt = torch.optim.Adam([delta], lr=lr)
     probe = batch.rows(slice(0, 2))
-    states = (block_outputs(model, batch.input_ids, batch.attention_mask, layer, batch_size=batch_size)
+    start = batch.subject_last
+    cached = (tail_start(model, batch, layer, start, batch_size=batch_size)
               if tail_matches(model, probe.input_ids, probe.attention_mask, layer) else None)
+
+    def target_logits(chunk: torch.Tensor, sub: PromptBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits (k, vocab) of the rows ``chunk`` at their target positions with their subjects' δ, the row
+        (k,) and token (k,) of each."""
+        t_rows, t_pos, t_tokens = sub.target_positions()
+        step = delta[subject[chunk].to(device)]
+        if cached is None:  # a model whose tail differs: δ by a hook in a full forward
+            hidden = hidden_with_delta(model, layer, sub, None, torch.arange(len(chunk)), sub.subject_last, step)
+            return logits_at(model, hidden, t_rows, t_pos), t_rows, t_tokens
+        states, mask, past = cached
+        span = int(mask[chunk].sum(1).max())
+        x = states[chunk.to(states.device), :span]
+        x = torch.cat([x[:, :1] + step[:, None], x[:, 1:]], 1)
+        hidden = tail_from(model, layer, x, mask[chunk, :span], past.rows(chunk))
+        return logits_at(model, hidden, t_rows, t_pos - start[chunk][t_rows]), t_rows, t_tokens
+
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.requires_grad_(False)
     history = []
     active = torch.arange(len(batch))
     margins = torch.full((len(batch),), float("-inf"))
+    from_start = batch.attention_mask.sum(1) - start
     try:
         for _ in progress_bar(range(steps), desc=f"subject values at layer {layer}", enabled=progress, leave=False):
             opt.zero_grad()
-            for part in length_sorted_chunks(batch.attention_mask.sum(1)[active], batch_size):
+            for part in length_sorted_chunks(from_start[active], batch_size):
                 chunk = active[part]
-                sub = batch.rows(chunk)
-                rows = torch.arange(len(chunk))
-                hidden = hidden_with_delta(model, layer, sub, None if states is None else states[chunk], rows,
-                                           sub.subject_last, delta[subject[chunk].to(device)])
-                t_rows, t_pos, t_tokens = sub.target_positions()
-                logits = logits_at(model, hidden, t_rows, t_pos)
+                logits, t_rows, t_tokens = target_logits(chunk, batch.rows(chunk))
                 t_tokens = t_tokens.to(logits.device)
                 own = logits.gather(1, t_tokens[:, None]).squeeze(1)
                 other = logits.detach().scatter(1, t_tokens[:, None], float("-inf")).amax(1)
@@ -186,7 +201,8 @@ def insert_by_subject(model: Any, tok: Any, requests: Sequence[Request], *, laye
     timings: dict = {}
     t = time.perf_counter()
     ctx = subject_contexts(tok, requests, prefixes)
-    states = capture(model, ctx.batch.input_ids, ctx.batch.attention_mask, layer, site="mlp_in", batch_size=batch_size)
+    states = capture(model, ctx.batch.input_ids, ctx.batch.attention_mask, layer, site="mlp_in", batch_size=batch_size,
+                     shared=ctx.batch.subject_first)
     lengths = ctx.batch.attention_mask.sum(1)
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
     key_index = offsets + ctx.batch.subject_last

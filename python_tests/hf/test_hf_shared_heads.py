@@ -1,0 +1,155 @@
+"""The insertion's fast paths on a tiny random Llama: shared heads, cached tails, background cache, device=,
+and a failed insertion leaving the model as it was. Each fast path is compared with the plain full forward."""
+
+import copy
+
+import pytest
+import torch
+
+from factkernels import hf
+from factkernels.hf import insert
+from factkernels.hf.capture import heads, hidden_with_delta, shared_head_forwards, tail_from, tail_start
+from factkernels.hf.contexts import with_prefixes
+
+REQUESTS = [
+    {"prompt": "the book {} was written by", "subject": "the hobbit", "target_new": "jane austen"},
+    {"prompt": "who wrote {} ? it was", "subject": "war and peace", "target_new": "george orwell"},
+    {"prompt": "the novel {} is by", "subject": "dune", "target_new": "mary shelley"},
+    {"prompt": "the novel {} is by", "subject": "emma", "target_new": "frank herbert"},
+    {"prompt": "{} is by", "subject": "emma", "target_new": "frank herbert"},
+]
+PREFIXES = ["the old house by the river", "music in the city"]
+TEXTS = ["the old house by the river", "music and rain in the city on a new day", "people know the time of year",
+         "the sun and the stone . the tree and the light"] * 3
+
+
+@pytest.fixture
+def contexts(tiny_llama):
+    _, tok = tiny_llama
+    return hf.encode_requests(tok, with_prefixes(hf.parse_requests(REQUESTS), PREFIXES), with_target=True)
+
+
+def test_subject_first_marks_the_head_before_the_subject(tiny_llama, contexts):
+    _, tok = tiny_llama
+    words = [tok.convert_ids_to_tokens(contexts.input_ids[i, :int(contexts.subject_first[i])].tolist())
+             for i in (0, 3, 6)]  # rows are request-major: request r under context c at 3r + c
+    assert words == [["the", "book"], ["who", "wrote"], ["the", "novel"]]
+    assert (contexts.subject_first <= contexts.subject_last).all()
+    assert int(contexts.subject_first[12]) == 0  # "{} is by" bare: no head
+
+
+@pytest.mark.parametrize("site", ["mlp_in", ("mlp_in", "block_out"), "down_in"])
+def test_capture_with_shared_heads_equals_the_full_forward(tiny_llama, contexts, site):
+    model, _ = tiny_llama
+    ids, mask = contexts.input_ids, contexts.attention_mask
+    distinct, owner = heads(ids, contexts.subject_first)
+    # 5 requests x 3 contexts; the bare "{} is by" has no head and "the novel" is shared by dune and emma
+    assert len(distinct) == 12 and owner[6] == owner[9] and owner[7] == owner[10]
+    for layer in (0, 2):
+        full = hf.capture(model, ids, mask, layer, site=site, batch_size=4)
+        shared = hf.capture(model, ids, mask, layer, site=site, batch_size=4, shared=contexts.subject_first)
+        for a, b in zip(*(((full,), (shared,)) if isinstance(site, str) else (full, shared))):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        for positions in (contexts.subject_last, torch.zeros(len(contexts), dtype=torch.long)):  # in the head, too
+            a = hf.capture(model, ids, mask, layer, positions=positions, batch_size=4)
+            b = hf.capture(model, ids, mask, layer, positions=positions, batch_size=4, shared=contexts.subject_first)
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_each_head_runs_once(tiny_llama, contexts):
+    model, _ = tiny_llama
+    events = list(shared_head_forwards(model, contexts.input_ids, contexts.attention_mask, contexts.subject_first, 4))
+    head_rows = torch.cat([rows for kind, (rows, *_) in events if kind == "heads"])
+    assert len(head_rows) == 11  # every head but the empty one, once
+    rows = torch.cat([rows for kind, (rows, *_) in events if kind == "rows"])
+    assert sorted(rows.tolist()) == list(range(len(contexts)))
+    tokens = sum(int(((contexts.attention_mask.sum(1)[r] - b)).sum()) for kind, (r, b, *_) in events
+                 if kind == "rows")
+    assert tokens == int((contexts.attention_mask.sum(1) - contexts.subject_first).sum())
+
+
+def test_margins_with_shared_heads_equal_the_full_forward(tiny_llama, contexts):
+    model, _ = tiny_llama
+    full = insert.batch_margins(model, contexts, 4)
+    shared = insert.batch_margins(model, contexts, 4, shared=contexts.subject_first)
+    torch.testing.assert_close(full, shared, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="before each row's last prompt token"):
+        insert.batch_margins(model, contexts, 4, shared=contexts.prompt_last + 1)
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_cached_tail_equals_the_hooked_full_forward(tiny_llama, contexts, layer):
+    """δ at the subject's last token: the later blocks on the positions from there on, with the keys and values
+    before it cached, give the final states of a full forward with δ added by a hook."""
+    model, _ = tiny_llama
+    start = contexts.subject_last
+    states, mask, past = tail_start(model, contexts, layer, start, batch_size=4)
+    delta = torch.randn(len(contexts), 32, generator=torch.Generator().manual_seed(0))
+    moved = torch.cat([states[:, :1] + delta[:, None], states[:, 1:]], 1)
+    with torch.no_grad():
+        tail = tail_from(model, layer, moved, mask, past)
+        full = hidden_with_delta(model, layer, contexts, None, torch.arange(len(contexts)), start, delta)
+        some = torch.tensor([7, 2, 12])
+        part = tail_from(model, layer, moved[some], mask[some], past.rows(some))
+    lengths = contexts.attention_mask.sum(1)
+    for i in range(len(contexts)):
+        span = int(lengths[i] - start[i])
+        torch.testing.assert_close(tail[i, :span], full[i, int(start[i]):int(lengths[i])], rtol=1e-5, atol=1e-5)
+    for j, i in enumerate(some.tolist()):
+        span = int(lengths[i] - start[i])
+        torch.testing.assert_close(part[j, :span], tail[i, :span], rtol=1e-5, atol=1e-5)
+
+
+def test_background_states_are_kept_until_their_weights_change(tiny_llama):
+    model, tok = copy.deepcopy(tiny_llama[0]), tiny_llama[1]
+    first = insert.background_states(model, tok, TEXTS, 1)
+    assert insert.background_states(model, tok, TEXTS, 1) is first
+    assert insert.background_states(model, tok, TEXTS[:4], 1) is not first  # other texts
+    with torch.no_grad():  # units at the layer (its MLP) do not change its MLP input; a block before it does
+        model.model.layers[1].mlp.up_proj.weight.mul_(2.0)
+    assert insert.background_states(model, tok, TEXTS, 1) is first
+    with torch.no_grad():
+        model.model.layers[0].self_attn.o_proj.weight.mul_(2.0)
+    again = insert.background_states(model, tok, TEXTS, 1)
+    assert again is not first and not torch.allclose(again, first)
+    ids, mask = hf.encode_texts(tok, TEXTS)
+    torch.testing.assert_close(again, hf.capture(model, ids, mask, 1))
+
+
+def _subject_insert(model, tok, **options):
+    return hf.insert_facts(model, tok, REQUESTS, keys="subject", layer=1, background=TEXTS, prefixes=PREFIXES,
+                           value_steps=5, progress=False, **options)
+
+
+def test_failed_certification_leaves_the_model_unchanged(tiny_llama, monkeypatch):
+    model, tok = copy.deepcopy(tiny_llama[0]), tiny_llama[1]
+    before = copy.deepcopy(model.state_dict())
+    config = model.config.to_dict()
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(insert, "batch_margins", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _subject_insert(model, tok)
+    after = model.state_dict()
+    assert model.config.to_dict() == config and set(after) == set(before)
+    assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_device_argument_runs_where_asked(tiny_llama):
+    model, tok = copy.deepcopy(tiny_llama[0]), tiny_llama[1]
+    ins = _subject_insert(model, tok, device="cpu")
+    assert ins.report.num_keys == 15 and all(p.device.type == "cpu" for p in model.parameters())
+    assert set(ins.report.timings) >= {"background", "capture", "values", "construct", "verify", "total"}
+
+
+@pytest.mark.cuda
+def test_subject_insertion_on_cuda_matches_the_cpu(tiny_llama):
+    model, tok = tiny_llama
+    on_cpu = _subject_insert(copy.deepcopy(model), tok)
+    gpu_model = copy.deepcopy(model)
+    on_gpu = _subject_insert(gpu_model, tok, device="cuda")
+    assert next(gpu_model.parameters()).device.type == "cuda"
+    assert on_gpu.report.margins == pytest.approx(on_cpu.report.margins, abs=1e-2)
+    assert on_gpu.report.construction["subjects"] == on_cpu.report.construction["subjects"]
