@@ -40,7 +40,7 @@ def test_tiny_grid_runs_every_method_and_leaves_the_model_unedited(tiny_run, tmp
     after = model.state_dict()
     assert set(after) == set(state) and all(torch.equal(v, after[k]) for k, v in state.items())
     table = report.markdown_table(res.summary, model="tiny")
-    assert len(table.splitlines()) == 2 + len(grid)  # one draw per row at tiny scale
+    assert len([line for line in table.splitlines() if line.startswith("|")]) == 2 + len(grid)  # a draw per row
     assert "| 4 | rome | single |" in table and "| 4 | rome | sequential |" in table
 
 
