@@ -329,6 +329,42 @@ def hf_insert() -> str:
     return _rows(header, rows) + _source(*paths)
 
 
+REAL_LM = f"{RESULTS}/experiments/real-lm-editing/cells/"
+
+
+@lru_cache(maxsize=None)
+def _real_lm_summary() -> dict:
+    """The summary of every committed real-lm-editing cell (read from the cells, so helpers landing cells never
+    leave a stale summary behind the table)."""
+    from factkernels.experiments import engine
+    from factkernels.experiments.real_lm_editing import NAME
+    from factkernels.experiments.real_lm_editing_report import summarize
+
+    return summarize(list(engine.load_cells(ROOT / RESULTS / "experiments", NAME).values()))
+
+
+def real_lm_editing() -> str:
+    from factkernels.experiments.real_lm_editing_report import markdown_table
+
+    return markdown_table(_real_lm_summary()) + _source(REAL_LM)
+
+
+def _real_lm_headline() -> list:
+    """The README row: ours at the most known facts edited at once on the test draws, beside the best other method."""
+    from factkernels.experiments.real_lm_editing_report import headline_rows
+
+    ours, best, unedited = headline_rows(_real_lm_summary())
+    mean = lambda row, k: row["metrics"][k]["mean"]  # noqa: E731
+    text = (f"efficacy {mean(ours, 'efficacy_score'):.2f}, paraphrase {mean(ours, 'paraphrase_score'):.2f} "
+            f"(unedited {mean(unedited, 'paraphrase_score'):.2f}), neighbourhood "
+            f"{mean(ours, 'neighbourhood_score'):.2f}, harmonic mean {ours['hmean']:.2f}")
+    text += (f"; best other method: {best['method']}, {best['hmean']:.2f}" if best
+             else "; no other method run at this size yet")
+    draws = len(ours["draws"])
+    return [f"{mean(ours, 'num_cases'):,.0f} known facts edited at once into SmolLM2-135M, CounterFact scores "
+            f"(ours, {draws} test draw{'s' if draws > 1 else ''})", text, _link(REAL_LM)]
+
+
 # --- capacity ---------------------------------------------------------------------------------------------
 
 SCALING = f"{RESULTS}/experiments-seed/scaling/summary.json"
@@ -558,6 +594,7 @@ def headline() -> str:
         [f"{insert['report']['num_facts']:,} new facts into SmolLM2-135M (layer {insert['report']['layer']}, one CPU thread)",
          f"efficacy {insert['scores']['efficacy']:.3f}, neighbourhood {insert['scores']['neighborhood']:.3f}, "
          f"perplexity ×{insert['scores']['perplexity_ratio']:.4f}, {insert['insert_seconds'] / 60:.1f} min", _link(hf)],
+        _real_lm_headline(),
         ["minimal key budget of max-over-heads attention (seed 002)",
          f"D_K* ≈ {fit['slope']:.2f} m log2(m) / d_model (R² {fit['r2']:.3f})", _link(budget)],
     ]
@@ -663,6 +700,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "rgr-regular": rgr_regular,
     "rgr-softmax": rgr_softmax,
     "hf-insert": hf_insert,
+    "real-lm-editing": real_lm_editing,
     "claims-counts": claims_counts,
     "claims-capacity": claims_of("rho-vs-cost", "whitening", "scaling", "hybrids", "ntk-ustar", "method-costs"),
     "claims-attention": claims_of("rgr-budget", "rgr-diagonal", "rgr-regular", "rgr-softmax", "rgr-value",
