@@ -343,10 +343,10 @@ def _real_lm_summary() -> dict:
     return summarize(list(engine.load_cells(ROOT / RESULTS / "experiments", NAME).values()))
 
 
-def real_lm_editing() -> str:
+def real_lm_editing(kind: str = "known") -> str:
     from factkernels.experiments.real_lm_editing_report import markdown_table
 
-    return markdown_table(_real_lm_summary()) + _source(REAL_LM)
+    return markdown_table(_real_lm_summary(), kind=kind) + _source(REAL_LM)
 
 
 def _real_lm_headline() -> list:
@@ -701,6 +701,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "rgr-softmax": rgr_softmax,
     "hf-insert": hf_insert,
     "real-lm-editing": real_lm_editing,
+    "real-lm-editing-new": lambda: real_lm_editing("new"),
     "claims-counts": claims_counts,
     "claims-capacity": claims_of("rho-vs-cost", "whitening", "scaling", "hybrids", "ntk-ustar", "method-costs"),
     "claims-attention": claims_of("rgr-budget", "rgr-diagonal", "rgr-regular", "rgr-softmax", "rgr-value",
