@@ -375,8 +375,9 @@ def _real_lm_headline() -> list:
 
     ours, best, unedited = headline_rows(_real_lm_summary())
     mean = lambda row, k: row["metrics"][k]["mean"]  # noqa: E731
-    text = (f"efficacy {mean(ours, 'efficacy_score'):.2f}, paraphrase {mean(ours, 'paraphrase_score'):.2f} "
-            f"(unedited {mean(unedited, 'paraphrase_score'):.2f}), neighbourhood "
+    before = f" (unedited {mean(unedited, 'paraphrase_score'):.2f})" if unedited else ""
+    text = (f"efficacy {mean(ours, 'efficacy_score'):.2f}, paraphrase {mean(ours, 'paraphrase_score'):.2f}{before}, "
+            "neighbourhood "
             f"{mean(ours, 'neighbourhood_score'):.2f}, harmonic mean {ours['hmean']:.2f}")
     text += (f"; best other method: {best['method']}, {best['hmean']:.2f}" if best
              else "; no other method run at this size yet")

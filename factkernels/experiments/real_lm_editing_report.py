@@ -171,14 +171,14 @@ def markdown_table(summary: dict, *, kind: str = "known", split: str = "test", m
     return "\n".join(lines)
 
 
-def headline_rows(summary: dict, model: str = "smollm2-135m") -> tuple[dict, Optional[dict], dict]:
+def headline_rows(summary: dict, model: str = "smollm2-135m") -> tuple[dict, Optional[dict], Optional[dict]]:
     """(ours at the most cases on the known-fact test draws (its best settings by harmonic mean), the other
-    method with the best harmonic mean at that size or None, the unedited model at that size)."""
+    method with the best harmonic mean at that size, the unedited model at that size; None where not run)."""
     rows = [r for r in summary["rows"] if (r["model"], r["kind"], r["split"]) == (model, "known", "test")]
     ours = max((r for r in rows if r["method"] == "ours"), key=lambda r: (_size_key(r["n"]), r["hmean"]))
     same = [r for r in rows if r["n"] == ours["n"]]
     others = [r for r in same if r["method"] not in ("ours", "unedited")]
-    unedited = next(r for r in same if r["method"] == "unedited")
+    unedited = next((r for r in same if r["method"] == "unedited"), None)
     return ours, max(others, key=lambda r: r["hmean"]) if others else None, unedited
 
 

@@ -121,6 +121,8 @@ def test_comparison_puts_ours_against_the_best_other_method():
         {"efficacy": 0.0, "paraphrase": 0.02, "neighbourhood": -0.1})
     assert comparison["best_hmean"] and comparison["within_0.05"]
     assert comparison["ours_hmean"] == pytest.approx(3 / (1 + 1 / 0.58 + 1))
+    ours, best, unedited = report.headline_rows(report.summarize(cells))
+    assert (ours["method"], best["method"], unedited) == ("ours", "rome", None)
 
 
 def test_command_line_builds_the_grid(tmp_path):
