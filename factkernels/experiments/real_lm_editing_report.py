@@ -6,12 +6,13 @@ the harmonic mean of the three mean scores (efficacy, paraphrase, neighbourhood)
 CPU seconds.
 
 Figures: ``real_lm_triangle`` — reliability (efficacy score), generalization (paraphrase score) and locality
-(neighbourhood score) in three aligned panels (stacked, methods shared), one bar per method and number of edits with its 95 % interval,
-the unedited model's value as a dashed line. Three panels rather than a ternary or radar plot: the three
-scores do not sum to one (a ternary plot needs proportions), and a radar plot's area depends on the order of
-its axes and hides the intervals; aligned 0..1 axes let each score be read against the unedited model and the
-other methods. ``real_lm_scaling`` — the three scores, KL and perplexity ratio against the number of edits
-(log axis), a line per method. ``real_lm_seconds`` — seconds per edit call per method and size (log axis).
+(neighbourhood score) in three aligned panels (stacked, methods shared), one bar per method and number of
+edits with its 95 % interval, the unedited model's value as a dashed line. Three panels rather than a ternary
+or radar plot: the three scores do not sum to one (a ternary plot needs proportions), and a radar plot's area
+depends on the order of its axes and hides the intervals; aligned 0..1 axes let each score be read against the
+unedited model and the other methods. ``real_lm_scaling`` — the three scores, KL and perplexity ratio against
+the number of edits (log axis), a line per method. ``real_lm_seconds`` — CPU (bars) and wall (×) seconds per
+edit call per method and size (log axis).
 """
 
 from __future__ import annotations
@@ -293,16 +294,19 @@ def _seconds(rows: list[dict]):
     ax = axes[0]
     width = 0.8 / max(1, len(sizes))
     for j, n in enumerate(sizes):
-        xs, ys = [], []
+        xs, cpu, wall = [], [], []
         for i, members in enumerate(series.values()):
             row = next((r for r in members if r["n"] == n), None)
             if row is not None:
                 xs.append(i + (j - (len(sizes) - 1) / 2) * width)
-                ys.append(row["seconds"]["mean"])
-        ax.bar(xs, ys, width=width, color=f"C{j}", label=f"{_size_text(next(r for r in rows if r['n'] == n))} edits")
+                cpu.append(row["cpu_seconds"]["mean"])
+                wall.append(row["seconds"]["mean"])
+        ax.bar(xs, cpu, width=width, color=f"C{j}", label=f"{_size_text(next(r for r in rows if r['n'] == n))} edits")
+        ax.plot(xs, wall, "kx", markersize=5, label="wall" if j == 0 else None)
     ax.set_xticks(range(len(series)), list(series), rotation=30, ha="right", fontsize=7)
     ax.set_yscale("log")
-    ax.set_ylabel("seconds per edit call (wall, mean over draws)")
+    # the machine is shared: wall seconds grow with its load, the process's CPU seconds much less
+    ax.set_ylabel("seconds per edit call\n(bars: CPU, ×: wall; mean over draws)", fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
