@@ -162,8 +162,7 @@ def key_second_moments(model: Any, tok: Any, layers: Sequence[int], *, texts: Op
     if not todo:
         return found
     if cache_dir is False:
-        computed = _second_moments(model, tok, todo, texts, None, max_length, batch_size, save_every, progress)
-        found.update({layer: cov for layer, (cov, _) in computed.items()})
+        found.update(_second_moments(model, tok, todo, texts, None, max_length, batch_size, save_every, progress))
         return found
     with _locked([paths[layer] for layer in todo], logged):
         found = cached()  # what another process finished while this one waited

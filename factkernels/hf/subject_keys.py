@@ -6,12 +6,15 @@ fit over many contexts; later layers carry δ to wherever the question ends (as 
 
 * **Contexts.** Each request's prompt bare and under each prefix ("{prefix}. {prompt}"): keys are the subject's
   last-token states in all of them; δ is fit on the first ``value_prefixes`` + 1 of them.
-* **Detector (an LDA filter).** w_s = A⁻¹(μ_s − μ), A = Σ_neg + within·Σ_within + ridge·I, with μ_s the mean of
-  subject s's keys, Σ_within their pooled spread across contexts, μ, Σ_neg those of the negatives (ordinary
-  text, every other position of the contexts). Scores s(x) = w_sᵀ(x − μ) are 1 at μ_s. The threshold τ_s sits
-  at ``threshold`` of the way from the highest negative or other-subject score (the contrast subjects: every
-  other subject of the request set, in its own contexts) to the subject's lowest context score.
-* **Units.** Two per subject on one gate row, silu(β(s − τ)) − silu(β(s − τ) − a), a = ``ramp``, β such that the
+* **Detector (an LDA filter).** One per subject, two when some of its prompts open with it (the state of a
+  text's first tokens depends on them alone: see :func:`subject_contexts`); both add the subject's δ and each
+  is contrast for the other, so every context gets δ once. w_g = A⁻¹(μ_g − μ), A = Σ_neg + within·Σ_within +
+  ridge·I, with μ_g the mean of the group's keys, Σ_within the pooled spread across contexts, μ, Σ_neg those
+  of the negatives (ordinary text, every other position of the contexts). Scores s(x) = w_gᵀ(x − μ) are 1 at
+  μ_g. The threshold τ_g sits at ``threshold`` of the way from the highest contrast score (negatives and every
+  other group's keys, leaving out the tokens where the text names the subject: :func:`subject_mentions`) to
+  the group's lowest context score.
+* **Units.** Two per detector on one gate row, silu(β(s − τ)) − silu(β(s − τ) − a), a = ``ramp``, β such that the
   lowest own score is 8 past the upper corner: a ramp that is 0 below τ and saturates at a on every training
   context, so each context receives the same δ (down columns ±δ/a) whatever its score.
 * **Certified.** After appending, every training context (all prefixes) is checked: the report's efficacy
@@ -23,15 +26,15 @@ from __future__ import annotations
 import resource
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F_nn
 
 from ..mlp import FactMLP
 from ..progress import progress_bar
-from .capture import (PromptBatch, capture, encode_requests, hidden_with_delta, length_sorted_chunks, logits_at,
-                      model_device, tail_from, tail_matches, tail_start)
+from .capture import (PromptBatch, capture, encode_requests, encode_texts, hidden_with_delta, length_sorted_chunks,
+                      logits_at, model_device, tail_from, tail_matches, tail_start)
 from .contexts import with_prefixes
 from .layout import mlp_module
 from .requests import Request
@@ -40,33 +43,61 @@ from .requests import Request
 @dataclass
 class SubjectContexts:
     """Every (request, prefix) row: requests (R,), subject (R,) long index into ``subjects``, prefix (R,) long
-    (0 = no prefix), and ``batch`` their encoding with targets."""
+    (0 = no prefix), group (R,) long index of the row's detector (one per subject and placement, see
+    :func:`subject_contexts`), group_subject (G,) long the subject of each group, and ``batch`` their encoding
+    with targets."""
 
     requests: list
     subject: torch.Tensor
     prefix: torch.Tensor
     subjects: list
     batch: PromptBatch
+    group: torch.Tensor
+    group_subject: torch.Tensor
 
 
 def subject_contexts(tok: Any, requests: Sequence[Request], prefixes: Sequence[str]) -> SubjectContexts:
     """Each request bare and under each prefix (:func:`~factkernels.hf.contexts.with_prefixes`), grouped by
-    subject (first-seen order)."""
+    subject (first-seen order). A subject that opens the text gets its own group: a causal LM's state there
+    depends on the subject's tokens alone (the first token is the attention sink), far from the same subject's
+    states after other words (measured at layer 10 of SmolLM2: "{} has the chemical symbol" scores 0.35 on
+    chlorine's detector, its prefixed contexts 0.93-0.98), so one detector for both either misses it or fires
+    on ordinary text."""
     subjects: dict[str, int] = {}
     for r in requests:
         subjects.setdefault(r.subject, len(subjects))
     rows = with_prefixes(requests, prefixes)
-    subject = [subjects[r.subject] for r in requests for _ in range(1 + len(prefixes))]
-    prefix = [p for _ in requests for p in range(1 + len(prefixes))]
-    return SubjectContexts(rows, torch.tensor(subject), torch.tensor(prefix), list(subjects),
-                           encode_requests(tok, rows, with_target=True))
+    subject = torch.tensor([subjects[r.subject] for r in requests for _ in range(1 + len(prefixes))])
+    prefix = torch.tensor([p for _ in requests for p in range(1 + len(prefixes))])
+    opens = torch.tensor([r.subject_span[0] == 0 for r in rows], dtype=torch.long)
+    pairs, group = torch.unique(torch.stack([subject, opens], 1), dim=0, return_inverse=True)
+    return SubjectContexts(rows, subject, prefix, list(subjects), encode_requests(tok, rows, with_target=True),
+                           group, pairs[:, 0].contiguous())
+
+
+def subject_mentions(tok: Any, subjects: Sequence[str], input_ids: torch.Tensor,
+                     attention_mask: torch.Tensor) -> torch.Tensor:
+    """Where each subject is written: (N, S) bool over the real tokens of ``input_ids`` (n, T) in row-major
+    order (as :func:`~factkernels.hf.capture.capture` returns their states), True at the last token of an
+    occurrence of subject s's tokens (with or without a leading space). A detector should fire there (the
+    text names the subject), so these states are not contrast for that subject's threshold."""
+    ids = input_ids.masked_fill(attention_mask == 0, -1)
+    out = torch.zeros(*ids.shape, len(subjects), dtype=torch.bool)
+    for s, name in enumerate(subjects):
+        for variant in {name, " " + name.lstrip()}:
+            pattern = torch.tensor(tok(variant, add_special_tokens=False)["input_ids"], dtype=torch.long)
+            if 0 < len(pattern) <= ids.shape[1]:
+                hit = (ids.unfold(1, len(pattern), 1) == pattern).all(2)  # (n, T - L + 1) at the start
+                out[:, len(pattern) - 1:, s] |= hit
+    return out[attention_mask.bool()]
 
 
 def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Tensor, *, within: float = 1.0,
-                  ridge: float = 1e-2, threshold: float = 0.5) -> dict:
+                  ridge: float = 1e-2, threshold: float = 0.5, mentions: Optional[torch.Tensor] = None) -> dict:
     """One LDA filter per subject (see the module docstring), in float64.
 
-    own (R, d): keys; subject (R,): their subject index (0..S-1); negatives (N, d): states that must stay silent.
+    own (R, d): keys; subject (R,): their subject (or group) index (0..S-1); negatives (N, d): states that must
+    stay silent; mentions (N, S) bool, optional: negatives that name subject s (not its contrast).
     Returns w (S, d), mu (d,), tau (S,), own_min (S,) lowest own score, contrast_max (S,) highest score of a
     negative or another subject's key, separated (S,) bool own_min > contrast_max.
     """
@@ -87,7 +118,10 @@ def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Ten
     w = w / (w * diff).sum(1, keepdim=True)  # score 1 at the subject's mean key
     own_scores = ((k - mu) * w[subject]).sum(1)
     own_min = torch.full((n_subjects,), float("inf"), dtype=work).scatter_reduce(0, subject, own_scores, "amin")
-    contrast_max = (centred @ w.T).amax(0)
+    negative_scores = centred @ w.T  # (N, S)
+    if mentions is not None:
+        negative_scores = negative_scores.masked_fill(mentions.to(negative_scores.device), float("-inf"))
+    contrast_max = negative_scores.amax(0)
     cross = (k - mu) @ w.T  # (R, S): other subjects' keys on each filter
     cross[torch.arange(len(k)), subject] = float("-inf")
     contrast_max = torch.maximum(contrast_max, cross.amax(0))
@@ -129,7 +163,6 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
     n_subjects = int(subject.max()) + 1
     delta = torch.zeros(n_subjects, model.config.hidden_size, device=device, requires_grad=True)
     opt = torch.optim.Adam([delta], lr=lr)
-    batch = batch.scored_tokens()
     probe = batch.rows(slice(0, 2))
     start = batch.subject_last
     cached = (tail_start(model, batch, layer, start, batch_size=batch_size)
@@ -194,13 +227,13 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
 
 
 def insert_by_subject(model: Any, tok: Any, requests: Sequence[Request], *, layer: int, background: torch.Tensor,
-                      prefixes: Sequence[str], value_prefixes: int, within: float, threshold: float, ramp: float,
-                      ridge: float, margin: float, value_steps: int, value_lr: float, batch_size: int,
-                      progress: bool) -> tuple[FactMLP, dict, torch.Tensor, SubjectContexts]:
+                      background_texts: Sequence[str], prefixes: Sequence[str], value_prefixes: int, within: float,
+                      threshold: float, ramp: float, ridge: float, margin: float, value_steps: int, value_lr: float,
+                      batch_size: int, progress: bool) -> tuple[FactMLP, dict, torch.Tensor, SubjectContexts]:
     """Build the subject-keyed units for ``requests`` (not yet appended): (mlp, stats, deltas (S, d), contexts).
-    background (N, d): MLP inputs of ``layer`` on ordinary text."""
-    timings: dict = {}  # wall and process CPU seconds of each stage
-    t, c = time.perf_counter(), time.process_time()
+    background (N, d): MLP inputs of ``layer`` at the real tokens of ``background_texts`` (ordinary text)."""
+    timings: dict = {}
+    t = time.perf_counter()
     ctx = subject_contexts(tok, requests, prefixes)
     states = capture(model, ctx.batch.input_ids, ctx.batch.attention_mask, layer, site="mlp_in", batch_size=batch_size,
                      shared=ctx.batch.subject_first)
@@ -211,30 +244,36 @@ def insert_by_subject(model: Any, tok: Any, requests: Sequence[Request], *, laye
     is_key[key_index] = True
     own = states[key_index]
     negatives = torch.cat([background.to(states), states[~is_key]])
-    timings["capture"], timings["capture_cpu"] = time.perf_counter() - t, time.process_time() - c
+    text_ids, text_mask = encode_texts(tok, background_texts)
+    mentions = torch.cat([subject_mentions(tok, ctx.subjects, text_ids, text_mask),
+                          subject_mentions(tok, ctx.subjects, ctx.batch.input_ids, ctx.batch.attention_mask)[~is_key]])
+    timings["capture"] = time.perf_counter() - t
 
-    t, c = time.perf_counter(), time.process_time()
+    t = time.perf_counter()
     fit_rows = (ctx.prefix <= value_prefixes).nonzero().flatten()
     deltas, value_info = fit_subject_deltas(model, ctx.batch.rows(fit_rows), ctx.subject[fit_rows], layer,
                                             margin=margin, steps=value_steps, lr=value_lr, batch_size=batch_size,
                                             progress=progress)
-    timings["values"], timings["values_cpu"] = time.perf_counter() - t, time.process_time() - c
+    timings["values"] = time.perf_counter() - t
 
-    t, c = time.perf_counter(), time.process_time()
-    det = lda_detectors(own, ctx.subject, negatives, within=within, ridge=ridge, threshold=threshold)
-    mlp = ramp_units(det, deltas, ramp=ramp).to(own.device)
+    t = time.perf_counter()
+    det = lda_detectors(own, ctx.group, negatives, within=within, ridge=ridge, threshold=threshold,
+                        mentions=mentions[:, ctx.group_subject])
+    mlp = ramp_units(det, deltas[ctx.group_subject], ramp=ramp).to(own.device)
     with torch.no_grad():
         old = mlp_module(model, layer)
         background_ratio = float(mlp(background).norm(dim=1).mean() / old(background).norm(dim=1).mean())
-        negatives_firing = float((mlp(negatives).norm(dim=1) > 1e-3 * deltas.norm(dim=1).mean()).double().mean())
+        firing = mlp(negatives).norm(dim=1) > 1e-3 * deltas.norm(dim=1).mean()
         # relative to the mean ‖δ‖: subjects whose targets already win by the margin keep δ = 0
         value_error = float((mlp(own) - deltas[ctx.subject]).norm(dim=1).max()
                             / deltas.norm(dim=1).mean().clamp_min(1e-12))
-    timings["construct"], timings["construct_cpu"] = time.perf_counter() - t, time.process_time() - c
-    stats = {"subjects": len(ctx.subjects), "contexts": len(ctx.requests), "value_contexts": len(fit_rows),
+    timings["construct"] = time.perf_counter() - t
+    stats = {"subjects": len(ctx.subjects), "detectors": len(ctx.group_subject), "contexts": len(ctx.requests),
+             "value_contexts": len(fit_rows),
              "separated": int(det["separated"].sum()), "own_min_mean": float(det["own_min"].mean()),
              "contrast_max_mean": float(det["contrast_max"].mean()), "tau_mean": float(det["tau"].mean()),
-             "background_output_ratio": background_ratio, "negatives_firing": negatives_firing,
+             "background_output_ratio": background_ratio, "negatives_firing": float(firing.double().mean()),
+             "negatives_firing_off_mention": float((firing & ~mentions.any(1)).double().mean()),
              "value_error": value_error,
              "timings": timings, "values": value_info,
              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
