@@ -10,7 +10,9 @@ Wall and process CPU time are both recorded (``cpu_seconds``: with one thread th
 loads the machine). The rebuilds verify every fact; the addition verifies the facts it added (``--verify-scope all``:
 every stored fact, as the rebuild does). The addition is timed ``--repeats`` times on copies of
 the same builder (the minimum is reported; it is the step most disturbed by other load), each
-rebuild once (tens of seconds).
+rebuild once (tens of seconds). ``multiply_adds`` counts the work of both (the add's floor: it borders the
+factor, re-solves the dual variables from the cached forward rows and forms the weights from all of them; its
+speedup at equal arithmetic rate is the limit beside the measured one).
 """
 
 from __future__ import annotations
@@ -42,6 +44,26 @@ def timed(fn, name):
     return out, time.perf_counter() - start
 
 
+def multiply_adds(facts: int, new: int, values: int, dim: int, m: int, width: int) -> dict:
+    """Multiply-adds of the add (exact minimum-norm update) and of a fresh build of all facts, U* aside.
+
+    add: border of the factor (one triangular solve with k right-hand sides, F²k/2), the dual variables
+    (the forward rows of the k new facts, then one backward solve with r = min(k, m) columns, F²r/2) and
+    the weights (Mᵀ over every row with r columns, F·N·r with N = h̃(d+1)+1 unknowns per gadget: every α
+    changes, so every row contributes), the decode of the k new facts. fresh: Gram F²(h̃+d+1)/2, Cholesky
+    F³/6, solves F²m, weights F·N·m, verification of every fact (codes F·N·m, decode F·|V|·min(m, d)).
+    """
+    total, unknowns, features, rank = facts + new, width * (dim + 1) + 1, width + dim + 1, min(new, m)
+    add = {"border": facts * facts * new / 2 + new * facts * features,
+           "dual": new * facts * m + facts * facts * rank / 2,
+           "weights": total * unknowns * rank + (unknowns * rank * m if rank < m else 0),
+           "verify": new * (unknowns * m + values * min(m, dim))}
+    fresh = {"gram": total * total * features / 2, "cholesky": total ** 3 / 6, "solves": total * total * m,
+             "weights": total * unknowns * m, "verify": total * (unknowns * m + values * min(m, dim))}
+    return {"add": add, "fresh": fresh, "add_total": sum(add.values()), "fresh_total": sum(fresh.values()),
+            "speedup_at_equal_rate": sum(fresh.values()) / sum(add.values())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--facts", type=int, default=16384, help="F before the addition")
@@ -59,6 +81,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     new = max(1, round(args.fraction * args.facts))
     K, V, f = random_fact_set(args.facts + new, args.values, args.dim, seed=0)
+    load_before = os.getloadavg()
     builder, t_first = timed(lambda: factkernels.FactBuilder(K[: args.facts], V, f[: args.facts], m=args.m,
                                                              solver=args.solver, verify_scope=args.verify_scope), "first_build")
     first_iterations = builder.last_solve.iterations
@@ -67,7 +90,7 @@ def main() -> None:
         trial = copy.deepcopy(builder)
         add_times.append(timed(lambda: trial.add(K[args.facts :], f[args.facts :]), "add")[1])
     builder, t_add = trial, min(add_times)
-    builder_checked = builder.checked
+    builder_checked, width = builder.checked, builder.gadget_width
     stored_add = int((builder.mlp.predict(builder.keys, builder.values) == builder.facts).sum())
     iterations = {"first_build": first_iterations, "add": builder.last_solve.iterations}
     del builder
@@ -94,8 +117,12 @@ def main() -> None:
         f"speedup_vs_construct_{args.solver}": t_construct / t_add,
         "stored_after_add": stored_add, "facts_after_add": args.facts + new, "construct_failed": mlp.report.failed,
         "checked_by_add": builder_checked,
+        "multiply_adds": multiply_adds(args.facts, new, args.values, args.dim, args.m, width),
         "target": ">= 20x faster than a fresh build (issue 33)",
-        "environment": {"load_average_1min": os.getloadavg()[0], "python": platform.python_version(), "torch": torch.__version__,
+        "environment": {"load_average_1min": os.getloadavg()[0], "load_average_before": list(load_before),
+                        "load_average_after": list(os.getloadavg()),
+                        "shared_machine": "2 cores shared with other jobs: compare cpu_seconds (1 thread: the work "
+                                          "done), not seconds", "python": platform.python_version(), "torch": torch.__version__,
                         "factkernels": factkernels.__version__, "build": _ops.build_info(),
                         "processor": platform.processor(), "platform": platform.platform()},
         "command": f"python benchmarks/incremental.py --facts {args.facts} --values {args.values} --dim {args.dim} "

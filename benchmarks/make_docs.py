@@ -147,18 +147,33 @@ def construct_default() -> str:
         if case["kind"] in ("construct_default", "values_vs_chol"):
             phases = case["phases_s"]
             outputs = "U* (default)" if case["kind"] == "construct_default" else "values"
-            rows.append([f"{case['n']:,}", case["d"], outputs, "auto", f"{case['seconds']:.2f} s",
+            rows.append([f"{case['n']:,}", case["d"], outputs, "auto", case["threads"], f"{case['seconds']:.2f} s",
                          f"{phases['outputs']:.2f} s", f"{phases['solve']:.2f} s", _mib(case["peak_extra_bytes"]),
                          f"{case['accuracy']:.3f}"])
     cg = load(cg_path)
     report = cg["construct_json"]["report"]
     timings = report["timings"]
-    rows.append([f"{report['num_facts']:,}", report["d_in"], "U* (default)", report["solver"],
+    rows.append([f"{report['num_facts']:,}", report["d_in"], "U* (default)", report["solver"], cg.get("threads", 1),
                  f"{timings['total'] / 60:.1f} min", f"{timings['outputs'] / 60:.1f} min",
                  f"{timings['solve'] / 60:.1f} min ({report['cg_iterations']} iterations)",
                  f"{cg['usr_bin_time']['max_rss_bytes'] / 2**30:.2f} GiB (whole process)", f"{report['accuracy']:.3f}"])
-    header = ["F = \\|V\\|", "d", "outputs", "solver", "time", "outputs time", "solve time", "peak memory", "accuracy"]
+    header = ["F = \\|V\\|", "d", "outputs", "solver", "threads", "time", "outputs time", "solve time", "peak memory",
+              "accuracy"]
     return _rows(header, rows) + _source(path, cg_path)
+
+
+def values_vs_cholesky() -> str:
+    path = f"{RESULTS}/ustar_cpu.json"
+    rows = []
+    for case in load(path)["cases"]:
+        if case["kind"] == "values_vs_chol" and "ratio_best_cpu" in case:
+            rows.append([f"{case['n']:,}", case["d"], case["threads"], f"{case['loadavg_before'][0]:.0f}",
+                         f"{case['construct_best_cpu_s']:.3f} s", f"{case['cholesky_float32_cpu_s']:.3f} s",
+                         f"{case['ratio_best_cpu']:.2f}×", f"{case['construct_best_s']:.3f} s",
+                         f"{case['cholesky_float32_s']:.3f} s", f"{case['ratio_best_wall']:.2f}×"])
+    header = ["F = \\|V\\|", "d", "threads", "load", "values build (CPU)", "one Cholesky (CPU)", "ratio (CPU)",
+              "values build (wall)", "one Cholesky (wall)", "ratio (wall)"]
+    return _rows(header, rows) + _source(path)
 
 
 def incremental() -> str:
@@ -167,14 +182,19 @@ def incremental() -> str:
     rows = []
     for path in paths:
         run = load(path)
-        s, setting = run["seconds"], run["setting"]
+        setting = run["setting"]
         solver = "cg" if "cg" in Path(path).stem else "cholesky"
+        # CPU seconds of the one thread where recorded (the work done, whatever else loads the shared machine)
+        cpu = run.get("cpu_seconds")
+        s, clock, prefix = (cpu, "CPU", "cpu_") if cpu else (run["seconds"], "wall", "")
+        versus = run.get(f"{prefix}speedup_vs_construct_cholesky")
+        limit = run.get("multiply_adds", {}).get("speedup_at_equal_rate")
         rows.append([f"{setting['facts_before']:,}", setting["facts_added"], setting["dim"], solver,
-                     f"{s['add']:.1f} s", f"{s['rebuild_factbuilder']:.1f} s",
-                     f"{run['speedup_vs_rebuild_factbuilder']:.2f}×",
-                     f"{run['speedup_vs_construct_cholesky']:.2f}×" if "speedup_vs_construct_cholesky" in run else "–"])
+                     f"{s['add']:.2f} s {clock}", f"{s['rebuild_factbuilder']:.2f} s {clock}",
+                     f"{run[f'{prefix}speedup_vs_rebuild_factbuilder']:.2f}×", f"{versus:.2f}×" if versus else "–",
+                     f"{limit:.1f}×" if limit else "–", f"{run['environment']['load_average_1min']:.0f}"])
     header = ["facts", "added", "d", "solver", "add", "fresh FactBuilder", "vs fresh FactBuilder",
-              "vs construct(cholesky)"]
+              "vs construct(cholesky)", "multiply-add ratio", "load"]
     return _rows(header, rows) + _source(*paths)
 
 
@@ -327,6 +347,43 @@ def hf_insert() -> str:
     header = ["facts", "layer", "threshold", "units added", "efficacy", "paraphrase", "neighborhood", "ppl ratio", "KL",
               "insert time"]
     return _rows(header, rows) + _source(*paths)
+
+
+REAL_LM = f"{RESULTS}/experiments/real-lm-editing/cells/"
+
+
+@lru_cache(maxsize=None)
+def _real_lm_summary() -> dict:
+    """The summary of every committed real-lm-editing cell (read from the cells, so helpers landing cells never
+    leave a stale summary behind the table)."""
+    from factkernels.experiments import engine
+    from factkernels.experiments.real_lm_editing import NAME
+    from factkernels.experiments.real_lm_editing_report import summarize
+
+    return summarize(list(engine.load_cells(ROOT / RESULTS / "experiments", NAME).values()))
+
+
+def real_lm_editing(kind: str = "known") -> str:
+    from factkernels.experiments.real_lm_editing_report import markdown_table
+
+    return markdown_table(_real_lm_summary(), kind=kind) + _source(REAL_LM)
+
+
+def _real_lm_headline() -> list:
+    """The README row: ours at the most known facts edited at once on the test draws, beside the best other method."""
+    from factkernels.experiments.real_lm_editing_report import headline_rows
+
+    ours, best, unedited = headline_rows(_real_lm_summary())
+    mean = lambda row, k: row["metrics"][k]["mean"]  # noqa: E731
+    before = f" (unedited {mean(unedited, 'paraphrase_score'):.2f})" if unedited else ""
+    text = (f"efficacy {mean(ours, 'efficacy_score'):.2f}, paraphrase {mean(ours, 'paraphrase_score'):.2f}{before}, "
+            "neighbourhood "
+            f"{mean(ours, 'neighbourhood_score'):.2f}, harmonic mean {ours['hmean']:.2f}")
+    text += (f"; best other method: {best['method']}, {best['hmean']:.2f}" if best
+             else "; no other method run at this size yet")
+    draws = len(ours["draws"])
+    return [f"{mean(ours, 'num_cases'):,.0f} known facts edited at once into SmolLM2-135M, CounterFact scores "
+            f"(ours, {draws} test draw{'s' if draws > 1 else ''})", text, _link(REAL_LM)]
 
 
 # --- capacity ---------------------------------------------------------------------------------------------
@@ -558,6 +615,7 @@ def headline() -> str:
         [f"{insert['report']['num_facts']:,} new facts into SmolLM2-135M (layer {insert['report']['layer']}, one CPU thread)",
          f"efficacy {insert['scores']['efficacy']:.3f}, neighbourhood {insert['scores']['neighborhood']:.3f}, "
          f"perplexity ×{insert['scores']['perplexity_ratio']:.4f}, {insert['insert_seconds'] / 60:.1f} min", _link(hf)],
+        _real_lm_headline(),
         ["minimal key budget of max-over-heads attention (seed 002)",
          f"D_K* ≈ {fit['slope']:.2f} m log2(m) / d_model (R² {fit['r2']:.3f})", _link(budget)],
     ]
@@ -639,6 +697,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu-scale": gpu_scale,
     "ustar-scale": ustar_scale,
     "construct-scale": construct_default,
+    "values-vs-cholesky": values_vs_cholesky,
     "incremental": incremental,
     "gd-batch": gd_batch,
     "scaling": scaling,
@@ -663,6 +722,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "rgr-regular": rgr_regular,
     "rgr-softmax": rgr_softmax,
     "hf-insert": hf_insert,
+    "real-lm-editing": real_lm_editing,
+    "real-lm-editing-new": lambda: real_lm_editing("new"),
     "claims-counts": claims_counts,
     "claims-capacity": claims_of("rho-vs-cost", "whitening", "scaling", "hybrids", "ntk-ustar", "method-costs"),
     "claims-attention": claims_of("rgr-budget", "rgr-diagonal", "rgr-regular", "rgr-softmax", "rgr-value",

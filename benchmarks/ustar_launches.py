@@ -8,10 +8,12 @@ Writes benchmarks/results/ustar_launches-<device>.json (rows are merged by size,
 run on another checkout, e.g. --label before, adds its rows beside the others). Per size, for spherical
 values (seed 0), in float32:
 
-  seconds          one call, unprofiled, after a warm-up call at a small size
+  seconds          one call, unprofiled, after a warm-up call at a small size; cpu_seconds the process's CPU
+                   seconds in it (steadier than wall seconds on a shared machine), loadavg_1min the load after it
   passes           calls of the streaming star-score pass (``_ops.star_topk``, kernel or twin) and the
                    same in full-pass equivalents (rows scored / |V|)
   pass_seconds     one full streaming pass at the call's width; seconds_in_passes = seconds / pass_seconds
+                   (the CPU target: <= 8 at |V| = 16,384, d = 128), cpu_seconds_in_passes the same in CPU seconds
   aten_ops         aten operators the call runs (every operator, and those called from Python), from
                    torch.profiler; work_ops those that do work (innermost, not a view or an allocation):
                    about one kernel launch each on a GPU
@@ -130,19 +132,21 @@ def measure(device: torch.device, n: int, d: int, *, method: str = "auto", count
     ustar.margin_optimal_outputs(values[:256], method=method, backend=backend)  # warm-up (kernels, allocator)
     _sync(device)
     with PassCounter() as passes:
-        begin = time.perf_counter()
+        begin, begin_cpu = time.perf_counter(), time.process_time()
         U, rho = ustar.margin_optimal_outputs(values, method=method, backend=backend)
         _sync(device)
-        seconds = time.perf_counter() - begin
-    row = {"n": n, "d": d, "method": method, "backend": backend, "seconds": seconds, "rho": rho,
-           "loadavg_1min": os.getloadavg()[0],
+        seconds, cpu_seconds = time.perf_counter() - begin, time.process_time() - begin_cpu
+    row = {"n": n, "d": d, "method": method, "backend": backend, "seconds": seconds, "cpu_seconds": cpu_seconds,
+           "rho": rho, "loadavg_1min": os.getloadavg()[0],
            "passes": passes.calls, "full_pass_equivalents": passes.rows / n}
-    # the unit of the CPU target "<= 8 score passes": one full streaming pass at the width the solver uses
-    begin = time.perf_counter()
+    # the unit of the CPU target "<= 8 score passes": one full streaming pass at the width the solver uses. On a
+    # shared machine the CPU seconds (this process's, all its threads) are the steadier ratio.
+    begin, begin_cpu = time.perf_counter(), time.process_time()
     _ops.star_topk(values, passes.width, U, torch.arange(n, device=device), backend=backend)
     _sync(device)
-    row["pass_seconds"] = time.perf_counter() - begin
+    row["pass_seconds"], row["pass_cpu_seconds"] = time.perf_counter() - begin, time.process_time() - begin_cpu
     row["seconds_in_passes"] = seconds / row["pass_seconds"]
+    row["cpu_seconds_in_passes"] = cpu_seconds / row["pass_cpu_seconds"]
     if seconds < count_below:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with _profiler(activities) as prof:

@@ -151,15 +151,16 @@ class _CandStar(NamedTuple):
 def candidate_star(W: Tensor, rows: Tensor, cand: Tensor) -> _CandStar:
     """Candidate star of ``rows`` (r,) towards ``cand`` (r, K) value indices, -1 for padding."""
     r, K = cand.shape
-    diff = W[rows][:, None, :] - W[cand.clamp(min=0)]
-    nrm = diff.norm(dim=2)
     real = cand >= 0
-    valid = real & (nrm > 0)
-    X = torch.zeros(r, K + 1, W.shape[1], dtype=W.dtype, device=W.device)
-    X[:, :K] = diff.div_(nrm.clamp_min(1e-300)[:, :, None]).mul_(valid[:, :, None])
-    valid = torch.cat([valid, valid.new_zeros(r, 1)], dim=1)
+    # one gather of v_j for every column, the row's own value in the free-slot column K and for padding (a zero
+    # difference), then in place: difference, norm, scale (the (r, K+1, d) array is the round's largest)
+    idx = torch.cat([torch.where(real, cand, rows[:, None]), rows[:, None]], dim=1)
+    X = W[idx].sub_(W[rows][:, None, :])  # v_j - v_i
+    nrm = torch.linalg.vector_norm(X, dim=2)
+    valid = torch.cat([real, real.new_zeros(r, 1)], dim=1) & (nrm > 0)
+    X.mul_(torch.where(valid, -1.0 / nrm.clamp_min(1e-300), 0.0)[:, :, None])  # unit v_i - v_j, 0 where invalid
     self_j = torch.full((r,), K, dtype=torch.long, device=W.device)
-    return _CandStar(X, valid, self_j, (real & (nrm == 0)).any(dim=1), K)
+    return _CandStar(X, valid, self_j, (real & (nrm[:, :K] == 0)).any(dim=1), K)
 
 
 def star_rows(W: Tensor, sq: Tensor, rows: Tensor) -> _Star:
@@ -208,7 +209,7 @@ def _affine_min_norm(Q: Tensor, m: Tensor, refine: bool = True) -> Tuple[Tensor,
     False) until the next convergence check makes room in its corral.
     """
     mf = m.to(Q.dtype)
-    M = (Q + 1.0).mul_(mf[:, :, None] * mf[:, None, :])
+    M = (Q + 1.0).mul_(mf[:, :, None]).mul_(mf[:, None, :])
     M.diagonal(dim1=1, dim2=2).add_(1.0 - mf + _RIDGE * mf)
     L, info = torch.linalg.cholesky_ex(M)
     ok = info == 0  # where it is not, z is garbage and the row keeps its weights
@@ -350,12 +351,14 @@ class _Corrals:
         self.idx[ri, sl] = torch.where(ok, cand, self.idx[ri, sl])
         self.lam[ri, sl] = torch.where(ok, 0.0, self.lam[ri, sl])
         self.occ[ri, sl] |= ok
-        self.X[ri, sl] = torch.where(ok[:, :, None], st.vectors(W, cand), self.X[ri, sl])
+        Xn = torch.where(ok[:, :, None], st.vectors(W, cand), self.X[ri, sl])  # (r, a, d): the slots' vectors
+        self.X[ri, sl] = Xn
         if first:
             self.lam[:, 0] = ok[:, 0].to(self.lam.dtype)  # start from the worst point (slot 0)
-        Qn = torch.bmm(self.X[ri, sl], self.X.transpose(1, 2))  # (r, a, kb): Gram rows of the new points
-        self.Q[ri, sl] = torch.where(ok[:, :, None], Qn, self.Q[ri, sl])
-        self.Q[ri, :, sl] = torch.where(ok[:, :, None], Qn, self.Q[ri, :, sl])
+        # the slots' Gram rows, written whole: where a slot kept its vector they are its old rows up to rounding
+        Qn = torch.bmm(Xn, self.X.transpose(1, 2))  # (r, a, kb)
+        self.Q[ri, sl] = Qn
+        self.Q.transpose(1, 2)[ri, sl] = Qn
 
     def minor(self, fast: bool, frozen: Tensor) -> Tensor:
         """Corral steps on every row not ``frozen`` (r,): a clipped affine solve (``fast``) or Wolfe's line

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from . import _ops
-from .decoder import OUTPUTS, check_decodable, choose_m, decoder_failures, output_embeddings, verify_margins
-from .encoder import GatedEncoder, assemble, augment, gadget_width, sample_gate
+from .decoder import OUTPUTS, check_decodable, choose_m, code_margins, decoder_failures, output_embeddings
+from .encoder import GatedEncoder, assemble, augment, encoder_codes, gadget_width, sample_gate
 from .mlp import FactMLP
 from .report import ConstructionReport, FactStorageError
 from .solvers import GadgetOperator, cg_iterations_hint, solve_cg, whitening
@@ -116,7 +116,8 @@ def construct_sharded(
         world_size=dist.get_world_size(),
     )
     if verify is not False:
-        margins = verify_margins(mlp, K, V, facts)
+        codes = encoder_codes(encoder, K, activation=activation, backend=backend, features=features)
+        margins = code_margins(codes, decoder.projection, V, facts, backend=backend)  # this shard's facts
         counts = _all_reduce(torch.tensor([float((margins <= 0).sum())], dtype=torch.float64, device=K.device))
         low = torch.tensor([float(margins.min()) if margins.numel() else float("inf")], dtype=torch.float64,
                            device=K.device)

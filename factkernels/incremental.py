@@ -11,7 +11,10 @@ whitened Gram is well conditioned, so a float32 factor holds α to ~1e-5, as con
   k×k Cholesky, O(F²k) instead of O(F³). The new keys are checked against the stored ones through
   their first coordinate (no sort of all F keys). L is kept as row panels (:class:`BorderedFactor`),
   so a border appends a (k, F+k) panel and never copies the F×F factor (at F = 16,384 that
-  copy alone took 7 s and doubled the peak memory).
+  copy alone took 7 s and doubled the peak memory). Every dual variable changes, so every weight does:
+  with k < m the weights take a rank-k change (one triangular solve and one Mᵀ product with k columns),
+  else all of α is re-solved from the cached forward rows (m columns); either is the exact minimum-norm
+  solution of the enlarged system.
 * ``remove``: removed facts stay in L as tombstones; the kept system is solved from the
   full factor through its r×r Schur complement (x = G⁻¹[O; z] with z chosen so that
   x vanishes on the removed rows), O(F²r). When a quarter of the rows are tombstones the
@@ -23,8 +26,8 @@ whitened Gram is well conditioned, so a float32 factor holds α to ~1e-5, as con
   does not depend on m, only the right-hand sides do.
 
 After every change ``.mlp`` is reassembled and the facts the change touched are verified (their codes
-decoded, as :func:`factkernels.construct` verifies): the added rows, the changed rows, or every row when the targets of all facts changed
-(new values re-solve U* and may grow m; a wider gate rebuilds). Untouched facts keep their exact
+decoded, as :func:`factkernels.construct` verifies): the added rows, the changed rows, or every row when
+the targets of all facts changed (new values re-solve U* and may grow m; a wider gate rebuilds). Untouched facts keep their exact
 targets in the enlarged system, so re-checking them costs a forward pass over all F keys for no
 information; ``verify_scope="all"`` checks every stored fact after every change anyway.
 """
@@ -105,11 +108,17 @@ class BorderedFactor:
         return torch.cat(parts)
 
     def backward(self, y: torch.Tensor) -> torch.Tensor:
-        """x (n, c) with Lᵀ x = y (n, c), from the last panel up."""
+        """x (r, c) with L_rᵀ x = y (r, c), from the last panel up; L_r is the leading r×r block of L
+        (r = n, or the size before later borders: r must end at a panel boundary)."""
+        rows = y.shape[0]
+        if rows not in self.starts[1:] + [self.size]:
+            raise ValueError(f"y must have as many rows as the factor or a leading block of its panels, got {rows}")
         out = torch.empty_like(y)
         acc = torch.zeros_like(y)  # Σ over later panels of their off-diagonal blocksᵀ x
         for start, panel in zip(reversed(self.starts), reversed(self.panels)):
             end = start + panel.shape[0]
+            if end > rows:
+                continue
             # solve_triangular is ~3x faster on an upper factor from the left than on L from the right.
             out[start:end] = torch.linalg.solve_triangular(panel[:, start:].T, y[start:end] - acc[start:end],
                                                            upper=True)
@@ -248,6 +257,9 @@ class FactBuilder:
             self._values = values
             self._set_outputs(self.m)
             self._refresh()
+        elif K_new.shape[0] < self.m and self._factor is not None and bool(self._alive.all()):
+            self._refresh(torch.arange(total - K_new.shape[0], total, device=K_new.device),
+                          self._bordered_weights(K_new.shape[0]))
         else:
             self._refresh(torch.arange(total - K_new.shape[0], total, device=K_new.device))
         return self.mlp
@@ -361,16 +373,8 @@ class FactBuilder:
                                               x0=self._alpha)
             self._alpha = alpha
             return alpha
-        # L y = O by forward substitution, reusing the rows of y that an addition left unchanged
-        # (a bordered factor keeps its leading rows), then Lᵀ α = y: one F²m solve per change.
-        cached = self._forward
-        known = None
-        if cached is not None and cached[0].shape[0] <= self._factor.size and \
-                torch.equal(cached[0], targets[: cached[0].shape[0]]):
-            known = cached[1]
-        forward = self._factor.forward(targets, known)
-        self._forward = (targets, forward)
-        alpha = self._factor.backward(forward)
+        # L y = O by forward substitution (new rows only after an addition), then Lᵀ α = y: one F²m solve.
+        alpha = self._factor.backward(self._forward_rows(targets))
         self.last_solve = SolveInfo("cholesky (incremental)", str(targets.dtype).replace("torch.", ""), float("nan"))
         dead = torch.nonzero(~self._alive).flatten()
         if dead.numel():
@@ -383,12 +387,44 @@ class FactBuilder:
             alpha[dead] = 0.0
         return alpha
 
-    def _refresh(self, touched: Optional[torch.Tensor] = None) -> None:
-        """Solve for the current targets, assemble ``.mlp`` and verify the ``touched`` rows of the
-        factor ((t,) long; None: every stored fact), or every stored fact with verify_scope="all"."""
-        targets = self._decoder.codes[self._facts] * self._alive[:, None]
-        alpha = self._solve(targets)
-        coef, out_bias = self._op.unknowns(alpha)  # (m, h̃, d+1), (m,)
+    def _bordered_weights(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weights (m, h̃, d+1), (m,) after the last border added k < m facts, as a rank-k change of the last ones.
+
+        With G = L Lᵀ bordered by [L_21 L_22], the new rows' dual variables are w = L_22⁻ᵀ y_2 (k, m) and every
+        old row's move by −L_11⁻ᵀ L_21ᵀ w, so the weights move by Mᵀ A w with A = [−L_11⁻ᵀ L_21ᵀ; I_k]: one
+        triangular solve and one Mᵀ product with k columns instead of m (F²k/2 + F·N·k multiply-adds, N the
+        unknowns per gadget, against F²m/2 + F·N·m for all of α and its weights).
+        """
+        targets = self._decoder.codes[self._facts]
+        forward = self._forward_rows(targets)
+        panel = self._factor.panels[-1]  # (k, F + k): [L_21 | L_22]
+        n = panel.shape[1] - k
+        w = torch.linalg.solve_triangular(panel[:, n:].T, forward[n:], upper=True)  # (k, m)
+        moves = torch.cat([-self._factor.backward(panel[:, :n].T.contiguous()), torch.eye(k, dtype=w.dtype,
+                                                                                           device=w.device)])
+        basis, bias = self._op.unknowns(moves)  # (k, h̃, d+1), (k,)
+        self.last_solve = SolveInfo("cholesky (incremental)", str(targets.dtype).replace("torch.", ""), float("nan"))
+        return self._coef + torch.einsum("lj,lrc->jrc", w, basis), self._out_bias + w.T @ bias
+
+    def _forward_rows(self, targets: torch.Tensor) -> torch.Tensor:
+        """y (F_all, m) with L y = targets, reusing the rows of y that an addition left unchanged (a
+        bordered factor keeps its leading rows); cached for the next change."""
+        cached, known = self._forward, None
+        if cached is not None and cached[0].shape[0] <= self._factor.size and \
+                torch.equal(cached[0], targets[: cached[0].shape[0]]):
+            known = cached[1]
+        forward = self._factor.forward(targets, known)
+        self._forward = (targets, forward)
+        return forward
+
+    def _refresh(self, touched: Optional[torch.Tensor] = None,
+                 weights: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
+        """Solve for the current targets (or take the given ``weights``), assemble ``.mlp`` and verify the
+        ``touched`` rows of the factor ((t,) long; None: every stored fact), or every stored fact with
+        verify_scope="all"."""
+        if weights is None:
+            weights = self._op.unknowns(self._solve(self._decoder.codes[self._facts] * self._alive[:, None]))
+        coef, out_bias = self._coef, self._out_bias = weights  # (m, h̃, d+1), (m,)
         m, width, d = coef.shape[0], coef.shape[1], self._keys.shape[1]
         encoder = GatedEncoder(gate_weight=self._gate[0], gate_bias=self._gate[1],
                                up_weight=coef[:, :, :d].reshape(m * width, d).contiguous(),

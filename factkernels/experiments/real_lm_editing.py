@@ -19,10 +19,10 @@ requests: each case's new object under each of its relation's edit templates (``
 
 Result: {"scores": score_cases' dict (every metric, its "unedited" values, by relation and template),
 "seconds" ({"edit", "edit_cpu", "score", "baseline", "baseline_cpu"}: wall and process CPU seconds of the
-edit, of scoring it and of the unedited model's scores when this process computed them), "report" (what the method reports: hparams, layers,
-units, NLLs), "requests", "generate", "load_average"}; the engine adds the config, wall seconds, device and
-environment. The unedited model's scores of a draw are computed once per process (``_baseline``);
-"unedited" cells write them, and a grid runs each draw's cells in a row.
+edit, of scoring it and of the unedited model's scores when this process computed them), "report" (what the
+method reports: hparams, layers, units, NLLs), "requests", "generate", "load_average"}; the engine adds the
+config, wall seconds, device and environment. The unedited model's scores of a draw are computed once per
+process (``_baseline``); "unedited" cells write them, and a grid runs each draw's cells in a row.
 
     factkernels experiment real-lm-editing --out benchmarks/results/experiments --methods unedited,ours \
         --sizes 10 --kind known --split test --draws 0,1,2 --resume
@@ -31,7 +31,8 @@ environment. The unedited model's scores of a draw are computed once per process
 
 Scales (``--scale``, when no grid options are given): tiny — a random 3-layer Llama with a word-level
 tokenizer, 4 cases, every method (CI seconds; no numbers worth reading); quick — SmolLM2-135M, every method
-at 10 known facts of each test draw; seed — every method at 10, 100 and all known facts of each test draw. Summaries and figures: :mod:`.real_lm_editing_report`.
+at 10 known facts of each test draw; seed — every method at 10, 100 and all known facts of each test draw.
+Summaries and figures: :mod:`.real_lm_editing_report`.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ GENERATE = 50
 """Cases whose generations are scored for fluency and consistency (the first of each cell)."""
 OURS_SETTINGS = {"keys": "subject", "layer": 10}
 """Our insertion's settings when a grid names none: subject keys at layer 10 (validation draw, issue 32)."""
-TINY_SETTINGS = {"ours": {**OURS_SETTINGS, "layer": 1, "value_steps": 10}, "rome": {"layers": [1], "steps": 10, "prefixes": [[4, 2]]},
+TINY_SETTINGS = {"ours": {**OURS_SETTINGS, "layer": 1, "value_steps": 10},
+                 "rome": {"layers": [1], "steps": 10, "prefixes": [[4, 2]]},
                  "memit": {"layers": [1], "steps": 10, "prefixes": [[4, 2]]},
                  "alphaedit": {"layers": [1], "steps": 10, "prefixes": [[4, 2]], "batch_size": 10},
                  "grace": {"layer": 1, "steps": 10}, "wise": {"layer": 1, "steps": 10}}

@@ -59,9 +59,19 @@ class PromptBatch:
     def rows(self, sl: "slice | torch.Tensor") -> "PromptBatch":
         """The requests in ``sl`` (a slice or an index tensor) as their own batch, trimmed to their widest row."""
         mask = self.attention_mask[sl]
-        width = int(mask.sum(1).max()) if mask.shape[0] else 0
+        # the widest real row (its targets included, even where the mask leaves the last token out)
+        width = int(torch.maximum(mask.sum(1), self.prompt_last[sl] + self.target_len[sl] + 1).max()) \
+            if mask.shape[0] else 0
         return PromptBatch(self.input_ids[sl][:, :width], mask[:, :width], self.subject_last[sl],
                            self.prompt_last[sl], self.target_len[sl], self.subject_first[sl])
+
+    def scored_tokens(self) -> "PromptBatch":
+        """The rows without their last token: teacher-forced target logits sit at the positions before it (the
+        last token's own logits predict nothing scored), so forwards that only read them can leave it out."""
+        mask = self.attention_mask.clone()
+        mask[torch.arange(len(self)), mask.sum(1) - 1] = 0
+        return PromptBatch(self.input_ids, mask, self.subject_last, self.prompt_last, self.target_len,
+                           self.subject_first)
 
     def target_ids(self, i: int) -> list[int]:
         start = int(self.prompt_last[i]) + 1

@@ -114,7 +114,7 @@ def _check_targets(targets: ResidualTargets, n: int, layer: int, settings: dict)
 def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Optional[Sequence[int]] = None, *,
          stats: Optional[dict[int, torch.Tensor]] = None, cache_dir: Any = None, progress: Optional[bool] = None,
          targets: Optional[ResidualTargets] = None, checkpoint: Union[str, Path, None] = None,
-         chunk: int = 8, **hparams: Any) -> EditResult:
+         chunk: int = 8, device: Union[str, torch.device, None] = None, **hparams: Any) -> EditResult:
     """Apply ``method`` ("rome" | "memit" | "alphaedit" | "grace" | "wise") for ``requests`` to ``model`` in
     place (see the module docstring).
 
@@ -127,11 +127,14 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
     requests (``EditResult.targets``), reused instead of re-trained where every δ is trained on the unedited
     model; they must match the last layer and the δ settings, else ValueError. checkpoint: a .safetensors
     file keeping the residual step's finished chunks (MEMIT and one-batch AlphaEdit), so a long edit can be
-    stopped and run again. chunk: facts per δ batch.
+    stopped and run again. chunk: facts per δ batch. device: where the model runs ("cpu", "cuda", ...): moved
+    there in place (``model.to(device)``) once the arguments are checked, and it stays; default: where it is.
     """
     started = time.perf_counter()
     reqs = list(parse_requests(requests))
     hp = resolve_hparams(model, method, layers, hparams)
+    if device is not None:
+        model.to(device)
     if method in ("grace", "wise"):
         if targets is not None:
             raise ValueError(f"{method} trains its own values; targets apply to {WEIGHT_EDITORS}")

@@ -469,7 +469,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         stays; default: where it is. Every step runs on the model's device.
     Returns an :class:`Insertion`; raises ValueError for bad requests, layer or options.
     """
-    start_time = time.perf_counter()
+    start_time, start_cpu = time.perf_counter(), time.process_time()
     timings: dict = {}
     parsed = list(dict.fromkeys(parse_requests(requests)))  # repeated requests: one key each
     if gate not in GATES:
@@ -494,10 +494,11 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         background = natural_text("stats")
     torch.manual_seed(seed)
     if keys == "subject":
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         states = background_states(model, tok, background, layer)
         return _insert_by_subject(model, tok, parsed, layer=layer, background=states, background_texts=background,
-                                  background_seconds=time.perf_counter() - t,
+                                  background_seconds=(time.perf_counter() - t, time.process_time() - c),
+                                  start_cpu=start_cpu,
                                   prefixes=prefixes, value_prefixes=value_prefixes, within=within,
                                   threshold=subject_threshold, ramp=ramp, margin=margin, value_steps=value_steps,
                                   value_lr=value_lr, batch_size=batch_size, progress=progress, start_time=start_time)
@@ -555,15 +556,18 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
 
 
 def _insert_by_subject(model: Any, tok: Any, requests: list[Request], *, layer: int, start_time: float,
-                       background_seconds: float, **options: Any) -> Insertion:
+                       start_cpu: float, background_seconds: tuple[float, float], **options: Any) -> Insertion:
     """keys="subject": build (:func:`~factkernels.hf.subject_keys.insert_by_subject`), append, certify every context."""
     fact_mlp, stats, deltas, ctx = insert_by_subject(model, tok, requests, layer=layer, ridge=1e-2, **options)
     units = append_units(model, layer, fact_mlp.swiglu_weights())
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     with _removed_on_failure(units), torch.no_grad():
         margins = batch_margins(model, ctx.batch, options["batch_size"], shared=ctx.batch.subject_first)
-    timings = {"background": background_seconds, **stats.pop("timings"), "verify": time.perf_counter() - t,
-               "total": time.perf_counter() - start_time}
+    # wall and process CPU seconds of each stage (the CPU ones count every thread; on a shared machine the wall
+    # ones also count the others' load)
+    timings = {"background": background_seconds[0], "background_cpu": background_seconds[1], **stats.pop("timings"),
+               "verify": time.perf_counter() - t, "verify_cpu": time.process_time() - c,
+               "total": time.perf_counter() - start_time, "total_cpu": time.process_time() - start_cpu}
     values = stats.pop("values")
     report = InsertionReport(
         layer=layer, gate="lda-ramp", position="subject", num_facts=len(requests), num_keys=len(ctx.requests),
@@ -596,6 +600,7 @@ def batch_margins(model: Any, batch: PromptBatch, batch_size: int, shared: Optio
     head runs once and the rows continue from its keys and values, as generation does
     (:func:`~factkernels.hf.capture.shared_head_forwards`)."""
     out = torch.empty(len(batch))
+    batch = batch.scored_tokens()
 
     def put(chunk: torch.Tensor, hidden: torch.Tensor, begin: torch.Tensor) -> None:
         sub = batch.rows(chunk)

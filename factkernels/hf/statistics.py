@@ -162,7 +162,8 @@ def key_second_moments(model: Any, tok: Any, layers: Sequence[int], *, texts: Op
     if not todo:
         return found
     if cache_dir is False:
-        found.update(_second_moments(model, tok, todo, texts, None, max_length, batch_size, save_every, progress))
+        computed = _second_moments(model, tok, todo, texts, None, max_length, batch_size, save_every, progress)
+        found.update({layer: cov for layer, (cov, _) in computed.items()})
         return found
     with _locked([paths[layer] for layer in todo], logged):
         found = cached()  # what another process finished while this one waited

@@ -163,6 +163,7 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
     n_subjects = int(subject.max()) + 1
     delta = torch.zeros(n_subjects, model.config.hidden_size, device=device, requires_grad=True)
     opt = torch.optim.Adam([delta], lr=lr)
+    batch = batch.scored_tokens()
     probe = batch.rows(slice(0, 2))
     start = batch.subject_last
     cached = (tail_start(model, batch, layer, start, batch_size=batch_size)
@@ -232,8 +233,8 @@ def insert_by_subject(model: Any, tok: Any, requests: Sequence[Request], *, laye
                       batch_size: int, progress: bool) -> tuple[FactMLP, dict, torch.Tensor, SubjectContexts]:
     """Build the subject-keyed units for ``requests`` (not yet appended): (mlp, stats, deltas (S, d), contexts).
     background (N, d): MLP inputs of ``layer`` at the real tokens of ``background_texts`` (ordinary text)."""
-    timings: dict = {}
-    t = time.perf_counter()
+    timings: dict = {}  # wall and process CPU seconds of each stage
+    t, c = time.perf_counter(), time.process_time()
     ctx = subject_contexts(tok, requests, prefixes)
     states = capture(model, ctx.batch.input_ids, ctx.batch.attention_mask, layer, site="mlp_in", batch_size=batch_size,
                      shared=ctx.batch.subject_first)
@@ -247,16 +248,16 @@ def insert_by_subject(model: Any, tok: Any, requests: Sequence[Request], *, laye
     text_ids, text_mask = encode_texts(tok, background_texts)
     mentions = torch.cat([subject_mentions(tok, ctx.subjects, text_ids, text_mask),
                           subject_mentions(tok, ctx.subjects, ctx.batch.input_ids, ctx.batch.attention_mask)[~is_key]])
-    timings["capture"] = time.perf_counter() - t
+    timings["capture"], timings["capture_cpu"] = time.perf_counter() - t, time.process_time() - c
 
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     fit_rows = (ctx.prefix <= value_prefixes).nonzero().flatten()
     deltas, value_info = fit_subject_deltas(model, ctx.batch.rows(fit_rows), ctx.subject[fit_rows], layer,
                                             margin=margin, steps=value_steps, lr=value_lr, batch_size=batch_size,
                                             progress=progress)
-    timings["values"] = time.perf_counter() - t
+    timings["values"], timings["values_cpu"] = time.perf_counter() - t, time.process_time() - c
 
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     det = lda_detectors(own, ctx.group, negatives, within=within, ridge=ridge, threshold=threshold,
                         mentions=mentions[:, ctx.group_subject])
     mlp = ramp_units(det, deltas[ctx.group_subject], ramp=ramp).to(own.device)
@@ -267,7 +268,7 @@ def insert_by_subject(model: Any, tok: Any, requests: Sequence[Request], *, laye
         # relative to the mean ‖δ‖: subjects whose targets already win by the margin keep δ = 0
         value_error = float((mlp(own) - deltas[ctx.subject]).norm(dim=1).max()
                             / deltas.norm(dim=1).mean().clamp_min(1e-12))
-    timings["construct"] = time.perf_counter() - t
+    timings["construct"], timings["construct_cpu"] = time.perf_counter() - t, time.process_time() - c
     stats = {"subjects": len(ctx.subjects), "detectors": len(ctx.group_subject), "contexts": len(ctx.requests),
              "value_contexts": len(fit_rows),
              "separated": int(det["separated"].sum()), "own_min_mean": float(det["own_min"].mean()),

@@ -105,6 +105,11 @@ def test_bordered_factor_equals_the_full_cholesky():
     torch.testing.assert_close(factor.solve(rhs), torch.linalg.solve(G, rhs))
     with pytest.raises(ValueError, match="panel boundary"):
         factor.forward(rhs, known=y[:23])
+    # the leading block of whole panels: the factor as it was before the last border
+    torch.testing.assert_close(factor.backward(y[:26]), torch.linalg.solve_triangular(full[:26, :26].T, y[:26],
+                                                                                     upper=True))
+    with pytest.raises(ValueError, match="leading block of its panels"):
+        factor.backward(y[:23])
 
 
 def test_cg_builder_warm_starts_each_change(fact_set):
@@ -125,13 +130,20 @@ def test_cg_builder_warm_starts_each_change(fact_set):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_add_equals_a_fresh_solve_of_the_bordered_system(fact_set, dtype):
+def test_add_equals_a_fresh_solve_of_the_bordered_system(fact_set, dtype, monkeypatch):
     K, V, f = (t.to(dtype) if t.is_floating_point() else t for t in fact_set)
-    builder = FactBuilder(K[:200], V, f[:200], m=32, outputs="values")
-    builder.add(K[200:204], f[200:204])
+    builder = FactBuilder(K[:200], V, f[:200], m=32, outputs="values", width_multiplier=2.0)
+    low_rank = []
+    update = FactBuilder._bordered_weights
+    monkeypatch.setattr(FactBuilder, "_bordered_weights", lambda self, k: low_rank.append(k) or update(self, k))
+    builder.add(K[200:204], f[200:204])  # k < m: a rank-k change of the weights
     builder.add(K[204:230], f[204:230])
-    assert builder.checked == 26 and builder._factor.panels[0].dtype == dtype
-    op = builder._op  # the gadget system of all 230 facts, solved afresh in float64
+    builder.add(K[230:270], f[230:270])  # k >= m: all of α re-solved from the cached forward rows
+    for i in range(270, 280):  # one fact at a time: rank-1 updates add up without drifting
+        builder.add(K[i : i + 1], f[i : i + 1])
+    assert 26 < builder.m <= 40 and low_rank == [4, 26] + [1] * 10 and builder.rebuilds == 0  # (m grew from 32)
+    assert builder.checked == 1 and builder._factor.panels[0].dtype == dtype
+    op = builder._op  # the gadget system of all 280 facts, solved afresh in float64
     alpha = torch.linalg.solve(op.dense().double(), builder._decoder.codes[builder.facts].double())
     coef, out_bias = GadgetOperator(*(t.double() for t in (op.gate_features, op.keys_aug, op.feature_transform,
                                                            op.key_transform))).unknowns(alpha)

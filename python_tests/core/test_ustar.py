@@ -299,6 +299,32 @@ def test_active_set_few_passes_and_public_api():
     assert U32.dtype == torch.float32 and rho32 == pytest.approx(rho_ref, abs=1e-5)
 
 
+def test_active_lists_are_the_corral_and_the_last_pass(monkeypatch):
+    """Each round solves a value on its last corral and the constraints its last pass streamed (no list grows
+    round over round): with 4 constraints per pass the rounds are many, every list holds at most d + 1 + n_add
+    corral points and 4 new ones, and the result carries the dense solver's certificates."""
+    V = _values("sphere", 500, 8, 7)
+    W = geometry.normalized_values(V)
+    widths = []
+    real = ustar.candidate_star
+
+    def recording(W_, rows, cand):
+        widths.append(cand.shape[1])
+        return real(W_, rows, cand)
+
+    monkeypatch.setattr(ustar, "candidate_star", recording)
+    n_add, n_pass = 6, 4
+    U, lo, hi, passes = ustar._solve_active_set(W, W, 1e-6, 200, 16, n_add, 3, "auto", n_pass, n_pass)
+    assert passes >= 4 and max(widths[1:]) <= 8 + 1 + n_add + n_pass
+    _, lo0, _ = ustar._margin_optimal(V, 1e-6, 200, method="dense")
+    U0 = ustar._margin_optimal(V, 1e-6, 200, method="dense")[0]
+    pos = lo0 > 1e-3
+    assert pos.all()
+    assert torch.allclose(lo, lo0, atol=1e-9) and (U.double() - U0).norm(dim=1).max().item() < 1e-6
+    assert bool((hi - lo <= 1e-6 * hi).all())
+    assert torch.allclose(geometry.output_margins(V, U.double()), lo, atol=1e-9)
+
+
 def test_warm_corral_restarts_at_the_optimum():
     """A round of the active-set method starts from the previous round's corral: given the optimal corral of a
     candidate set, the solver returns the same optimum after one iteration; grown by more candidates, it

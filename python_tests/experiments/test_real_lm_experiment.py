@@ -40,7 +40,7 @@ def test_tiny_grid_runs_every_method_and_leaves_the_model_unedited(tiny_run, tmp
     after = model.state_dict()
     assert set(after) == set(state) and all(torch.equal(v, after[k]) for k, v in state.items())
     table = report.markdown_table(res.summary, model="tiny")
-    assert len(table.splitlines()) == 2 + len(grid)  # one draw per row at tiny scale
+    assert len([line for line in table.splitlines() if line.startswith("|")]) == 2 + len(grid)  # a draw per row
     assert "| 4 | rome | single |" in table and "| 4 | rome | sequential |" in table
 
 
@@ -107,6 +107,22 @@ def test_summary_gives_t_intervals_over_draws_and_the_harmonic_mean():
     # per relation: cases of every draw weighted equally
     assert memit["by_relation"]["capital"] == {"num_cases": 4, "paraphrase_score": pytest.approx(0.75)}
     assert memit["by_relation"]["currency"]["paraphrase_score"] == 0.0
+    assert summary["comparison"] == []  # ours did not run
+    assert report.markdown_table(summary, kind="new") == "No new-fact cells on the test draws yet."
+
+
+def test_comparison_puts_ours_against_the_best_other_method():
+    scores = lambda e, p, n: {"efficacy_score": e, "paraphrase_score": p, "neighbourhood_score": n}  # noqa: E731
+    cells = [_fake_cell("memit", 0, scores(1.0, 0.5, 0.8), 1.0), _fake_cell("rome", 0, scores(0.9, 0.6, 0.9), 1.0),
+             _fake_cell("ours", 0, scores(1.0, 0.58, 1.0), 1.0)]
+    (comparison,) = report.summarize(cells)["comparison"]
+    assert comparison["best_other"] == "rome" and comparison["n"] == 10
+    assert comparison["ours_below_best_other"] == pytest.approx(
+        {"efficacy": 0.0, "paraphrase": 0.02, "neighbourhood": -0.1})
+    assert comparison["best_hmean"] and comparison["within_0.05"]
+    assert comparison["ours_hmean"] == pytest.approx(3 / (1 + 1 / 0.58 + 1))
+    ours, best, unedited = report.headline_rows(report.summarize(cells))
+    assert (ours["method"], best["method"], unedited) == ("ours", "rome", None)
 
 
 def test_command_line_builds_the_grid(tmp_path):

@@ -274,6 +274,7 @@ def test_second_moments_stop_after_the_highest_layer_asked_for(llama, tmp_path):
     finally:
         handle.remove()
     assert not calls  # layer 2 never ran
+    assert all(isinstance(c, torch.Tensor) and c.shape == (64, 64) for c in (*both.values(), *low.values()))
     torch.testing.assert_close(low[0], both[0], rtol=1e-5, atol=1e-7)  # other batch widths: float32 rounding
 
 
@@ -434,6 +435,37 @@ def test_causal_trace_restores_clean_states(llama):
     assert 0 <= trace.best_layer() < 3 and trace.clean != trace.corrupted
     layer, effects = hf.traced_layer(model, tok, REQUESTS, samples=3)
     assert effects.shape == (3,) and layer == int(effects.argmax())
+
+
+def test_causal_trace_of_mlp_windows_batches_like_one_restoration_at_a_time(llama):
+    model, tok = llama
+    args = (model, tok, "the book {} was written by", "war and peace")
+    whole = hf.causal_trace(*args, samples=3, kind="mlp", window=2)
+    column = hf.causal_trace(*args, samples=3, kind="mlp", window=2, tokens="subject_last", batch_rows=3)
+    last = whole.subject[1] - 1
+    torch.testing.assert_close(column.scores[:, last], whole.scores[:, last])  # one restoration per pass
+    assert column.scores[:, :last].isnan().all() and column.subject_last().shape == (3,)
+    # MLP outputs before the subject are the same in both runs: restoring them changes nothing
+    torch.testing.assert_close(whole.scores[:, :2], torch.full((3, 2), whole.corrupted), rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(whole.scores[:, last], torch.full((3,), whole.corrupted))
+    assert whole.corrupted == pytest.approx(column.corrupted) and whole.kind == "mlp" and whole.window == 2
+    with pytest.raises(ValueError, match="kind must be one of"):
+        hf.causal_trace(*args, kind="attn")
+
+
+def test_restoring_window_and_editor_layers_follow_rome_and_memit():
+    from factkernels.hf.causal_trace import editor_layers, window_layers
+
+    assert list(window_layers(5, 10, 30)) == list(range(0, 10))  # ROME: layer - w//2 .. layer - (-w//2)
+    assert list(window_layers(20, 10, 30)) == list(range(15, 25))
+    assert list(window_layers(28, 3, 30)) == [27, 28, 29] and list(window_layers(3, 1, 30)) == [3]
+    effect = torch.zeros(30)
+    effect[9] = 1.0
+    assert editor_layers(effect, {"rome": 1, "memit": 6, "alphaedit": 5}) == {
+        "rome": (9,), "memit": (4, 5, 6, 7, 8, 9), "alphaedit": (5, 6, 7, 8, 9)}
+    effect = torch.zeros(30)
+    effect[2] = 1.0  # too shallow to end there: the window starts at layer 0
+    assert editor_layers(effect, {"memit": 6})["memit"] == (0, 1, 2, 3, 4, 5)
 
 
 def test_second_moments_resume_an_interrupted_pass_and_count_tokens(llama, tmp_path, monkeypatch):

@@ -1,0 +1,97 @@
+"""Seconds of hf.insert_facts(keys="subject") on the packaged SmolLM2-135M, stage by stage, wall and process CPU.
+
+    OMP_NUM_THREADS=1 python benchmarks/hf_insert_speed.py --facts 50 100 --threads 1
+    python benchmarks/hf_insert_speed.py --facts 1000 --device cuda         # on a GPU
+
+A fact is one request (a case's new object under one edit template); n facts are the first n/5 cases of the
+editing benchmark's known-fact validation draw, with their five edit templates each. Each size writes one JSON
+under benchmarks/results/hf/insert_speed/ (skipped when it exists): the report's timings (wall and CPU seconds of
+background, capture, values, construct, verify, total), contexts, δ steps, efficacy, the load average before and
+after, threads, device and environment. ``--extrapolate`` adds, from the sizes already written, each stage's
+least-squares line in the number of facts (a + b·n) and its value at 1,000 facts: an extrapolation, said so in
+the file.
+"""
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from factkernels import hf
+from factkernels.datasets.editing_benchmark import known_draw
+from factkernels.environment import environment
+from factkernels.hf.metrics import case_requests
+
+OUT = Path(__file__).resolve().parent / "results" / "hf" / "insert_speed"
+SETTINGS = {"keys": "subject", "layer": 10}
+TEMPLATES = 5  # edit templates per case
+
+
+def run(model, tok, facts: int, device: str, threads: int) -> dict:
+    cases = known_draw("validation", 0, n=facts // TEMPLATES)
+    requests = case_requests(cases)
+    load_before = os.getloadavg()
+    wall, cpu = time.perf_counter(), time.process_time()
+    ins = hf.insert_facts(model, tok, requests, progress=False, device=device, **SETTINGS)
+    seconds = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+    report = ins.report
+    ins.remove()
+    return {"facts": len(requests), "cases": len(cases), "settings": SETTINGS, "device": device, "threads": threads,
+            "seconds": seconds, "timings": report.timings, "contexts": report.num_keys,
+            "value_contexts": report.construction["value_contexts"], "subjects": report.construction["subjects"],
+            "value_steps": report.values["value_steps"], "efficacy": report.efficacy,
+            "min_margin": report.min_margin, "peak_rss_mb": report.peak_rss_mb,
+            "load_average_before": load_before, "load_average_after": os.getloadavg(), "environment": environment()}
+
+
+def extrapolate(device: str, target: int = 1000) -> dict:
+    """Each stage's least-squares line a + b·facts through the written sizes, and its value at ``target``."""
+    runs = sorted((json.loads(p.read_text()) for p in OUT.glob(f"subject_L10_n*_{device}.json")),
+                  key=lambda r: r["facts"])
+    if len(runs) < 2:
+        raise SystemExit(f"need two sizes on {device} to extrapolate, have {len(runs)}")
+    n = torch.tensor([float(r["facts"]) for r in runs], dtype=torch.float64)
+    design = torch.stack([torch.ones_like(n), n], 1)
+    lines = {}
+    for stage in runs[-1]["timings"]:
+        y = torch.tensor([float(r["timings"].get(stage, float("nan"))) for r in runs], dtype=torch.float64)
+        if torch.isnan(y).any():
+            continue
+        a, b = torch.linalg.lstsq(design, y[:, None]).solution.flatten().tolist()
+        lines[stage] = {"intercept": a, "per_fact": b, f"at_{target}": a + b * target}
+    return {"kind": "extrapolation (a straight line per stage through the measured sizes, not a measurement)",
+            "device": device, "measured_facts": [r["facts"] for r in runs], "target_facts": target,
+            "load_averages": [r["load_average_before"] for r in runs], "stages": lines}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--facts", type=int, nargs="*", default=[50, 100])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--extrapolate", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    OUT.mkdir(parents=True, exist_ok=True)
+    model = tok = None
+    for facts in args.facts:
+        path = OUT / f"subject_L10_n{facts}_{args.device.replace(':', '')}.json"
+        if path.exists():
+            print(f"{path} exists, skipped")
+            continue
+        if model is None:
+            model, tok = hf.load("smollm2-135m")
+        result = run(model, tok, facts, args.device, args.threads)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps({k: result[k] for k in ("facts", "seconds", "timings", "value_steps", "efficacy")}), flush=True)
+    if args.extrapolate:
+        path = OUT / f"subject_L10_extrapolated_{args.device.replace(':', '')}.json"
+        path.write_text(json.dumps(extrapolate(args.device.replace(":", "")), indent=1) + "\n")
+        print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()
