@@ -211,8 +211,9 @@ def _solve_active_set(
         # needed a third round at |V| = 4,096, d = 128), trimmed to the widest row
         add = torch.where(new, cand, torch.full_like(cand, -1)).to(torch.int32)
         add = add.gather(1, torch.argsort((~new).to(torch.int8), dim=1, stable=True))
-        width = max(1, int((corral_val[rows] >= 0).sum(dim=1).max()))
-        active = torch.cat([corral_val[rows, :width], add[:, : int(new.sum(dim=1).max())]], dim=1)
+        width, n_new = torch.stack([(corral_val[rows] >= 0).sum(dim=1).max(), new.sum(dim=1).max()]).tolist()
+        width = max(1, width)  # (one host read for both widths)
+        active = torch.cat([corral_val[rows, :width], add[:, :n_new]], dim=1)
     lo.clamp_(-1.0, 1.0)
     return U, lo, hi, passes
 
