@@ -3,7 +3,7 @@
 Known facts of the editing benchmark's validation draw (``known_draw("validation")``, the first ``--facts``)
 are traced under their first edit template the unedited model answers (``known_facts.csv``), for their true
 object, with :func:`factkernels.hf.causal_trace` at the subject's last token: 10 noise samples of 3 × the
-subjects' embedding standard deviation (ROME's ``collect_embedding_std``), restoring the MLP outputs of a
+embedding standard deviation of the first 30 validation subjects' tokens (ROME's ``collect_embedding_std``), restoring the MLP outputs of a
 window of layers (ROME's ``kind="mlp"``; window 1 and ROME's code default 10). The mean indirect effect per
 layer (restored minus corrupted answer probability) picks the layers (:func:`factkernels.hf.causal_trace.editor_layers`): ROME
 the peak of the MLP effect with ROME's window 10; MEMIT and AlphaEdit their published number of layers (6 of
@@ -35,6 +35,8 @@ MODEL = "smollm2-135m"
 OUT = Path(__file__).resolve().parent / "results" / "hf" / "causal_trace_layers.json"
 TRACES = {"mlp_w1": ("mlp", 1), "mlp_w10": ("mlp", 10)}
 CHOICE = "mlp_w10"
+NOISE_SUBJECTS = 30
+"""The noise unit is the embedding std of the first 30 validation subjects' tokens, whatever --facts is."""
 
 
 def traced_requests(n: int) -> list[Request]:
@@ -59,13 +61,13 @@ def summary(mean: dict[str, torch.Tensor], chosen: dict) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--facts", type=int, default=30)
+    parser.add_argument("--facts", type=int, default=20)
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     model, tok = hf.load(MODEL)
     reqs = traced_requests(args.facts)
-    std = subject_embedding_std(model, tok, reqs)
+    std = subject_embedding_std(model, tok, traced_requests(NOISE_SUBJECTS))
     result = engine.read_json(args.out) if args.out.exists() else {}
     rows = result.get("rows", [])
     for r in reqs[len(rows):]:
@@ -94,7 +96,7 @@ def report(rows: list[dict], std: float, samples: int) -> dict:
     counts = {m: len(hparams(m).layers) for m in ("rome", "memit", "alphaedit")}
     chosen = editor_layers(mean[CHOICE], counts)
     return {"benchmark": "causal_trace_layers", "model": MODEL, "facts": len(rows), "samples": samples,
-              "noise": "3 x subject token embedding std", "noise_std": std, "position": "subject last token",
+              "noise": f"3 x the embedding std of the first {NOISE_SUBJECTS} validation subjects' tokens", "noise_std": std, "position": "subject last token",
               "traces": {k: {"kind": v[0], "window": v[1]} for k, v in TRACES.items()}, "choice_from": CHOICE,
               "mean_effect": {k: v.tolist() for k, v in mean.items()},
               "peak_layer": {k: int(v.argmax()) for k, v in mean.items()},
