@@ -77,9 +77,13 @@ def _fingerprint(model: Any, layer: int, texts: Sequence[str], max_length: int) 
     return digest.hexdigest()[:16]
 
 
-def _cache_path(model: Any, layer: int, texts: Sequence[str], max_length: int, cache_dir: Any) -> Optional[Path]:
+def second_moment_path(model: Any, layer: int, *, texts: Optional[Sequence[str]] = None, cache_dir: Any = None,
+                       max_length: int = 2048) -> Optional[Path]:
+    """The cache file of ``layer``'s C over ``texts`` (default :func:`mom2_texts`), whether or not it exists yet
+    (None when ``cache_dir`` is False); its metadata holds "tokens" and "documents"."""
     if cache_dir is False:
         return None
+    texts = mom2_texts() if texts is None else list(texts)
     folder = default_cache_dir() if cache_dir is None else Path(cache_dir)
     return folder / "mom2" / f"layer{layer}_{_fingerprint(model, layer, texts, max_length)}.safetensors"
 
@@ -98,8 +102,7 @@ def second_moment_tokens(model: Any, layer: int, *, texts: Optional[Sequence[str
     from; None when it is not cached."""
     from safetensors import safe_open
 
-    texts = mom2_texts() if texts is None else list(texts)
-    path = _cache_path(model, layer, texts, max_length, cache_dir)
+    path = second_moment_path(model, layer, texts=texts, cache_dir=cache_dir, max_length=max_length)
     if path is None or not path.is_file():
         return None
     with safe_open(str(path), framework="pt") as handle:
@@ -150,7 +153,8 @@ def key_second_moments(model: Any, tok: Any, layers: Sequence[int], *, texts: Op
     for layer in layers:
         mlp_module(model, layer)  # validates the layout and the layer index
     texts = mom2_texts() if texts is None else list(texts)
-    paths = {layer: _cache_path(model, layer, texts, max_length, cache_dir) for layer in layers}
+    paths = {layer: second_moment_path(model, layer, texts=texts, cache_dir=cache_dir, max_length=max_length)
+             for layer in layers}
     logged = progress is not False and not sys.stderr.isatty()
 
     def cached() -> dict[int, torch.Tensor]:

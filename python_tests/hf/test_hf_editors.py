@@ -285,7 +285,7 @@ def test_a_second_pass_over_the_same_c_waits_for_the_first_and_reads_its_file(ll
     from factkernels.hf import statistics
 
     model, tok = llama
-    path = statistics._cache_path(model, 1, TEXTS, 2048, tmp_path)
+    path = statistics.second_moment_path(model, 1, texts=TEXTS, cache_dir=tmp_path)
     path.parent.mkdir(parents=True)
     waiting, results = threading.Event(), {}
     monkeypatch.setattr(statistics, "log_line", lambda text: waiting.set())
