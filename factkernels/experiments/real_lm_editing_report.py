@@ -253,7 +253,7 @@ def _triangle(rows: list[dict]):
         ax.set_xticks(range(len(series)), list(series) if ax is axes[-1] else [], rotation=30, ha="right", fontsize=7)
         ax.set_ylim(0, 1.05)
         ax.set_ylabel(title, fontsize=8)
-    axes[0].legend(fontsize=7, title="dashed: unedited", title_fontsize=7, loc="lower left")
+    axes[0].legend(fontsize=7, title="dashed: unedited", title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig
 
