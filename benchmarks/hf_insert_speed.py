@@ -9,7 +9,7 @@ under benchmarks/results/hf/insert_speed/ (skipped when it exists): the report's
 background, capture, values, construct, verify, total), contexts, δ steps, efficacy, the load average before and
 after, threads, device and environment. ``--extrapolate`` adds, from the sizes already written, each stage's
 least-squares line in the number of facts (a + b·n) and its value at 1,000 facts: an extrapolation, said so in
-the file.
+the file (of CPU seconds on a CPU, whose wall seconds carry the shared machine's load; of wall seconds on a GPU).
 """
 
 import argparse
@@ -48,7 +48,9 @@ def run(model, tok, facts: int, device: str, threads: int) -> dict:
 
 
 def extrapolate(device: str, target: int = 1000) -> dict:
-    """Each stage's least-squares line a + b·facts through the written sizes, and its value at ``target``."""
+    """Each stage's least-squares line a + b·facts through the written sizes, and its value at ``target``; the
+    background states are a fixed cost (computed once per model, layer and texts, then kept: a later size in
+    the same process reads them), so that stage is its largest measurement. The total is the stages' sum."""
     runs = sorted((json.loads(p.read_text()) for p in OUT.glob(f"subject_L10_n*_{device}.json")),
                   key=lambda r: r["facts"])
     if len(runs) < 2:
@@ -56,14 +58,22 @@ def extrapolate(device: str, target: int = 1000) -> dict:
     n = torch.tensor([float(r["facts"]) for r in runs], dtype=torch.float64)
     design = torch.stack([torch.ones_like(n), n], 1)
     lines = {}
+    # on a CPU the process CPU seconds (the wall ones carry the shared machine's load); on a GPU the wall ones
+    cpu = device == "cpu"
     for stage in runs[-1]["timings"]:
-        y = torch.tensor([float(r["timings"].get(stage, float("nan"))) for r in runs], dtype=torch.float64)
-        if torch.isnan(y).any():
+        if stage.startswith("total") or stage.endswith("_cpu") != cpu:
+            continue
+        y = torch.tensor([float(r["timings"][stage]) for r in runs], dtype=torch.float64)
+        if stage.startswith("background"):
+            lines[stage] = {"fixed": float(y.max()), f"at_{target}": float(y.max())}
             continue
         a, b = torch.linalg.lstsq(design, y[:, None]).solution.flatten().tolist()
         lines[stage] = {"intercept": a, "per_fact": b, f"at_{target}": a + b * target}
+    lines["total_cpu" if cpu else "total"] = {f"at_{target}": sum(v[f"at_{target}"] for v in lines.values())}
     return {"kind": "extrapolation (a straight line per stage through the measured sizes, not a measurement)",
+            "seconds": "process CPU seconds, one thread" if cpu else "wall seconds",
             "device": device, "measured_facts": [r["facts"] for r in runs], "target_facts": target,
+            "value_steps": [r["value_steps"] for r in runs],
             "load_averages": [r["load_average_before"] for r in runs], "stages": lines}
 
 
