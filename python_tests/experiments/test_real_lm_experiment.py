@@ -139,3 +139,18 @@ def test_command_line_builds_the_grid(tmp_path):
     bad = build_parser().parse_args(["experiment", "real-lm-editing", "--hparams", "{}"])
     with pytest.raises(ValueError, match="need --methods"):
         _real_lm_grid(bad)
+
+
+def test_new_knowledge_cells_and_the_single_protocol(tmp_path):
+    """Invented subjects (kind "new"), ours one case at a time: the cell's scores are the means over its cases."""
+    grid = [real_lm.cell("unedited", n=2, kind="new", model="tiny"),
+            real_lm.cell("ours", n=2, kind="new", protocol="single", settings=real_lm.TINY_SETTINGS["ours"],
+                         model="tiny")]
+    res = engine.run(real_lm.NAME, tmp_path, grid=grid, quiet=True)
+    cells = engine.load_cells(tmp_path, real_lm.NAME)
+    single = cells[engine.cell_key(grid[1])].result
+    assert single["scores"]["num_cases"] == 2 and len(single["report"]["per_case"]) == 2
+    assert single["report"]["per_case"][0]["num_facts"] == 5  # one case: its five edit templates
+    assert 0.0 <= single["scores"]["paraphrase_score"] <= 1.0
+    table = report.markdown_table(res.summary, kind="new", model="tiny")
+    assert "| 2 | ours | single |" in table and "cross-template" not in table  # no true object to be consistent on
