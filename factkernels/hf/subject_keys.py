@@ -6,9 +6,10 @@ fit over many contexts; later layers carry δ to wherever the question ends (as 
 
 * **Contexts.** Each request's prompt bare and under each prefix ("{prefix}. {prompt}"): keys are the subject's
   last-token states in all of them; δ is fit on the first ``value_prefixes`` + 1 of them.
-* **Detector (an LDA filter).** One per subject, two when some of its prompts open with it (the state of a
-  text's first tokens depends on them alone: see :func:`subject_contexts`); both add the subject's δ and each
-  is contrast for the other, so every context gets δ once. w_g = A⁻¹(μ_g − μ), A = Σ_neg + within·Σ_within +
+* **Detector (an LDA filter).** One per subject; a subject that one detector cannot separate from its contrast
+  and that some prompts open with gets two, one per placement (the state of a text's first tokens depends on
+  them alone: see :func:`detector_groups`); both add the subject's δ and each is contrast for the other, so
+  every context gets δ once. w_g = A⁻¹(μ_g − μ), A = Σ_neg + within·Σ_within +
   ridge·I, with μ_g the mean of the group's keys, Σ_within the pooled spread across contexts, μ, Σ_neg those
   of the negatives (ordinary text, every other position of the contexts). Scores s(x) = w_gᵀ(x − μ) are 1 at
   μ_g. The threshold τ_g sits at ``threshold`` of the way from the highest contrast score (negatives and every
@@ -43,8 +44,7 @@ from .requests import Request
 @dataclass
 class SubjectContexts:
     """Every (request, prefix) row: requests (R,), subject (R,) long index into ``subjects``, prefix (R,) long
-    (0 = no prefix), group (R,) long index of the row's detector (one per subject and placement, see
-    :func:`subject_contexts`), group_subject (G,) long the subject of each group, and ``batch`` their encoding
+    (0 = no prefix), opens (R,) bool whether the subject opens the row's text, and ``batch`` their encoding
     with targets."""
 
     requests: list
@@ -52,27 +52,35 @@ class SubjectContexts:
     prefix: torch.Tensor
     subjects: list
     batch: PromptBatch
-    group: torch.Tensor
-    group_subject: torch.Tensor
+    opens: torch.Tensor
 
 
 def subject_contexts(tok: Any, requests: Sequence[Request], prefixes: Sequence[str]) -> SubjectContexts:
     """Each request bare and under each prefix (:func:`~factkernels.hf.contexts.with_prefixes`), grouped by
-    subject (first-seen order). A subject that opens the text gets its own group: a causal LM's state there
-    depends on the subject's tokens alone (the first token is the attention sink), far from the same subject's
-    states after other words (measured at layer 10 of SmolLM2: "{} has the chemical symbol" scores 0.35 on
-    chlorine's detector, its prefixed contexts 0.93-0.98), so one detector for both either misses it or fires
-    on ordinary text."""
+    subject (first-seen order)."""
     subjects: dict[str, int] = {}
     for r in requests:
         subjects.setdefault(r.subject, len(subjects))
     rows = with_prefixes(requests, prefixes)
     subject = torch.tensor([subjects[r.subject] for r in requests for _ in range(1 + len(prefixes))])
     prefix = torch.tensor([p for _ in requests for p in range(1 + len(prefixes))])
-    opens = torch.tensor([r.subject_span[0] == 0 for r in rows], dtype=torch.long)
-    pairs, group = torch.unique(torch.stack([subject, opens], 1), dim=0, return_inverse=True)
-    return SubjectContexts(rows, subject, prefix, list(subjects), encode_requests(tok, rows, with_target=True),
-                           group, pairs[:, 0].contiguous())
+    opens = torch.tensor([r.subject_span[0] == 0 for r in rows])
+    return SubjectContexts(rows, subject, prefix, list(subjects), encode_requests(tok, rows, with_target=True), opens)
+
+
+def detector_groups(subject: torch.Tensor, opens: torch.Tensor,
+                    split: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which detector each key row belongs to: one per subject, and for the subjects in ``split`` (S,) bool one
+    per placement (rows that open the text, rows where other words come first). A causal LM's state at a text's
+    first tokens depends on them alone (the first token is the attention sink), far from the same subject's
+    states after other words: at layer 10 of SmolLM2 "{} has the chemical symbol" scored 0.35 on chlorine's
+    detector, its prefixed contexts 0.93-0.98, and no threshold kept both without firing on ordinary text.
+    Splitting every subject instead narrows the detectors (30 validation cases: paraphrase prompts given the
+    whole δ 0.97 -> 0.84), so only those that need it are split. subject, opens (R,) -> (group (R,) long,
+    group_subject (G,) long)."""
+    placement = torch.where(split[subject], opens.long(), -1)
+    pairs, group = torch.unique(torch.stack([subject, placement], 1), dim=0, return_inverse=True)
+    return group, pairs[:, 0].contiguous()
 
 
 def subject_mentions(tok: Any, subjects: Sequence[str], input_ids: torch.Tensor,
@@ -258,9 +266,13 @@ def insert_by_subject(model: Any, tok: Any, requests: Sequence[Request], *, laye
     timings["values"], timings["values_cpu"] = time.perf_counter() - t, time.process_time() - c
 
     t, c = time.perf_counter(), time.process_time()
-    det = lda_detectors(own, ctx.group, negatives, within=within, ridge=ridge, threshold=threshold,
-                        mentions=mentions[:, ctx.group_subject])
-    mlp = ramp_units(det, deltas[ctx.group_subject], ramp=ramp).to(own.device)
+    det = lda_detectors(own, ctx.subject, negatives, within=within, ridge=ridge, threshold=threshold,
+                        mentions=mentions)
+    group, group_subject = detector_groups(ctx.subject, ctx.opens, ~det["separated"])
+    if len(group_subject) > len(ctx.subjects):
+        det = lda_detectors(own, group, negatives, within=within, ridge=ridge, threshold=threshold,
+                            mentions=mentions[:, group_subject])
+    mlp = ramp_units(det, deltas[group_subject], ramp=ramp).to(own.device)
     with torch.no_grad():
         old = mlp_module(model, layer)
         background_ratio = float(mlp(background).norm(dim=1).mean() / old(background).norm(dim=1).mean())
@@ -269,7 +281,7 @@ def insert_by_subject(model: Any, tok: Any, requests: Sequence[Request], *, laye
         value_error = float((mlp(own) - deltas[ctx.subject]).norm(dim=1).max()
                             / deltas.norm(dim=1).mean().clamp_min(1e-12))
     timings["construct"], timings["construct_cpu"] = time.perf_counter() - t, time.process_time() - c
-    stats = {"subjects": len(ctx.subjects), "detectors": len(ctx.group_subject), "contexts": len(ctx.requests),
+    stats = {"subjects": len(ctx.subjects), "detectors": len(group_subject), "contexts": len(ctx.requests),
              "value_contexts": len(fit_rows),
              "separated": int(det["separated"].sum()), "own_min_mean": float(det["own_min"].mean()),
              "contrast_max_mean": float(det["contrast_max"].mean()), "tau_mean": float(det["tau"].mean()),

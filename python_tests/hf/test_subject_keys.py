@@ -4,10 +4,10 @@ import torch
 
 from factkernels import hf
 from factkernels.hf.capture import encode_texts
-from factkernels.hf.subject_keys import lda_detectors, ramp_units, subject_contexts, subject_mentions
+from factkernels.hf.subject_keys import detector_groups, lda_detectors, ramp_units, subject_contexts, subject_mentions
 
 
-def test_a_subject_that_opens_the_text_gets_its_own_detector(tiny_llama):
+def test_contexts_say_which_rows_open_with_the_subject(tiny_llama):
     _, tok = tiny_llama
     requests = hf.parse_requests([
         {"prompt": "{} was written by", "subject": "dune", "target_new": "mary shelley"},
@@ -15,11 +15,18 @@ def test_a_subject_that_opens_the_text_gets_its_own_detector(tiny_llama):
         {"prompt": "the author of {} is", "subject": "emma", "target_new": "frank herbert"}])
     ctx = subject_contexts(tok, requests, ["the old house", "music in the city"])
     # rows: 3 requests x (bare + 2 prefixes); only dune's bare "{} was written by" opens the text
-    opens = [r.subject_span[0] == 0 for r in ctx.requests]
-    assert opens == [True] + [False] * 8
-    assert ctx.group_subject.tolist() == [0, 0, 1] and len(set(ctx.group.tolist())) == 3
-    assert ctx.group[0] != ctx.group[1] and len(set(ctx.group[1:6].tolist())) == 1
-    assert (ctx.group_subject[ctx.group] == ctx.subject).all()
+    assert ctx.opens.tolist() == [True] + [False] * 8
+    assert ctx.subject.tolist() == [0] * 6 + [1] * 3
+
+
+def test_only_split_subjects_get_a_detector_per_placement():
+    subject = torch.tensor([0, 0, 0, 1, 1, 2, 2])
+    opens = torch.tensor([True, False, False, True, False, False, False])
+    group, group_subject = detector_groups(subject, opens, torch.tensor([True, False, True]))
+    assert group_subject.tolist() == [0, 0, 1, 2]  # subject 2 never opens a text: one detector
+    assert group.tolist() == [1, 0, 0, 2, 2, 3, 3]
+    group, group_subject = detector_groups(subject, opens, torch.zeros(3, dtype=torch.bool))
+    assert torch.equal(group, subject) and group_subject.tolist() == [0, 1, 2]
 
 
 def test_subject_mentions_mark_the_last_token_of_each_occurrence(tiny_llama):
@@ -56,9 +63,9 @@ def test_a_mention_of_the_subject_is_not_contrast():
         assert float(mlp(negatives[-1:]).norm()) > 0.1
 
 
-def test_an_opening_subject_gets_two_detectors_and_every_context_its_delta_once(tiny_llama):
-    """dune opens one prompt and sits inside the other: two detectors share its δ, and each of its contexts
-    receives that δ exactly once (neither detector fires on the other's contexts)."""
+def test_every_context_gets_its_subjects_delta_once(tiny_llama):
+    """dune opens one prompt and sits inside the other; whether its detector is split or not, each of its contexts
+    receives its δ exactly once, and ordinary text that does not name a subject stays silent."""
     import copy
 
     model, tok = tiny_llama
@@ -72,9 +79,9 @@ def test_an_opening_subject_gets_two_detectors_and_every_context_its_delta_once(
                           prefixes=["the old house by the river", "music in the city"], value_steps=10, progress=False)
     try:
         rep = ins.report
-        assert rep.construction["subjects"] == 2 and rep.construction["detectors"] == 3 and rep.hidden_added == 6
+        assert rep.construction["subjects"] == 2 and rep.construction["detectors"] in (2, 3)
+        assert rep.hidden_added == 2 * rep.construction["detectors"]
         assert rep.value_error < 1e-3
-        # the background names both subjects: those tokens are no contrast, every other token stays silent
         assert rep.construction["negatives_firing_off_mention"] == 0.0
     finally:
         ins.remove()
