@@ -192,6 +192,16 @@ PYBIND11_MODULE(_C, m) {
           });
         });
 
+  m.def("corral_minor",
+        [](const std::string& device, uintptr_t q, uintptr_t lam, uintptr_t occ, uintptr_t frozen, uintptr_t settled,
+           int64_t r, int64_t kb, int64_t ke, bool fast, int64_t max_steps, double eps_w, double ridge) {
+          const int dev = device_index(device);
+          CorralMinorArgs a{cptr<double>(q), mptr<double>(lam), mptr<uint8_t>(occ), cptr<uint8_t>(frozen),
+                            mptr<uint8_t>(settled), r, kb, ke, fast ? 1 : 0, max_steps, eps_w, ridge};
+          py::gil_scoped_release nogil;
+          FK_LAUNCH_CPU(corral_minor, a, dev, 0);
+        });
+
   m.def("softmax_xent",
         [](const std::string& device, const std::string& dtype, uintptr_t s, int64_t lds, uintptr_t target,
            uintptr_t loss, uintptr_t hit, uintptr_t prob, int64_t ldp, int64_t n, int64_t c, double floor,

@@ -146,7 +146,28 @@ struct SoftmaxXentArgs {
   T floor;
 };
 
+// Minor cycles of Wolfe's minimum-norm-point method, one corral per row (U*, factkernels/corral.py), float64:
+//   q: (r, kb, kb) Gram matrices of each row's slot vectors; lam: (r, kb) simplex weights and occ: (r, kb)
+//   corral membership (uint8 0/1), both updated in place on the first ke slots; frozen: (r,) rows left as
+//   they are; settled: (r,) out, 1 where the row's minor cycle finished.
+// Each step solves (Q_S + 1 1^T + ridge I) z = 1 on the corral S (one refinement against the system
+// without ridge unless fast), y = z / sum(z), then clips the weights <= eps_w (fast, one step) or moves
+// towards y until the first weight reaches 0 (Wolfe, up to max_steps). A row whose system is not positive
+// definite keeps its weights (settled). The factor of a step loses dropped points by rank-1 updates.
+struct CorralMinorArgs {
+  const double* q;
+  double* lam;
+  uint8_t* occ;
+  const uint8_t* frozen;
+  uint8_t* settled;
+  int64_t r, kb, ke;
+  int fast;
+  int64_t max_steps;
+  double eps_w, ridge;
+};
+
 namespace cpu {
+void corral_minor(const CorralMinorArgs& a);
 template <typename T> void softmax_xent(const SoftmaxXentArgs<T>& a);
 template <typename T> void gate_features(const GateFeaturesArgs<T>& a);
 template <typename T> void hadamard_gram(const HadamardGramArgs<T>& a);

@@ -205,9 +205,11 @@ def _indices(name: str, t: torch.Tensor, ref: torch.Tensor, size: int, what: str
 # softmax_cross_entropy 1.83x / 2.08x, star_topk on the H100: 3.70-3.93x, its twin sorts whole rows of scores)
 # and max_head_scores (0.50-0.87x / 0.55-0.99x, but h times less memory than the twin's per-head scores).
 # backend="kernels" runs every compiled kernel on its devices.
+# corral_minor (U*'s per-row minimum-norm-point steps) has no CUDA kernel: on a GPU its batched twin runs with
+# fixed shapes and no host round trip, which per-row work on the host could not keep.
 KERNEL_OPS = ("gate_features", "hadamard_gram", "gadget_matvec", "gadget_rmatvec", "gated_forward", "decode",
-              "softmax_cross_entropy", "max_head_scores", "star_topk")
-CPU_ONLY_KERNELS = frozenset({"gadget_matvec", "gadget_rmatvec", "gated_forward", "decode"})
+              "softmax_cross_entropy", "max_head_scores", "star_topk", "corral_minor")
+CPU_ONLY_KERNELS = frozenset({"gadget_matvec", "gadget_rmatvec", "gated_forward", "decode", "corral_minor"})
 CUDA_AUTO_KERNELS = frozenset({"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk"})
 
 
@@ -781,3 +783,113 @@ def star_topk(
                  _ld(values), _ptr(sq), _ptr(rows), _ptr(scores), _ptr(index), r, n, d, k, splits, _ptr(part_vals),
                  _ptr(part_idx), _stream(values))
     return scores, index
+
+
+# ----------------------------------------------------------------------------- corral steps (U*)
+
+# Corral weights at or below this count as zero (the point leaves the corral).
+CORRAL_EPS_W = 1e-13
+# Ridge of the corral systems (relative to entries of size O(1)).
+CORRAL_RIDGE = 1e-11
+
+
+def affine_min_norm(Q: torch.Tensor, m: torch.Tensor, refine: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Affine minimum-norm weights of each corral (batched torch; the twin's solve).
+
+    Q: (r, k, k) Gram matrices of the star vectors, m: (r, k) bool corral mask.  Returns ``y`` (r, k) with
+    ``sum(y) = 1`` minimising ``y^T Q y`` over the affine hull (0 off the corral) and ``ok`` (r,), False where
+    the system could not be solved.  Solves ``(Q + 1 1^T) z = 1``, ``y = z / sum(z)``: ``Q + 1 1^T`` is
+    positive definite on the corral iff the corral is affinely independent; a tiny ridge makes numerically
+    dependent corrals give the small-norm minimiser instead of garbage.  One factorisation, no host round
+    trip: a row whose factorisation fails keeps its weights (``ok`` False).
+    """
+    mf = m.to(Q.dtype)
+    M = (Q + 1.0).mul_(mf[:, :, None]).mul_(mf[:, None, :])
+    M.diagonal(dim1=1, dim2=2).add_(1.0 - mf + CORRAL_RIDGE * mf)
+    L, info = torch.linalg.cholesky_ex(M)
+    ok = info == 0  # where it is not, z is garbage and the row keeps its weights
+
+    def solve(b: torch.Tensor) -> torch.Tensor:  # on a GPU two triangular solves (cuBLAS trsm, no host round trip)
+        if L.device.type == "cpu":
+            return torch.cholesky_solve(b[:, :, None], L).squeeze(2).mul_(mf)
+        t = torch.linalg.solve_triangular(L, b[:, :, None], upper=False)
+        return torch.linalg.solve_triangular(L.transpose(1, 2), t, upper=True).squeeze(2).mul_(mf)
+
+    z = solve(mf)
+    if refine:  # one step of iterative refinement against the unregularised system
+        M.diagonal(dim1=1, dim2=2).sub_(CORRAL_RIDGE * mf)
+        z += solve(mf - torch.bmm(z[:, None, :], M.transpose(1, 2)).squeeze(1))
+    s = z.sum(dim=1, keepdim=True)
+    ok &= torch.isfinite(s[:, 0]) & (s[:, 0] > 0)
+    y = z / torch.where(ok[:, None], s, torch.ones_like(s))
+    return y, ok
+
+
+def _corral_step(Q: torch.Tensor, ls: torch.Tensor, ms: torch.Tensor, frozen: torch.Tensor,
+                 fast: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One corral step of the rows not ``frozen``: the new weights, mask and (r,) whether the cycle goes on."""
+    y, ok = affine_min_norm(Q, ms, refine=not fast)
+    ok &= ms.any(dim=1) & ~frozen
+    neg = ms & (y <= CORRAL_EPS_W)
+    if fast:  # one solve, clip the negative weights
+        lnew, drop, again = torch.where(neg, torch.zeros_like(y), y), neg, torch.zeros_like(ok)
+    else:  # Wolfe: move towards y until the first weight hits 0
+        again = neg.any(dim=1)
+        ratio = torch.where(neg, ls / (ls - y).clamp_min(1e-300), torch.full_like(y, math.inf))
+        theta, first = ratio.min(dim=1)
+        theta = torch.where(again, theta.clamp(0.0, 1.0), torch.ones_like(theta))
+        lnew = ls + theta[:, None] * (y - ls)
+        slots = torch.arange(ms.shape[1], device=ms.device)
+        drop = ((neg & (lnew <= CORRAL_EPS_W)) | (again[:, None] & (slots[None, :] == first[:, None]))) & ms
+    lnew = torch.where(drop | ~ms, torch.zeros_like(lnew), lnew.clamp_min(0.0))
+    ssum = lnew.sum(dim=1, keepdim=True)
+    lnew = lnew / torch.where(ssum > 0, ssum, torch.ones_like(ssum))
+    ls = torch.where(ok[:, None], lnew, ls)  # unsolvable system or frozen row: keep the weights
+    return ls, ms & ~(drop & ok[:, None]), again & ok
+
+
+def corral_minor(Q: torch.Tensor, lam: torch.Tensor, occ: torch.Tensor, frozen: torch.Tensor, *, fast: bool,
+                 max_steps: int, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Minor cycles of Wolfe's minimum-norm-point method, one corral per row (U*'s corral solver).
+
+    Q: (r, k, k) float64 Gram matrices of each row's slot vectors, lam: (r, k) simplex weights, occ: (r, k)
+    bool corral membership, frozen: (r,) bool rows to leave as they are.  Each step solves the affine
+    minimum-norm problem of the corral (:func:`affine_min_norm`) and either clips the weights at or below
+    ``CORRAL_EPS_W`` (``fast``: one step) or moves towards the affine optimum until the first weight reaches
+    zero (Wolfe's line search: that point leaves), up to ``max_steps`` steps while the cycle goes on.
+    Returns ``(lam, occ, settled)``: new weights and membership, and (r,) True where the cycle finished.
+    The CPU kernel factors each corral once per call and drops points from the factor by rank-1 updates;
+    the twin runs batched torch steps (on a GPU with fixed shapes, one step per call: ``max_steps`` 1).
+    """
+    if Q.dim() != 3 or Q.shape[1] != Q.shape[2] or Q.dtype != torch.float64:
+        raise ValueError(f"Q must be a float64 (r, k, k) tensor, got {tuple(Q.shape)} {Q.dtype}")
+    r, k = Q.shape[:2]
+    if lam.shape != (r, k) or occ.shape != (r, k) or frozen.shape != (r,):
+        raise ValueError(f"lam and occ must be ({r}, {k}) and frozen ({r},), got {tuple(lam.shape)}, "
+                         f"{tuple(occ.shape)}, {tuple(frozen.shape)}")
+    if lam.dtype != torch.float64 or occ.dtype != torch.bool or frozen.dtype != torch.bool:
+        raise ValueError("lam must be float64, occ and frozen bool")
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        raise ValueError(f"max_steps must be a positive int, got {max_steps!r}")
+    steps = 1 if fast else max_steps
+    if not _use_kernel(backend, "corral_minor", Q, lam):
+        ls, ms, again = _corral_step(Q, lam, occ, frozen, fast)
+        if Q.device.type == "cpu":  # only the rows still moving (a host round trip costs nothing here)
+            rows = again.nonzero(as_tuple=True)[0]
+            for _ in range(steps - 1):
+                if rows.numel() == 0:
+                    break
+                l_r, m_r, a_r = _corral_step(Q[rows], ls[rows], ms[rows], frozen[rows], fast)
+                ls[rows], ms[rows], again[rows] = l_r, m_r, a_r
+                rows = rows[a_r]
+        else:  # fixed shapes: rows whose cycle finished are frozen by a mask
+            for _ in range(steps - 1):
+                ls, ms, again = _corral_step(Q, ls, ms, frozen | ~again, fast)
+        return ls, ms, ~again
+    Q = Q.contiguous()
+    lam, occ = lam.contiguous().clone(), occ.contiguous().clone()
+    settled = torch.empty(r, dtype=torch.bool)
+    frozen = frozen.contiguous()
+    _C.corral_minor("cpu", _ptr(Q), _ptr(lam), _ptr(occ), _ptr(frozen), _ptr(settled), r, k, k, bool(fast), steps,
+                    CORRAL_EPS_W, CORRAL_RIDGE)
+    return lam, occ, settled

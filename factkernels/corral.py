@@ -14,7 +14,8 @@ points, typically 20-50 for random values).  One iteration
 3. solves the affine minimum-norm problem of every corral with one batched
    Cholesky factorisation of ``X_S X_S^T + 1 1^T`` (positive definite iff the
    corral is affinely independent) and moves towards it, dropping the points
-   whose weight reaches zero.
+   whose weight reaches zero (:func:`factkernels._ops.corral_minor`: on a CPU
+   a C++ kernel, one row per task, that updates the factor as points leave).
 
 The first iterations clip negative weights (one factorisation each); the later
 ones use Wolfe's line search (monotone decrease, finite termination).  The
@@ -40,6 +41,8 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from . import _ops
+
 __all__ = ["SYNC_FREE_DEVICES", "candidate_star", "solve_rows", "star_rows", "ZERO_NORM2"]
 
 # Pairs closer than sqrt(_CLOSE_REL) times their norms get distances and
@@ -49,10 +52,6 @@ _CLOSE_REL = 1e-6
 # ||p||^2 below this (star vectors are unit) means the minimum-norm point is 0:
 # rho_i <= 0 and there is nothing left to improve.
 ZERO_NORM2 = 1e-20
-# Corral weights at or below this count as zero (the point leaves the corral).
-_EPS_W = 1e-13
-# Ridge of the corral systems (relative to entries of size O(1)).
-_RIDGE = 1e-11
 # Device types on which the solver keeps fixed shapes between convergence checks (no host round trip: on a GPU
 # each one stalls the launch queue); elsewhere it gathers the rows and slots still moving at every corral step.
 SYNC_FREE_DEVICES = {"cuda"}
@@ -195,41 +194,6 @@ def star_rows(W: Tensor, sq: Tensor, rows: Tensor) -> _Star:
     return _Star(Wr, inv, rows.clone(), dr, dj, cr, cj, cx, dup_row, n_other)
 
 
-def _affine_min_norm(Q: Tensor, m: Tensor, refine: bool = True) -> Tuple[Tensor, Tensor]:
-    """Affine minimum-norm weights of each corral.
-
-    Q: (r, k, k) Gram matrices of the star vectors, m: (r, k) bool corral
-    mask.  Returns ``y`` (r, k) with ``sum(y) = 1`` minimising ``y^T Q y`` over
-    the affine hull (0 off the corral) and ``ok`` (r,), False where the system
-    could not be solved.  Solves ``(Q + 1 1^T) z = 1``, ``y = z / sum(z)``:
-    ``Q + 1 1^T`` is positive definite on the corral iff the corral is
-    affinely independent; a tiny ridge makes numerically dependent corrals
-    give the small-norm minimiser instead of garbage.  One factorisation, no
-    host round trip: a row whose factorisation fails keeps its weights (``ok``
-    False) until the next convergence check makes room in its corral.
-    """
-    mf = m.to(Q.dtype)
-    M = (Q + 1.0).mul_(mf[:, :, None]).mul_(mf[:, None, :])
-    M.diagonal(dim1=1, dim2=2).add_(1.0 - mf + _RIDGE * mf)
-    L, info = torch.linalg.cholesky_ex(M)
-    ok = info == 0  # where it is not, z is garbage and the row keeps its weights
-
-    def solve(b: Tensor) -> Tensor:  # on a GPU two triangular solves (cuBLAS trsm, no host round trip)
-        if L.device.type == "cpu":
-            return torch.cholesky_solve(b[:, :, None], L).squeeze(2).mul_(mf)
-        t = torch.linalg.solve_triangular(L, b[:, :, None], upper=False)
-        return torch.linalg.solve_triangular(L.transpose(1, 2), t, upper=True).squeeze(2).mul_(mf)
-
-    z = solve(mf)
-    if refine:  # one step of iterative refinement against the unregularised system
-        M.diagonal(dim1=1, dim2=2).sub_(_RIDGE * mf)
-        z += solve(mf - _batched_matvec(M, z))
-    s = z.sum(dim=1, keepdim=True)
-    ok &= torch.isfinite(s[:, 0]) & (s[:, 0] > 0)
-    y = z / torch.where(ok[:, None], s, torch.ones_like(s))
-    return y, ok
-
-
 def _drop_dependent(Q: Tensor, lam: Tensor, m: Tensor) -> Tensor:
     """Carathéodory step for corrals that are affinely dependent.
 
@@ -275,29 +239,6 @@ def _grow(t: Tensor, k: int, dims: Tuple[int, ...], fill: Optional[Tensor] = Non
         out = fill.reshape([-1] + [1] * (len(shape) - 1)).expand(shape).clone()
     out[tuple(slice(0, s) for s in t.shape)] = t
     return out
-
-
-def _corral_step(Q: Tensor, ls: Tensor, ms: Tensor, frozen: Tensor, fast: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """One corral step of rows not ``frozen`` (r,): Q (r, k, k) Gram, ls (r, k) weights, ms (r, k) corral mask.
-    Returns the new weights, mask and (r,) whether the row's minor cycle goes on."""
-    y, ok = _affine_min_norm(Q, ms, refine=not fast)
-    ok &= ms.any(dim=1) & ~frozen
-    neg = ms & (y <= _EPS_W)
-    if fast:  # one solve, clip the negative weights
-        lnew, drop, again = torch.where(neg, torch.zeros_like(y), y), neg, torch.zeros_like(ok)
-    else:  # Wolfe: move towards y until the first weight hits 0
-        again = neg.any(dim=1)
-        ratio = torch.where(neg, ls / (ls - y).clamp_min(1e-300), torch.full_like(y, math.inf))
-        theta, first = ratio.min(dim=1)
-        theta = torch.where(again, theta.clamp(0.0, 1.0), torch.ones_like(theta))
-        lnew = ls + theta[:, None] * (y - ls)
-        slots = torch.arange(ms.shape[1], device=ms.device)
-        drop = ((neg & (lnew <= _EPS_W)) | (again[:, None] & (slots[None, :] == first[:, None]))) & ms
-    lnew = torch.where(drop | ~ms, torch.zeros_like(lnew), lnew.clamp_min(0.0))
-    ssum = lnew.sum(dim=1, keepdim=True)
-    lnew = lnew / torch.where(ssum > 0, ssum, torch.ones_like(ssum))
-    ls = torch.where(ok[:, None], lnew, ls)  # unsolvable system or frozen row: keep the weights
-    return ls, ms & ~(drop & ok[:, None]), again & ok
 
 
 class _Corrals:
@@ -360,30 +301,21 @@ class _Corrals:
         self.Q[ri, sl] = Qn
         self.Q.transpose(1, 2)[ri, sl] = Qn
 
-    def minor(self, fast: bool, frozen: Tensor) -> Tensor:
+    def minor(self, fast: bool, frozen: Tensor, backend: str) -> Tensor:
         """Corral steps on every row not ``frozen`` (r,): a clipped affine solve (``fast``) or Wolfe's line
-        search towards it.  Returns (r,) True where the minor cycle is finished.  On ``SYNC_FREE_DEVICES``
-        every row takes ``_MINOR_STEPS`` steps (fixed shapes, no host round trip; an unfinished row goes on
-        in the next iteration); elsewhere (a CPU, where a round trip costs nothing) the rows still moving are
-        gathered and stepped until their cycles finish, on the slots in use only."""
-        if self.Q.device.type not in SYNC_FREE_DEVICES:  # only the slots in use, only the rows still moving
+        search towards it (:func:`factkernels._ops.corral_minor`).  Returns (r,) True where the minor cycle
+        is finished.  On ``SYNC_FREE_DEVICES`` every row takes ``_MINOR_STEPS`` steps (fixed shapes, no host
+        round trip; an unfinished row goes on in the next iteration); elsewhere (a CPU, where a round trip
+        costs nothing) rows step until their cycles finish, on the slots in use only."""
+        if self.Q.device.type not in SYNC_FREE_DEVICES:  # only the slots in use
             ke = int(self.occ.any(dim=0).nonzero()[-1]) + 1 if bool(self.occ.any()) else 1
-            Q = self.Q[:, :ke, :ke]
-            ls, ms, again = _corral_step(Q, self.lam[:, :ke], self.occ[:, :ke], frozen, fast)
-            rows = again.nonzero(as_tuple=True)[0]
-            for _ in range(ke + 1):
-                if fast or rows.numel() == 0:
-                    break
-                l_r, m_r, a_r = _corral_step(Q[rows], ls[rows], ms[rows], frozen[rows], fast)
-                ls[rows], ms[rows], again[rows] = l_r, m_r, a_r
-                rows = rows[a_r]
+            ls, ms, settled = _ops.corral_minor(self.Q[:, :ke, :ke], self.lam[:, :ke], self.occ[:, :ke], frozen,
+                                                fast=fast, max_steps=ke + 2, backend=backend)
             self.lam[:, :ke], self.occ[:, :ke] = ls, ms
         else:
-            ls, ms, again = _corral_step(self.Q, self.lam, self.occ, frozen, fast)
-            for _ in range(_MINOR_STEPS - 1):
-                ls, ms, again = _corral_step(self.Q, ls, ms, frozen | ~again, fast)
-            self.lam, self.occ = ls, ms
-        return ~again
+            self.lam, self.occ, settled = _ops.corral_minor(self.Q, self.lam, self.occ, frozen, fast=fast,
+                                                            max_steps=_MINOR_STEPS, backend=backend)
+        return settled
 
     def point(self) -> Tensor:
         return torch.bmm(self.lam[:, None, :], self.X).squeeze(1)
@@ -400,6 +332,7 @@ def solve_rows(
     n_add: int,
     n_fast: int,
     corral: Optional[Tuple[Tensor, Tensor]] = None,
+    backend: str = "auto",
 ) -> Tuple[Tensor, Tensor, Tensor, Tuple[Tensor, Tensor]]:
     """Margin-optimal directions of the rows of star ``st`` (float64 ``W``, centred).
 
@@ -409,7 +342,8 @@ def solve_rows(
     smaller candidate set of the same rows).  Returns ``(U, lower, upper,
     corral)``: unit directions (c, d), their achieved margins (c,), the smallest
     hull-point norm seen (c,), an upper bound of ``rho_i`` when ``rho_i > 0``,
-    and the final corral in the same format.
+    and the final corral in the same format.  ``backend`` picks the corral steps' kernel or twin
+    (:func:`factkernels._ops.corral_minor`).
 
     Every iteration has fixed shapes and no host round trip: finished rows are
     frozen by a device-side mask.  The host looks at the state only every
@@ -497,7 +431,7 @@ def solve_rows(
             cr.add(st, W, g, a, torch.where(done | ~settled, -math.inf, thr), d + 1 - cr.occ.sum(dim=1), first)
         # ---- corral steps on every unfinished row (after clipped steps the worst point can already be in it)
         fast = it <= n_fast
-        settled = cr.minor(fast, done)
+        settled = cr.minor(fast, done, backend)
         cr.idx = torch.where(cr.occ, cr.idx, st.self_j[:, None])
         P = cr.point()
 

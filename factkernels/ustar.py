@@ -103,7 +103,7 @@ def _unit_start(Wr: Tensor, P: Tensor) -> Tensor:
     return P
 
 
-def _solve_dense(W: Tensor, tol: float, max_iter: int, n_init: int, n_add: int, n_fast: int):
+def _solve_dense(W: Tensor, tol: float, max_iter: int, n_init: int, n_add: int, n_fast: int, backend: str):
     """Every value against all ``n`` others per iteration (one chunk of rows at a time)."""
     n, d = W.shape
     sq = (W * W).sum(dim=1)
@@ -123,7 +123,7 @@ def _solve_dense(W: Tensor, tol: float, max_iter: int, n_init: int, n_add: int, 
         P = _unit_start(st.Wr, st.Wr * inv_s.sum(dim=1, keepdim=True) - inv_s @ W[sub])
         del inv_s
         U[rows], lo[rows], hi[rows], _ = solve_rows(
-            st, W, P, tol=tol, max_iter=max_iter, n_init=n_init, n_add=n_add, n_fast=n_fast
+            st, W, P, tol=tol, max_iter=max_iter, n_init=n_init, n_add=n_add, n_fast=n_fast, backend=backend
         )
     return U, lo, hi
 
@@ -192,7 +192,7 @@ def _solve_active_set(
             st = candidate_star(W, rs, act)
             warm = (torch.where(act[:, :width] >= 0, slots, -1), corral_lam[rs, :width].double()) if width else None
             u, _, h, (cols, weights) = solve_rows(st, W, U[rs].double(), tol=tol, max_iter=max_iter, n_init=n_init,
-                                                    n_add=n_add, n_fast=n_fast, corral=warm)
+                                                    n_add=n_add, n_fast=n_fast, corral=warm, backend=backend)
             U[rs], hi[rs], dup[s : s + step] = u.to(U.dtype), torch.minimum(hi[rs], h), st.dup_row
             corral_val[rs] = _pad_columns(torch.where(cols >= 0, act.gather(1, cols.clamp(min=0)), -1).to(torch.int32),
                                           widest, -1)
@@ -242,7 +242,7 @@ def _margin_optimal(
         n_init = max(16, d // 4) if n_init is None else n_init
         n_add = max(6, d // 10) if n_add is None else n_add
         if method == "dense" or (method == "auto" and n <= _DENSE_MAX):
-            return _solve_dense(W, tol, max_iter, n_init, n_add, n_fast)
+            return _solve_dense(W, tol, max_iter, n_init, n_add, n_fast, backend)
         Wk = W.to(V.dtype) if V.dtype in (torch.float32, torch.float64) else W
         n_first = min(n - 1, max(2 * n_init, round(_FIRST_PER_DIM * d)))
         n_pass = min(n - 1, max(2 * n_add, round(_PASS_PER_DIM * d)))
@@ -277,7 +277,8 @@ def margin_optimal_outputs(
         method: "dense" (every pair each iteration), "active_set" (cutting
             planes with streaming passes, ``O(n d)`` extra memory beyond the
             active lists) or "auto" (dense up to 4,096 values).
-        backend: "auto", "kernels" or "torch" for the streaming passes (see ``factkernels._ops``).
+        backend: "auto", "kernels" or "torch" for the streaming passes and the corral steps (see
+            ``factkernels._ops``).
 
     Returns:
         ``(U, rho)`` or ``(U, rho, radii)`` where ``U`` is (n, d) with unit rows,
@@ -313,7 +314,7 @@ def decodability(V: Tensor, *, tol: float = 1e-6, max_iter: int = 200, method: s
         tol: relative duality-gap tolerance (see :func:`margin_optimal_outputs`).
         max_iter: maximum number of outer iterations.
         method: "auto", "dense" or "active_set" (see :func:`margin_optimal_outputs`).
-        backend: "auto", "kernels" or "torch" for the streaming passes.
+        backend: "auto", "kernels" or "torch" for the streaming passes and the corral steps.
 
     Returns:
         ``rho(V)`` as a float in [-1, 1]; ``<= 0`` when some value cannot be

@@ -1,0 +1,138 @@
+"""The corral-step kernel (``_ops.corral_minor``, U*'s per-row minimum-norm-point steps) against its torch twin,
+on its own and inside U* (same radii, same outputs, certified gaps)."""
+
+import math
+
+import pytest
+import torch
+
+from factkernels import _ops, geometry, ustar
+
+needs_kernel = pytest.mark.skipif(not _ops.HAS_EXTENSION, reason="compiled extension not built")
+
+
+def _corrals(r: int, k: int, d: int, seed: int, kind: str = "random"):
+    """Random corral states: unit star vectors (r, k, d), their Gram, occupied slots, simplex weights."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(r, k, d, generator=g, dtype=torch.float64)
+    if kind == "duplicates":  # two slots hold the same vector
+        X[:, 1] = X[:, 0]
+    elif kind == "collinear":  # opposite directions: 0 is in the hull
+        X[:, 2] = -X[:, 3]
+    elif kind == "shifted":  # every vector has a large common part: a flat, nearly dependent corral
+        X = X * 1e-3 + torch.randn(r, 1, d, generator=g, dtype=torch.float64)
+    X = X / X.norm(dim=2, keepdim=True)
+    occ = torch.rand(r, k, generator=g) < 0.7
+    occ[: r // 8] = False  # empty corrals
+    lam = torch.rand(r, k, generator=g, dtype=torch.float64) * occ
+    lam[:, -2:] = 0.0  # slots just added (weight 0)
+    lam = lam / lam.sum(dim=1, keepdim=True).clamp_min(1e-300)
+    frozen = torch.rand(r, generator=g) < 0.2
+    return torch.bmm(X, X.transpose(1, 2)), lam, occ, frozen
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["random", "duplicates", "collinear", "shifted"])
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("k,d", [(12, 16), (5, 8), (40, 8), (7, 3)])
+def test_kernel_matches_twin(kind, fast, k, d):
+    Q, lam, occ, frozen = _corrals(96, k, d, seed=k + d, kind=kind)
+    steps = k + 2
+    lt, mt, st = _ops.corral_minor(Q, lam, occ, frozen, fast=fast, max_steps=steps, backend="torch")
+    lk, mk, sk = _ops.corral_minor(Q, lam, occ, frozen, fast=fast, max_steps=steps, backend="kernels")
+    norm2 = lambda w: torch.einsum("ri,rij,rj->r", w, Q, w)  # noqa: E731  squared hull-point norms
+    if k <= d + 1 and kind != "duplicates":  # affinely independent corrals (as Wolfe's): the same steps
+        assert torch.equal(mk, mt) and torch.equal(sk, st)
+        assert torch.allclose(lk, lt, atol=1e-7 if kind == "shifted" else 1e-9, rtol=0)
+    elif not fast:  # dependent corrals: the ridge picks a minimiser, but a Wolfe cycle reaches the same norm
+        assert torch.allclose(norm2(lk), norm2(lt), atol=1e-12, rtol=0)
+    # every row's weights stay a simplex point on its corral, and frozen rows are untouched
+    live = lam.sum(dim=1) > 0
+    assert torch.allclose(lk[live].sum(dim=1), torch.ones(int(live.sum()), dtype=torch.float64), atol=1e-12)
+    assert bool((lk >= 0).all()) and bool((lk[~mk] == 0).all())
+    assert torch.equal(lk[frozen], lam[frozen]) and torch.equal(mk[frozen], occ[frozen]) and bool(sk[frozen].all())
+    assert bool(sk[~occ.any(dim=1)].all())
+    if not fast:  # a Wolfe cycle never raises the hull norm
+        assert bool((norm2(lk) <= norm2(lam) + 1e-12)[live].all())
+
+
+@needs_kernel
+def test_kernel_finds_the_affine_optimum():
+    """An affinely independent corral whose affine optimum is interior: one Wolfe step lands on it."""
+    Q, lam, occ, frozen = _corrals(32, 6, 12, seed=5)
+    occ[:] = True
+    lam = torch.full_like(lam, 1.0 / 6)
+    frozen[:] = False
+    y, ok = _ops.affine_min_norm(Q, occ)
+    interior = ok & (y > 1e-6).all(dim=1)
+    lk, mk, sk = _ops.corral_minor(Q, lam, occ, frozen, fast=False, max_steps=8, backend="kernels")
+    assert int(interior.sum()) > 0
+    assert torch.allclose(lk[interior], y[interior], atol=1e-12) and bool(sk[interior].all())
+    assert bool(mk[interior].all())
+
+
+def _values(kind: str, n: int, d: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if kind == "sphere":
+        V = torch.randn(n, d, generator=g, dtype=torch.float64)
+        return V / V.norm(dim=1, keepdim=True)
+    if kind == "duplicates":
+        V = torch.randn(n, d, generator=g, dtype=torch.float64)
+        V[n // 2 :: 7] = V[: n // 2 : 7][: V[n // 2 :: 7].shape[0]]
+        return V
+    if kind == "collinear":  # a line of values through a random cloud
+        V = torch.randn(n, d, generator=g, dtype=torch.float64)
+        V[: n // 4] = torch.linspace(-2.0, 2.0, n // 4, dtype=torch.float64)[:, None] * V[0]
+        return V
+    if kind == "simplex_ties":  # d + 1 vertices of a regular simplex (every star has d tied constraints), then more
+        E = torch.eye(d + 1, dtype=torch.float64) - 1.0 / (d + 1)
+        basis = torch.linalg.svd(E).Vh[:d]  # the simplex lives in a d-dimensional subspace
+        V = torch.randn(n, d, generator=g, dtype=torch.float64) * 0.1
+        V[: d + 1] = E @ basis.T
+        return V
+    if kind == "lattice":
+        return torch.randint(-2, 3, (n, d), generator=g).to(torch.float64)
+    raise AssertionError(kind)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind,n,d", [("sphere", 300, 16), ("duplicates", 120, 6), ("collinear", 160, 5),
+                                      ("simplex_ties", 90, 8), ("lattice", 60, 3), ("sphere", 400, 24)])
+@pytest.mark.parametrize("method", ["dense", "active_set"])
+def test_ustar_kernel_matches_twin(kind, n, d, method, monkeypatch):
+    """U* with the kernel's corral steps and with the twin's: same rho, radii and outputs where rho_i > 0 (a
+    value inside the others' hull has no unique best direction), and every radius the margin its output achieves."""
+    if method == "active_set":
+        monkeypatch.setattr(ustar, "_DENSE_MAX", 8)
+    V = _values(kind, n, d, seed=n + d)
+    Ut, rt, at = ustar.margin_optimal_outputs(V, method="auto", backend="torch", return_radii=True)
+    Uk, rk, ak = ustar.margin_optimal_outputs(V, method="auto", backend="kernels", return_radii=True)
+    pos = at > 1e-6  # rho_i > 0: the optimum is unique (below, only rho_i <= 0 itself is guaranteed)
+    assert rk == pytest.approx(rt, abs=1e-9) if rt > 1e-6 else rk <= 0.0
+    assert torch.allclose(ak[pos], at[pos], atol=1e-9, rtol=0) and bool((ak[~pos] <= 1e-6).all())
+    assert torch.allclose(Uk[pos], Ut[pos], atol=1e-6, rtol=0)
+    assert torch.allclose(geometry.output_margins(V, Uk), ak, atol=1e-9)
+
+
+@needs_kernel
+def test_ustar_kernel_certificates():
+    """The radii the kernel path reports are certified: within tol of the exact optimum (upper bound = hull
+    norm), as the twin's."""
+    V = _values("sphere", 500, 12, seed=3)
+    W = geometry.normalized_values(V)
+    for backend in ("torch", "kernels"):
+        U, lo, hi = ustar._margin_optimal(V, 1e-9, 200, method="dense", backend=backend)
+        gap = (hi**2 - lo * hi) / hi**2  # relative duality gap (||p||^2 - min <x, p>) / ||p||^2
+        assert bool((gap <= 1e-9 + 1e-12).all())
+        assert math.isclose(float(lo.min()), float(ustar.decodability(V, tol=1e-9, backend="torch")), abs_tol=1e-9)
+    assert W.shape == V.shape
+
+
+def test_bad_arguments():
+    Q, lam, occ, frozen = _corrals(4, 5, 3, seed=0)
+    with pytest.raises(ValueError, match="float64"):
+        _ops.corral_minor(Q.float(), lam, occ, frozen, fast=True, max_steps=1)
+    with pytest.raises(ValueError, match="lam and occ"):
+        _ops.corral_minor(Q, lam[:, :4], occ, frozen, fast=True, max_steps=1)
+    with pytest.raises(ValueError, match="max_steps"):
+        _ops.corral_minor(Q, lam, occ, frozen, fast=False, max_steps=0)
