@@ -872,7 +872,10 @@ def corral_minor(Q: torch.Tensor, lam: torch.Tensor, occ: torch.Tensor, frozen: 
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise ValueError(f"max_steps must be a positive int, got {max_steps!r}")
     steps = 1 if fast else max_steps
-    if not _use_kernel(backend, "corral_minor", Q, lam):
+    # an extension built before this kernel existed (a stale in-place build) runs the twin under "auto"
+    if backend == "kernels" and _C is not None and not hasattr(_C, "corral_minor"):
+        raise RuntimeError("backend='kernels': this build of factkernels._C has no corral_minor; rebuild it")
+    if not (_use_kernel(backend, "corral_minor", Q, lam) and hasattr(_C, "corral_minor")):
         ls, ms, again = _corral_step(Q, lam, occ, frozen, fast)
         if Q.device.type == "cpu":  # only the rows still moving (a host round trip costs nothing here)
             rows = again.nonzero(as_tuple=True)[0]

@@ -136,3 +136,14 @@ def test_bad_arguments():
         _ops.corral_minor(Q, lam[:, :4], occ, frozen, fast=True, max_steps=1)
     with pytest.raises(ValueError, match="max_steps"):
         _ops.corral_minor(Q, lam, occ, frozen, fast=False, max_steps=0)
+
+
+def test_stale_extension_runs_the_twin(monkeypatch):
+    """An extension built before corral_minor existed: "auto" runs the twin, "kernels" says to rebuild."""
+    Q, lam, occ, frozen = _corrals(16, 6, 8, seed=2)
+    expected = _ops.corral_minor(Q, lam, occ, frozen, fast=False, max_steps=8, backend="torch")
+    monkeypatch.setattr(_ops, "_C", object())
+    got = _ops.corral_minor(Q, lam, occ, frozen, fast=False, max_steps=8)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    with pytest.raises(RuntimeError, match="rebuild"):
+        _ops.corral_minor(Q, lam, occ, frozen, fast=False, max_steps=8, backend="kernels")
