@@ -15,6 +15,7 @@ the file (of CPU seconds on a CPU, whose wall seconds carry the shared machine's
 import argparse
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -44,7 +45,15 @@ def run(model, tok, facts: int, device: str, threads: int) -> dict:
             "value_contexts": report.construction["value_contexts"], "subjects": report.construction["subjects"],
             "value_steps": report.values["value_steps"], "efficacy": report.efficacy,
             "min_margin": report.min_margin, "peak_rss_mb": report.peak_rss_mb,
-            "load_average_before": load_before, "load_average_after": os.getloadavg(), "environment": environment()}
+            "load_average_before": load_before, "load_average_after": os.getloadavg(), "commit": _commit(),
+            "environment": environment()}
+
+
+def _commit() -> str:
+    """The repository's commit the code ran at (its stages change as the insertion does)."""
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
 
 
 def extrapolate(device: str, target: int = 1000) -> dict:
@@ -73,7 +82,7 @@ def extrapolate(device: str, target: int = 1000) -> dict:
     return {"kind": "extrapolation (a straight line per stage through the measured sizes, not a measurement)",
             "seconds": "process CPU seconds, one thread" if cpu else "wall seconds",
             "device": device, "measured_facts": [r["facts"] for r in runs], "target_facts": target,
-            "value_steps": [r["value_steps"] for r in runs],
+            "value_steps": [r["value_steps"] for r in runs], "commits": [r.get("commit") for r in runs],
             "load_averages": [r["load_average_before"] for r in runs], "stages": lines}
 
 
