@@ -7,15 +7,15 @@ rules, used by the toy LM (:mod:`factkernels.transformer.editing`) and real mode
     W2 = editing.update_weight(hp, W, keys, values, C)
 """
 
-from .methods import (METHODS, AlphaEditHparams, GRACEHparams, InsertionHparams, KeyStatistics, MEMITHparams,
-                      Method, MLPSwapHparams, ResidualStep, ROMEHparams, WISEHparams, as_dict, get_method, hparams,
-                      method_names)
+from .methods import (METHODS, TUNED, AlphaEditHparams, GRACEHparams, InsertionHparams, KeyStatistics,
+                      MEMITHparams, Method, MLPSwapHparams, ResidualStep, ROMEHparams, WISEHparams, as_dict,
+                      get_method, hparams, method_names)
 from .rules import (alphaedit_update, memit_update, null_space_projector, nullspace_threshold, rome_update,
                     update_weight)
 from .side_memory import GraceCodebook, wise_activation_distance, wise_margin_loss
 
-__all__ = ["METHODS", "Method", "method_names", "get_method", "hparams", "as_dict", "ResidualStep", "KeyStatistics",
-           "ROMEHparams",
+__all__ = ["METHODS", "TUNED", "Method", "method_names", "get_method", "hparams", "as_dict", "ResidualStep",
+           "KeyStatistics", "ROMEHparams",
            "MEMITHparams", "AlphaEditHparams", "GRACEHparams", "WISEHparams", "MLPSwapHparams", "InsertionHparams",
            "rome_update", "memit_update", "null_space_projector", "nullspace_threshold", "alphaedit_update",
            "update_weight", "GraceCodebook", "wise_activation_distance", "wise_margin_loss"]

@@ -123,12 +123,14 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
     :func:`~factkernels.hf.statistics.key_second_moments` over the hparams' ``mom2_dataset`` /
     ``mom2_n_samples`` (default: the shipped Wikipedia leads, ~1.05M tokens; computed once and cached under
     ``cache_dir``).
-    hparams: overrides of the method's dataclass fields. targets: the δ of an earlier edit of the same
-    requests (``EditResult.targets``), reused instead of re-trained where every δ is trained on the unedited
-    model; they must match the last layer and the δ settings, else ValueError. checkpoint: a .safetensors
-    file keeping the residual step's finished chunks (MEMIT and one-batch AlphaEdit), so a long edit can be
-    stopped and run again. chunk: facts per δ batch. device: where the model runs ("cpu", "cuda", ...): moved
-    there in place (``model.to(device)``) once the arguments are checked, and it stays; default: where it is.
+    hparams: overrides of the method's dataclass fields, or ``preset="smollm2-135m"`` for the settings chosen
+    for that model (:data:`factkernels.editing.TUNED`: traced layers, validation-draw sweep). targets: the δ of
+    an earlier edit of the same requests (``EditResult.targets``), reused instead of re-trained where every δ
+    is trained on the unedited model; they must match the last layer and the δ settings, else ValueError.
+    checkpoint: a .safetensors file keeping the residual step's finished chunks (MEMIT and one-batch
+    AlphaEdit), so a long edit can be stopped and run again. chunk: facts per δ batch. device: where the model
+    runs ("cpu", "cuda", ...): moved there in place (``model.to(device)``) once the arguments are checked, and
+    it stays; default: where it is.
     """
     started = time.perf_counter()
     reqs = list(parse_requests(requests))

@@ -28,6 +28,37 @@ def test_published_settings_as_the_reference_configs():
     assert moved.layers == (2, 3, 4, 5, 6) and moved.nullspace_threshold == 2e-2
 
 
+def test_smollm2_preset_is_what_tracing_the_sweep_and_the_sanity_gate_chose():
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "hf"
+    traced = json.loads((results / "causal_trace_layers.json").read_text())["chosen_layers"]
+    swept = json.loads((results / "editor_validation_sweep.json").read_text())["methods"]
+    gate = json.loads((results / "editor_sanity_gate_alphaedit_lr0.5.json").read_text())["methods"]["alphaedit"]
+    published_gate = json.loads((results / "editor_sanity_gate.json").read_text())["methods"]["alphaedit"]
+    tuned = {m: editing.methods.json_ready(o) for m, o in editing.TUNED["smollm2-135m"].items()}
+    assert set(tuned) == set(editing.method_names(real_lm=True)) - {"ours"}
+    for method in traced:
+        assert tuned[method]["layers"] == traced[method]
+    for method, entry in swept.items():  # a swept method takes its best point's settings
+        chosen = {k: v for k, v in entry["chosen"].items() if k != "layers"}
+        assert {k: v for k, v in tuned[method].items() if k != "layers"} == chosen
+        best = max(p["scores"]["score"] for p in entry["points"])
+        assert best == entry["chosen_scores"]["score"] > entry["points"][0]["scores"]["score"]  # beats published
+    assert tuned["alphaedit"]["lr"] == gate["hparams"]["lr"] and gate["efficacy_score"] >= 0.95
+    assert published_gate["hparams"]["lr"] == editing.hparams("alphaedit").lr and published_gate["efficacy_score"] < 0.95
+    smollm2 = {"num_layers": 30, "mlp_width": 1536}
+    for method, overrides in tuned.items():  # the preset applies its overrides; the published settings stay default
+        preset = editing.as_dict(editing.hparams(method, **smollm2, preset="smollm2-135m"))
+        published = editing.as_dict(editing.hparams(method, **smollm2))
+        assert {k for k in preset if preset[k] != published[k]} <= set(overrides)
+        assert all(preset[k] == v for k, v in overrides.items())
+    assert editing.hparams("memit", **smollm2, preset="smollm2-135m", mom2_weight=1.0).mom2_weight == 1.0
+    with pytest.raises(ValueError, match="preset must be one of"):
+        editing.hparams("memit", preset="gpt2")
+
+
 def _problem(n=3, h=8, d=5, seed=0):
     g = torch.Generator().manual_seed(seed)
     weight = torch.randn(d, h, generator=g, dtype=torch.float64)
