@@ -93,11 +93,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("hadamard_gram",
         [](const std::string& device, const std::string& dtype, uintptr_t s, int64_t lds,
            uintptr_t p, int64_t ldp, uintptr_t out, int64_t ldo, int64_t n, int64_t h, int64_t q,
-           uintptr_t stream) {
+           bool lower_only, uintptr_t stream) {
           const int dev = device_index(device);
           dispatch_dtype(dtype, [&](auto tag) {
             using T = decltype(tag);
-            HadamardGramArgs<T> a{cptr<T>(s), lds, cptr<T>(p), ldp, mptr<T>(out), ldo, n, h, q};
+            HadamardGramArgs<T> a{cptr<T>(s), lds, cptr<T>(p), ldp, mptr<T>(out), ldo, n, h, q, lower_only};
             py::gil_scoped_release nogil;
             FK_LAUNCH(hadamard_gram, a, dev, stream);
           });

@@ -40,6 +40,7 @@ struct HadamardGramArgs {
   const T* p; int64_t ldp;
   T* out; int64_t ldo;
   int64_t n, h, q;
+  bool lower_only;  // write the lower triangle (diagonal included) only, as a lower Cholesky reads it
 };
 
 // Gadget operator M (row i of M is s[i, :] (x) p[i, :], a face-splitting product)

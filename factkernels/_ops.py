@@ -294,17 +294,22 @@ def gate_features(
     return _registered(_gate_features_op, _gate_features_kernel)(x, weight, bias, activation)
 
 
-def hadamard_gram(s: torch.Tensor, p: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+def hadamard_gram(s: torch.Tensor, p: torch.Tensor, *, lower: bool = False, backend: str = "auto") -> torch.Tensor:
     """Hadamard Gram ``(s sᵀ) ∘ (p pᵀ)``, which equals ``M Mᵀ`` for the face-splitting M.
 
     s: (n, h) gate features, p: (n, q) augmented keys  ->  (n, n) symmetric
+    lower: only the lower triangle (diagonal included) is defined, all a lower Cholesky reads; the
+        kernels leave the strict upper triangle unwritten (mirroring it cost a third of the CPU
+        kernel's time at n = 4,096), the twin fills it.
     """
     _matrix("s", s)
     _matrix("p", p, rows=s.shape[0])
     _same("s", s, p=p)
+    if not isinstance(lower, bool):
+        raise TypeError(f"lower must be a bool, got {type(lower).__name__}")
     if not _use_kernel(backend, "hadamard_gram", s, p):
         return (s @ s.T) * (p @ p.T)
-    return _registered(_hadamard_gram_op, _hadamard_gram_kernel)(s, p)
+    return _registered(_hadamard_gram_op, _hadamard_gram_kernel)(s, p, lower)
 
 
 def gadget_matvec(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
@@ -507,13 +512,13 @@ def _(x, weight, bias, activation):
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
-def _hadamard_gram_kernel(s: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+def _hadamard_gram_kernel(s: torch.Tensor, p: torch.Tensor, lower: bool) -> torch.Tensor:
     """The compiled hadamard_gram on validated tensors."""
     s, p = _rowmajor(s), _rowmajor(p)
     n = s.shape[0]
     out = torch.empty(n, n, dtype=s.dtype, device=s.device)
     _C.hadamard_gram(*_launch_args(s), _ptr(s), _ld(s), _ptr(p), _ld(p), _ptr(out), _ld(out),
-                     n, s.shape[1], p.shape[1], _stream(s))
+                     n, s.shape[1], p.shape[1], lower, _stream(s))
     return out
 
 
@@ -522,7 +527,7 @@ _hadamard_gram_op = torch.library.custom_op("factkernels::hadamard_gram",
 
 
 @_hadamard_gram_op.register_fake
-def _(s, p):
+def _(s, p, lower):
     return s.new_empty(s.shape[0], s.shape[0])
 
 

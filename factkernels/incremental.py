@@ -337,7 +337,7 @@ class FactBuilder:
         """Sample a gate of ``width`` rows for the current keys, whiten, form and factor the Gram."""
         self._gate = sample_gate(self._keys, width, self._generator, self.gate_scale)
         self._op = GadgetOperator.whitened(self._gate_features(self._keys), augment(self._keys), backend=self.backend)
-        self._factor = BorderedFactor(cholesky(self._op.dense())) if self.solver == "cholesky" else None
+        self._factor = BorderedFactor(cholesky(self._op.dense(lower=True))) if self.solver == "cholesky" else None
         self._forward = self._alpha = None
 
     def _regrow(self, keys: torch.Tensor, facts: torch.Tensor, values: torch.Tensor, new_values: bool) -> FactMLP:
@@ -362,7 +362,7 @@ class FactBuilder:
             self._alpha = self._alpha[keep]
         self._forward = None
         if self._factor is not None:
-            self._factor = BorderedFactor(cholesky(self._op.dense()))
+            self._factor = BorderedFactor(cholesky(self._op.dense(lower=True)))
             self.rebuilds += 1
 
     def _solve(self, targets: torch.Tensor) -> torch.Tensor:

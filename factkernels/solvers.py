@@ -93,9 +93,10 @@ class GadgetOperator:
     def size(self) -> int:
         return self.gate_features.shape[0]
 
-    def dense(self) -> torch.Tensor:
-        """(F, F) Gram, formed by the fused Hadamard-Gram kernel."""
-        gram = _ops.hadamard_gram(self.gate_features, self.keys_aug, backend=self.backend)
+    def dense(self, lower: bool = False) -> torch.Tensor:
+        """(F, F) Gram, formed by the fused Hadamard-Gram kernel; ``lower``: only its lower triangle is
+        defined (all a Cholesky factorization reads)."""
+        gram = _ops.hadamard_gram(self.gate_features, self.keys_aug, lower=lower, backend=self.backend)
         return gram.add_(1.0)  # the output-bias column of M̃
 
     def diagonal(self) -> torch.Tensor:
@@ -165,7 +166,7 @@ def solve_cholesky(op: GadgetOperator, targets: torch.Tensor, *, tol: float = RE
     forms anyway (:func:`factkernels.encoder.build_shared_gate`), folds ``residual <= tol`` into
     ``accepted`` and, finding it not accepted when it reads its report, solves again without ``deferred``.
     """
-    gram = op.dense()
+    gram = op.dense(lower=deferred)  # the deferred solve only factors it
     precision = str(gram.dtype).replace("torch.", "")
     factor, info = torch.linalg.cholesky_ex(gram)
     if deferred:

@@ -43,6 +43,7 @@ template <typename T> __global__ void __launch_bounds__(S::kThreads) hadamard_gr
     const int64_t i = row0 + il, j = col0 + jl;
     if (i < n && j <= i) a.out[i * a.ldo + j] = sm.c[il][jl];
   }
+  if (a.lower_only) return;
   for (int e = threadIdx.x; e < S::BM * S::BN; e += S::kThreads) {
     const int jl = e / S::BM, il = e % S::BM;  // mirror (j, i), j < i: consecutive threads along i
     const int64_t i = row0 + il, j = col0 + jl;

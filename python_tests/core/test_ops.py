@@ -65,6 +65,8 @@ def test_hadamard_gram(device, n, h, q, dtype, seed):
     out = _ops.hadamard_gram(_wide(s), p, backend="kernels")
     _close(out, _ops.hadamard_gram(s.double(), p.double(), backend="torch"), dtype)
     assert torch.equal(out, out.T)
+    lower = _ops.hadamard_gram(_wide(s), p, lower=True, backend="kernels")  # the same lower triangle, nothing more
+    assert torch.equal(lower.tril(), out.tril())
 
 
 @pytest.mark.parametrize("device", ["cpu"])  # no CUDA kernel (see _ops.CPU_ONLY_KERNELS)
