@@ -48,3 +48,10 @@ def direct_margins(V: np.ndarray, U: np.ndarray) -> np.ndarray:
             best = min(best, m)
         out[i] = best
     return out
+
+
+# Context prefixes and background text in the tiny Llama's vocabulary (python_tests/conftest.py TINY_WORDS),
+# shared by the hf insertion tests
+TINY_PREFIXES = ["the old house by the river", "music in the city"]
+TINY_TEXTS = ["the old house by the river", "music and rain in the city on a new day", "people know the time of year",
+              "the sun and the stone . the tree and the light"] * 3

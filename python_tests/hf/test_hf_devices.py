@@ -7,15 +7,14 @@ import pytest
 import torch
 
 from factkernels import hf
+from helpers import TINY_PREFIXES, TINY_TEXTS
 
 REQUESTS = [
     {"prompt": "the book {} was written by", "subject": "the hobbit", "target_new": "jane austen"},
     {"prompt": "the novel {} is by", "subject": "dune", "target_new": "mary shelley"},
     {"prompt": "{} is by", "subject": "emma", "target_new": "frank herbert"},
 ]
-PREFIXES = ["the old house by the river", "music in the city"]
-TEXTS = ["the old house by the river", "music and rain in the city on a new day", "people know the time of year",
-         "the sun and the stone . the tree and the light"] * 3
+PREFIXES, TEXTS = TINY_PREFIXES, TINY_TEXTS
 
 
 def _insert(model, tok, **options):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from factkernels import hf
+from helpers import TINY_PREFIXES, TINY_TEXTS
 from factkernels.hf import insert
 from factkernels.hf.capture import heads, hidden_with_delta, shared_head_forwards, tail_from, tail_start
 from factkernels.hf.contexts import with_prefixes
@@ -18,9 +19,7 @@ REQUESTS = [
     {"prompt": "the novel {} is by", "subject": "emma", "target_new": "frank herbert"},
     {"prompt": "{} is by", "subject": "emma", "target_new": "frank herbert"},
 ]
-PREFIXES = ["the old house by the river", "music in the city"]
-TEXTS = ["the old house by the river", "music and rain in the city on a new day", "people know the time of year",
-         "the sun and the stone . the tree and the light"] * 3
+PREFIXES, TEXTS = TINY_PREFIXES, TINY_TEXTS
 
 
 @pytest.fixture
