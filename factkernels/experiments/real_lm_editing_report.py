@@ -10,8 +10,8 @@ Figures: ``real_lm_triangle`` — reliability (efficacy score), generalization (
 edits with its 95 % interval, the unedited model's value as a dashed line. Three panels rather than a ternary
 or radar plot: the three scores do not sum to one (a ternary plot needs proportions), and a radar plot's area
 depends on the order of its axes and hides the intervals; aligned 0..1 axes let each score be read against the
-unedited model and the other methods. ``real_lm_scaling`` — the three scores, KL and perplexity ratio against
-the number of edits (log axis), a line per method. ``real_lm_seconds`` — CPU (bars) and wall (×) seconds per
+unedited model and the other methods. ``real_lm_scaling`` — the three scores, KL (on all held-out texts and on
+those naming no edited subject) and perplexity ratio against the number of edits (log axis), a line per method. ``real_lm_seconds`` — CPU (bars) and wall (×) seconds per
 edit call per method and size (log axis).
 """
 
@@ -24,7 +24,7 @@ from typing import Any, Optional
 SCORES = (("efficacy_score", "reliability: efficacy score"), ("paraphrase_score", "generalization: paraphrase score"),
           ("neighbourhood_score", "locality: neighbourhood score"))
 TABLE_METRICS = ("efficacy_score", "paraphrase_score", "neighbourhood_score", "efficacy_exact", "paraphrase_exact",
-                 "neighbourhood_exact", "fluency", "consistency", "kl_mean", "perplexity_ratio")
+                 "neighbourhood_exact", "fluency", "consistency", "kl_mean", "kl_mean_unmentioned", "perplexity_ratio")
 
 
 def _order() -> tuple[str, ...]:
@@ -141,7 +141,7 @@ def markdown_table(summary: dict, *, kind: str = "known", split: str = "test", m
     the harmonic mean of the three scores, KL, perplexity ratio and the edit's seconds (wall, CPU)."""
     head = ["edits", "method", "protocol", "settings", "draws", "efficacy", "paraphrase", "neighbourhood",
             "harmonic mean", "efficacy exact", "paraphrase exact", "neighbourhood exact", "fluency", "consistency",
-            "KL", "ppl ratio", "seconds (CPU)"]
+            "KL", "KL, texts naming no edited subject", "ppl ratio", "seconds (CPU)"]
     mine = [r for r in summary["rows"] if (r["kind"], r["split"], r["model"]) == (kind, split, model)]
     if not mine:
         return f"No {kind}-fact cells on the {split} draws yet."
@@ -152,7 +152,7 @@ def markdown_table(summary: dict, *, kind: str = "known", split: str = "test", m
         cells += [_pm(m.get(k)) for k in TABLE_METRICS[:3]] + [f"{r['hmean']:.3f}"]
         cells += [_pm(m.get(k)) for k in TABLE_METRICS[3:6]]
         cells += [_pm(m.get("fluency"), 2), _pm(m.get("consistency")), _pm(m.get("kl_mean"), 1, "e"),
-                  _pm(m.get("perplexity_ratio"), 4)]
+                  _pm(m.get("kl_mean_unmentioned"), 1, "e"), _pm(m.get("perplexity_ratio"), 4)]
         cpu = r["cpu_seconds"]["mean"]
         cells.append(f"{r['seconds']['mean']:.0f}" + (f" ({cpu:.0f})" if cpu == cpu else ""))
         lines.append("| " + " | ".join(cells) + " |")
@@ -262,8 +262,10 @@ def _triangle(rows: list[dict]):
 def _scaling(rows: list[dict]):
     from .plotting import panels
 
-    metrics = SCORES + (("kl_mean", "KL on held-out text"), ("perplexity_ratio", "perplexity ratio"))
-    fig, axes = panels(5, width=3.6)
+    metrics = SCORES + (("kl_mean", "KL on held-out text"),
+                       ("kl_mean_unmentioned", "KL, texts naming no edited subject"),
+                       ("perplexity_ratio", "perplexity ratio"))
+    fig, axes = panels(len(metrics), width=3.6)
     for i, (label, members) in enumerate(_series(rows).items()):
         xs = [r["metrics"]["num_cases"]["mean"] for r in members]
         for ax, (metric, _) in zip(axes, metrics):
@@ -279,8 +281,9 @@ def _scaling(rows: list[dict]):
         ax.set_title(title, fontsize=9)
     for ax in axes[:3]:
         ax.set_ylim(0, 1.05)
-    axes[3].set_yscale("symlog", linthresh=1e-6)
-    axes[3].set_ylim(bottom=0)  # KL >= 0: an interval reaching below is the t-interval's, not the data's
+    for ax in axes[3:5]:
+        ax.set_yscale("symlog", linthresh=1e-6)
+        ax.set_ylim(bottom=0)  # KL >= 0: an interval reaching below is the t-interval's, not the data's
     axes[0].legend(fontsize=6)
     fig.tight_layout()
     return fig

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import math
+import re
 import resource
 import time
 from dataclasses import dataclass
@@ -60,14 +61,16 @@ def _prompt_last_logits(model: Any, tok: Any, prompts: Sequence[str], batch_size
 
 
 def _text_logprobs(model: Any, tok: Any, texts: Sequence[str], batch_size: int, max_length: int):
-    """Yield (log-probs (n_pos, vocab), next tokens (n_pos,)) per batch at positions that have a next token."""
+    """Yield (log-probs (n_pos, vocab), next tokens (n_pos,), text index (n_pos,)) per batch at positions that
+    have a next token."""
     ids, mask = encode_texts(tok, texts, max_length=max_length)
     device = model_device(model)
     for start in range(0, len(ids), batch_size):
         b_ids, b_mask = ids[start:start + batch_size], mask[start:start + batch_size]
         logits = model(input_ids=b_ids.to(device), attention_mask=b_mask.to(device)).logits.float().cpu()
         scored = (b_mask[:, 1:] & b_mask[:, :-1]).bool()
-        yield logits[:, :-1][scored].log_softmax(-1), b_ids[:, 1:][scored]
+        text_index = torch.arange(start, start + len(b_ids))[:, None].expand_as(scored)[scored]
+        yield logits[:, :-1][scored].log_softmax(-1), b_ids[:, 1:][scored], text_index
 
 
 @torch.no_grad()
@@ -78,7 +81,7 @@ def record_reference(model: Any, tok: Any, *, neighborhood: Sequence[str] = (), 
             else torch.empty(0, dtype=torch.long))
     index, logp, rest, nll = [], [], [], []
     if texts:
-        for lp, nxt in _text_logprobs(model, tok, texts, batch_size, max_length):
+        for lp, nxt, _ in _text_logprobs(model, tok, texts, batch_size, max_length):
             top = lp.topk(min(top_k, lp.shape[1]), dim=1)
             index.append(top.indices), logp.append(top.values)
             rest.append(torch.log1p(-top.values.exp().sum(1).clamp(max=1 - 1e-7)))
@@ -141,16 +144,33 @@ def evaluate(model: Any, tok: Any, requests: Union[str, Sequence[Union[Request, 
     return scores
 
 
+def mentions_any(text: str, subjects: Sequence[str]) -> bool:
+    """Whether ``text`` names one of ``subjects`` (whole words, any case; a leading "the " of a subject is
+    optional: "the United Kingdom" is named by "United Kingdom")."""
+    for subject in subjects:
+        name = re.sub(r"^the\s+", "", subject.strip(), flags=re.IGNORECASE)
+        if name and re.search(r"(?<!\w)" + re.escape(name) + r"(?!\w)", text, flags=re.IGNORECASE):
+            return True
+    return False
+
+
 @torch.no_grad()
 def text_scores(model: Any, tok: Any, texts: Sequence[str], reference: Optional[Reference] = None, *,
-                batch_size: int = 16, max_length: int = 128) -> dict:
+                subjects: Sequence[str] = (), batch_size: int = 16, max_length: int = 128) -> dict:
     """Perplexity on ``texts`` and, with a :class:`Reference` of the same texts, its ratio to the original's and
     the mean per-token KL(original ‖ model) (see the module docstring): {"text_tokens", "text_nll", "perplexity"[,
-    "log_perplexity_ratio", "perplexity_ratio", "kl_mean"]}."""
+    "log_perplexity_ratio", "perplexity_ratio", "kl_mean"]}.
+
+    With the edited ``subjects``, KL is also split by whether a text names one of them
+    (:func:`mentions_any`): "kl_mean_unmentioned" over the texts that name none (locality: an edit should
+    leave them alone; None when every text names one) and "kl_mean_mentioned" over the others (where a
+    change is the edit generalizing; None when none does), with "texts_mentioning" and
+    "text_tokens_mentioning" counting the latter."""
     scores: dict = {}
-    nll, kl, offset = [], [], 0
-    for lp, nxt in _text_logprobs(model, tok, texts, batch_size, max_length):
+    nll, kl, text_index, offset = [], [], [], 0
+    for lp, nxt, index in _text_logprobs(model, tok, texts, batch_size, max_length):
         nll.append(-lp.gather(1, nxt[:, None]).squeeze(1))
+        text_index.append(index)
         if reference is not None:
             rows = slice(offset, offset + lp.shape[0])
             ref_logp, idx = reference.text_topk_logp[rows], reference.text_topk_index[rows]
@@ -166,6 +186,14 @@ def text_scores(model: Any, tok: Any, texts: Sequence[str], reference: Optional[
     scores.update(text_tokens=offset, text_nll=mean_nll, perplexity=_exp_or_inf(mean_nll))
     if reference is not None:
         log_ratio = mean_nll - reference.text_nll
+        token_kl = torch.cat(kl)
         scores.update(log_perplexity_ratio=log_ratio, perplexity_ratio=_exp_or_inf(log_ratio),
-                      kl_mean=float(torch.cat(kl).mean()))
+                      kl_mean=float(token_kl.mean()))
+        if subjects:
+            named = torch.tensor([mentions_any(t, subjects) for t in texts], dtype=torch.bool)[torch.cat(text_index)]
+            mean_or_none = lambda x: float(x.mean()) if x.numel() else None  # noqa: E731
+            scores.update(kl_mean_unmentioned=mean_or_none(token_kl[~named]),
+                          kl_mean_mentioned=mean_or_none(token_kl[named]),
+                          texts_mentioning=sum(mentions_any(t, subjects) for t in texts),
+                          text_tokens_mentioning=int(named.sum()))
     return scores

@@ -23,6 +23,7 @@ Per edit case (a :class:`factkernels.datasets.editing_benchmark.EditCase`), as C
   fitted before editing on the shipped natural text plus those references. Cases without such a subject are
   left out (``consistency_cases`` counts the rest);
 * text: perplexity, its ratio to the unedited model's, and mean token KL(unedited ‖ edited) on held-out text.
+  KL is also split by whether a text names an edited subject (locality is the part that names none).
 
 Each case's score is the mean over its prompts; a draw's score the mean over its cases. Every metric is
 reported beside the unedited model's value (``scores["unedited"]``), and broken down by relation and template.
@@ -283,7 +284,7 @@ def score_cases(model: Any, tok: Any, cases: Sequence[EditCase], baseline: Basel
     if baseline.generate:
         scores.update(_generation_scores(model, tok, cases[:baseline.generate], baseline, max_new_tokens, batch_size))
     if texts:
-        scores.update(text_scores(model, tok, texts, baseline.text))
+        scores.update(text_scores(model, tok, texts, baseline.text, subjects=[c.subject for c in cases]))
     if not _unedited:
         scores["unedited"] = {k: v for k, v in baseline.scores.items() if k not in ("by_relation", "by_template")}
         scores["unedited"]["by_relation"] = {r: {k: v for k, v in part.items() if k.endswith("true_exact")}
@@ -322,13 +323,15 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> dict:
 
 
 def over_draws(draw_scores: Sequence[dict], level: float = 0.95) -> dict:
-    """{metric: t_interval over draws} for every numeric top-level metric, and under "unedited" the same for the
-    unedited values."""
-    def numeric(d: dict) -> list[str]:
-        return [k for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    """{metric: t_interval over draws} for every top-level metric that is a number in every draw (a metric a draw
+    lacks or holds as None, such as KL on texts naming no edited subject when every text names one, is left
+    out), and under "unedited" the same for the unedited values."""
+    def numeric(ds: Sequence[dict]) -> list[str]:
+        return [k for k, v in ds[0].items()
+                if all(isinstance(d.get(k), (int, float)) and not isinstance(d.get(k), bool) for d in ds)]
 
-    out = {k: t_interval([d[k] for d in draw_scores], level) for k in numeric(draw_scores[0])}
+    out = {k: t_interval([d[k] for d in draw_scores], level) for k in numeric(draw_scores)}
     if all("unedited" in d for d in draw_scores):
-        out["unedited"] = {k: t_interval([d["unedited"][k] for d in draw_scores], level)
-                           for k in numeric(draw_scores[0]["unedited"])}
+        unedited = [d["unedited"] for d in draw_scores]
+        out["unedited"] = {k: t_interval([u[k] for u in unedited], level) for k in numeric(unedited)}
     return out

@@ -114,3 +114,44 @@ def test_scores_on_the_packaged_model_reproduce_the_known_filter(smollm2):
     expected = [b for c in cases for b in flags[(c.relation, c.subject)].edit_correct
                 + flags[(c.relation, c.subject)].held_out_correct]
     assert exact.tolist() == expected
+
+
+def test_mentions_any_matches_whole_words_in_any_case():
+    from factkernels.hf.evaluate import mentions_any
+
+    assert mentions_any("Trade with United Kingdom grew.", ["the United Kingdom"])
+    assert mentions_any("carbon dioxide", ["Carbon"]) and mentions_any("the cow.", ["cow"])
+    assert not mentions_any("a trip to Moscow", ["cow"]) and not mentions_any("carbonate", ["carbon"])
+    assert not mentions_any("anything", [])
+
+
+def test_text_kl_is_split_by_texts_naming_an_edited_subject(tiny_llama):
+    import copy
+
+    from factkernels.hf.evaluate import record_reference, text_scores
+
+    model, tok = tiny_llama
+    edited = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in edited.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    named = ["the hobbit was a book of the year", "people read emma in the city"]
+    other = ["the old house by the river and the tree", "the music of the city was old"]
+    texts = [named[0], other[0], named[1], other[1]]  # interleaved: the split follows texts, not positions
+    whole = text_scores(edited, tok, texts, record_reference(model, tok, texts=texts), subjects=["The Hobbit", "emma"])
+    parts = {name: text_scores(edited, tok, part, record_reference(model, tok, texts=part))
+             for name, part in (("mentioned", named), ("unmentioned", other))}
+    assert whole["texts_mentioning"] == 2
+    assert whole["text_tokens_mentioning"] == parts["mentioned"]["text_tokens"]
+    for name in ("mentioned", "unmentioned"):
+        assert parts[name]["kl_mean"] > 1e-4
+        assert whole[f"kl_mean_{name}"] == pytest.approx(parts[name]["kl_mean"], rel=1e-4)
+    none_named = text_scores(edited, tok, other, record_reference(model, tok, texts=other), subjects=["emma"])
+    assert none_named["kl_mean_mentioned"] is None and none_named["kl_mean_unmentioned"] == pytest.approx(
+        none_named["kl_mean"])
+    assert "kl_mean_unmentioned" not in text_scores(edited, tok, other, record_reference(model, tok, texts=other))
+
+
+def test_over_draws_skips_a_metric_missing_or_none_in_a_draw():
+    summary = metrics.over_draws([{"a": 1.0, "k": 0.5, "m": None}, {"a": 3.0, "m": 0.2}])
+    assert set(summary) == {"a"}
