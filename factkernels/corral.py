@@ -213,7 +213,10 @@ def _drop_dependent(Q: Tensor, lam: Tensor, m: Tensor) -> Tensor:
     M.diagonal(dim1=1, dim2=2).add_(1.0 - mf + 1e-10 * mf)
     L, info = torch.linalg.cholesky_ex(M)
     ok = info == 0
-    w = mf * torch.linspace(1.0, 2.0, m.shape[1], dtype=Q.dtype, device=Q.device)[None, :]
+    # a generic start: an arithmetic one (linspace) is orthogonal to null vectors of lattice stars, e.g. the
+    # (1, -1, -1, 1) of a rectangle's corners, and inverse iteration never found them
+    start = torch.rand(m.shape[1], generator=torch.Generator().manual_seed(0), dtype=Q.dtype).add_(1.0)
+    w = mf * start.to(Q.device)[None, :]
     for _ in range(2):  # inverse iteration towards the null space of M0
         w = torch.cholesky_solve(w[:, :, None], L).squeeze(2).mul_(mf)
         w = w / w.norm(dim=1, keepdim=True).clamp_min(1e-300)

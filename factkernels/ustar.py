@@ -186,6 +186,7 @@ def _solve_active_set(
         step = max(1, min(rows.numel(), budget // (8 * (K + 1) * (2 * d + K + 2)),
                           _work_bytes(dev, "corrals") // (8 * kc * (d + 5 * kc + 2))))
         dup = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
+        stalled = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
         slots = torch.arange(width, device=dev)
         for s in range(0, rows.numel(), step):
             rs, act = rows[s : s + step], active[s : s + step].long()
@@ -193,6 +194,9 @@ def _solve_active_set(
             warm = (torch.where(act[:, :width] >= 0, slots, -1), corral_lam[rs, :width].double()) if width else None
             u, _, h, (cols, weights) = solve_rows(st, W, U[rs].double(), tol=tol, max_iter=max_iter, n_init=n_init,
                                                     n_add=n_add, n_fast=n_fast, corral=warm, backend=backend)
+            # given violated constraints, an exact solve lowers the hull norm: one that did not is stalled (a
+            # corral solve that did not converge) and would come back every round until max_iter
+            stalled[s : s + step] = torch.isfinite(hi[rs]) & (h >= hi[rs] * (1.0 - 1e-14))
             U[rs], hi[rs], dup[s : s + step] = u.to(U.dtype), torch.minimum(hi[rs], h), st.dup_row
             corral_val[rs] = _pad_columns(torch.where(cols >= 0, act.gather(1, cols.clamp(min=0)), -1).to(torch.int32),
                                           widest, -1)
@@ -203,7 +207,8 @@ def _solve_active_set(
         g = exact_star_scores(W, U[rows].double(), rows, cand)
         lo[rows] = g.min(dim=1).values
         new = (cand >= 0) & ~_members(cand.to(torch.int32), corral_val[rows])
-        done = ~(new & (g < hi[rows, None] * (1.0 - tol))).any(dim=1) | dup | (hi[rows] <= math.sqrt(ZERO_NORM2))
+        done = ~(new & (g < hi[rows, None] * (1.0 - tol))).any(dim=1) | dup | stalled
+        done |= hi[rows] <= math.sqrt(ZERO_NORM2)
         keep = ~(done | (passes > max_iter))
         rows, new, cand = rows[keep], new[keep], cand[keep]
         if rows.numel() == 0:

@@ -288,6 +288,46 @@ def test_active_set_matches_dense(kind, n, d):
     assert torch.allclose(geometry.output_margins(V, U1), lo1, atol=1e-9)
 
 
+def test_drop_dependent_finds_a_rectangles_null_vector():
+    """Four coplanar star points at a rectangle's corners (the lattice case): the dependence (1, -1, -1, 1) is
+    orthogonal to any arithmetic start vector; the step must still find it, keep the hull point and free a slot."""
+    s = 2**-0.5
+    X = torch.tensor([[-s, 0, -s], [-s, s, 0], [s, 0, -s], [s, s, 0]], dtype=torch.float64)
+    lam = torch.full((1, 4), 0.25, dtype=torch.float64)
+    new = corral._drop_dependent((X @ X.T)[None], lam, torch.ones(1, 4, dtype=torch.bool))
+    assert int((new > 0).sum()) <= 3 and float(new.sum()) == pytest.approx(1.0)
+    assert torch.allclose(new @ X, lam @ X, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_active_set_on_a_lattice_with_rectangular_corrals_finishes(backend):
+    """150 lattice points in 3-d (seed 153): one value's corral was four corners of a rectangle, full and
+    dependent; the solver could not free a slot and every round ran to max_iter (over 120 s). Now a few passes,
+    and the dense solver's certificates."""
+    V = _values("lattice", 150, 3, 153)
+    _, lo0, _ = ustar._margin_optimal(V, 1e-6, 200, method="dense")
+    W = geometry.normalized_values(V)
+    U, lo, hi, passes = ustar._solve_active_set(W, W, 1e-6, 200, 16, 6, 3, backend, 16, 12)
+    assert passes <= 10
+    pos = lo0 > 1e-3
+    assert pos.any() and torch.allclose(lo[pos], lo0[pos], atol=1e-9) and bool((lo[~pos] <= 1e-6).all())
+    assert bool((hi[pos] - lo[pos] <= 1e-6 * hi[pos]).all())
+
+
+def test_active_set_stops_a_value_whose_round_makes_no_progress(monkeypatch):
+    """A corral solve that cannot improve (here: dependent full corrals never freed) stops its value after the
+    round that did not lower its hull norm, with the margin it achieved, instead of a round per pass."""
+    V = _values("lattice", 150, 3, 153)
+    _, lo0, _ = ustar._margin_optimal(V, 1e-6, 200, method="dense")
+    monkeypatch.setattr(corral, "_drop_dependent", lambda Q, lam, m: lam)
+    W = geometry.normalized_values(V)
+    U, lo, hi, passes = ustar._solve_active_set(W, W, 1e-6, 20, 16, 6, 3, "torch", 16, 12)
+    assert passes <= 10
+    assert torch.allclose(geometry.output_margins(V, U.double()), lo, atol=1e-9)
+    pos = lo0 > 1e-3
+    assert bool((lo[pos] <= lo0[pos] + 1e-9).all()) and bool((lo[~pos] <= 1e-6).all())  # never better
+
+
 def test_active_set_few_passes_and_public_api():
     V = _values("sphere", 400, 8, 4)
     W = geometry.normalized_values(V)
