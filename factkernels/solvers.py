@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+from scipy.linalg import lapack
+
 from .progress import progress_bar
 
 from . import _ops
@@ -33,6 +35,8 @@ DENSE_MAX_FACTS = 16384
 # Relative residual ||Gα − O|| / ||O|| above which a float32 solve is refined or
 # redone in float64.
 RESIDUAL_TOL = 1e-4
+# Rows per block when adding to the lower triangle of the dense Gram (GadgetOperator.dense(lower=True)).
+_ADD_ROWS = 512
 
 
 def whitening(cov: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -97,7 +101,13 @@ class GadgetOperator:
         """(F, F) Gram, formed by the fused Hadamard-Gram kernel; ``lower``: only its lower triangle is
         defined (all a Cholesky factorization reads)."""
         gram = _ops.hadamard_gram(self.gate_features, self.keys_aug, lower=lower, backend=self.backend)
-        return gram.add_(1.0)  # the output-bias column of M̃
+        if not lower:
+            return gram.add_(1.0)  # the output-bias column of M̃: 1 1ᵀ, every entry
+        # The lower triangle alone, by blocks of rows: the kernels never wrote the upper one, and on a CPU
+        # touching it (fresh pages) cost 4x the add itself (0.016 of 0.019 CPU s at F = 4,096).
+        for start in range(0, gram.shape[0], _ADD_ROWS):
+            gram[start : start + _ADD_ROWS, : start + _ADD_ROWS].add_(1.0)
+        return gram
 
     def diagonal(self) -> torch.Tensor:
         """(F,) diagonal ||Σ'_i||² ||K̃'_i||² + 1, the Jacobi preconditioner."""
@@ -148,9 +158,29 @@ def relative_residual(op: GadgetOperator, alpha: torch.Tensor, targets: torch.Te
     return float(sums[0].sqrt() / sums[1].sqrt().clamp_min(1e-300))
 
 
+def cholesky_factor(gram: torch.Tensor, *, overwrite: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L, info) as ``torch.linalg.cholesky_ex``: the lower factor (F, F) of a symmetric positive definite
+    ``gram`` (F, F), of which only the lower triangle is read, and a 0-dim int tensor, 0 when it factored.
+
+    On a CPU with one torch thread, LAPACK's potrf through scipy (OpenBLAS) on the row-major lower
+    triangle seen as a column-major upper one: no copy into column order and no pass zeroing the other
+    triangle, which torch makes. Float32, 1 thread, AMD EPYC: 1.6x faster at F = 4,096 (0.26 vs
+    0.43 CPU s) and 1.5-1.8x at F = 1,024-8,192 (benchmarks/results/ustar_cpu-s23-values.json); with
+    two threads on a shared core OpenBLAS's spinning threads lost to torch's, so torch keeps that case
+    and every GPU. On the scipy path L's strict upper triangle is left as ``gram``'s (unspecified): use
+    L through lower-triangular solves only. overwrite: L may take ``gram``'s memory.
+    """
+    if gram.device.type != "cpu" or torch.get_num_threads() != 1 or gram.requires_grad:
+        return torch.linalg.cholesky_ex(gram)
+    work = gram if overwrite else gram.clone()
+    potrf = lapack.get_lapack_funcs("potrf", (work.numpy(),))
+    upper, info = potrf(work.numpy().T, lower=0, clean=0, overwrite_a=1)  # in place on a column-major view
+    return torch.from_numpy(upper.T), torch.tensor(info, dtype=torch.int32)
+
+
 def _factor_solve(factor: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
-    """G⁻¹ rhs for G = L Lᵀ: two triangular solves (on a CPU 1.7x faster than torch.cholesky_solve
-    at F = 4,096, m = 96, which copies its operands into another layout first)."""
+    """G⁻¹ rhs for G = L Lᵀ (only L's lower triangle is read): two triangular solves (on a CPU 1.7x faster
+    than torch.cholesky_solve at F = 4,096, m = 96, which copies its operands into another layout first)."""
     return torch.linalg.solve_triangular(factor.mH, torch.linalg.solve_triangular(factor, rhs, upper=False), upper=True)
 
 
@@ -166,9 +196,9 @@ def solve_cholesky(op: GadgetOperator, targets: torch.Tensor, *, tol: float = RE
     forms anyway (:func:`factkernels.encoder.build_shared_gate`), folds ``residual <= tol`` into
     ``accepted`` and, finding it not accepted when it reads its report, solves again without ``deferred``.
     """
-    gram = op.dense(lower=deferred)  # the deferred solve only factors it
+    gram = op.dense(lower=deferred)  # the deferred solve only factors it (in place)
     precision = str(gram.dtype).replace("torch.", "")
-    factor, info = torch.linalg.cholesky_ex(gram)
+    factor, info = cholesky_factor(gram, overwrite=deferred)
     if deferred:
         return _factor_solve(factor, targets), SolveInfo("cholesky", precision, float("nan"), accepted=info == 0)
     alpha = None
@@ -191,7 +221,7 @@ def solve_cholesky(op: GadgetOperator, targets: torch.Tensor, *, tol: float = RE
             "position (duplicate keys?) or the hidden width is too small; raise width_multiplier"
         )
     gram64 = gram.double()
-    factor64, info = torch.linalg.cholesky_ex(gram64)
+    factor64, info = cholesky_factor(gram64)
     if int(info) != 0:
         raise RuntimeError(
             "the gadget Gram is singular in float64: duplicate or degenerate keys, or width_multiplier "

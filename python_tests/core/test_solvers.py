@@ -5,7 +5,8 @@ import torch
 
 from factkernels import _ops
 from factkernels.encoder import augment, build_per_gadget, sample_gate
-from factkernels.solvers import DENSE_MAX_FACTS, GadgetOperator, pick_solver, solve_cg, solve_cholesky, whitening
+from factkernels.solvers import (DENSE_MAX_FACTS, GadgetOperator, _factor_solve, cholesky_factor, pick_solver, solve_cg,
+                                solve_cholesky, whitening)
 
 
 def _operator(num_facts=120, d=10, width=18, seed=0):
@@ -102,3 +103,65 @@ def test_auto_solver_keeps_the_dense_path_on_a_gpu_while_it_fits():
     assert pick_solver(big, torch.device("cuda"), budget=1 << 40) == "cholesky"
     assert pick_solver(big, torch.device("cpu"), budget=1 << 40) == "cg"
     assert pick_solver(big, torch.device("cuda"), budget=1 << 30) == "cg"  # the Gram does not fit
+
+
+@pytest.fixture
+def torch_threads():
+    """Restores torch's thread count after a test changes it."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scipy_factor_matches_torchs(dtype, torch_threads):
+    # One torch thread on a CPU: LAPACK's potrf through scipy, in place on the lower triangle.
+    torch.set_num_threads(1)
+    op, gen = _operator(num_facts=300, d=12, width=40)
+    gram = op.dense().to(dtype)
+    expected, expected_info = torch.linalg.cholesky_ex(gram)
+    lower_only = op.dense(lower=True).to(dtype)
+    factor, info = cholesky_factor(lower_only, overwrite=True)
+    assert int(info) == int(expected_info) == 0 and factor.data_ptr() == lower_only.data_ptr()  # no copy
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(factor.tril(), expected, rtol=tol, atol=tol * float(expected.abs().max()))
+    kept = gram.clone()
+    factor, _ = cholesky_factor(kept)  # overwrite=False leaves the Gram as it was
+    assert torch.equal(kept, gram) and factor.data_ptr() != kept.data_ptr()
+    targets = torch.randn(300, 4, generator=gen, dtype=dtype)
+    torch.testing.assert_close(torch.cholesky_solve(targets, expected), _factor_solve(factor, targets), rtol=tol * 100,
+                               atol=tol * 100)
+
+
+def test_scipy_factor_reports_a_failure_like_torch(torch_threads):
+    torch.set_num_threads(1)
+    gram = torch.eye(5, dtype=torch.float64)
+    gram[3, 3] = -1.0  # the leading minor of order 4 is not positive
+    _, info = cholesky_factor(gram.clone())
+    assert int(info) == int(torch.linalg.cholesky_ex(gram)[1]) == 4
+
+
+def test_several_threads_factor_with_torch(torch_threads):
+    torch.set_num_threads(2)
+    op, _ = _operator()
+    gram = op.dense()
+    factor, info = cholesky_factor(gram)
+    assert int(info) == 0 and torch.equal(factor, torch.linalg.cholesky_ex(gram)[0])  # upper triangle zero
+
+
+def test_the_deferred_solve_agrees_on_both_factorizations(torch_threads):
+    op, gen = _operator(num_facts=300, d=12, width=40)
+    targets = torch.randn(300, 6, generator=gen, dtype=torch.float64)
+    solutions = []
+    for threads in (1, 2):  # scipy's potrf, then torch's
+        torch.set_num_threads(threads)
+        alpha, info = solve_cholesky(op, targets, deferred=True)
+        assert bool(info.accepted)
+        solutions.append(alpha)
+    torch.testing.assert_close(solutions[0], solutions[1], rtol=1e-9, atol=1e-9)
+
+
+def test_the_lower_gram_gets_the_bias_column_in_its_lower_triangle():
+    op, _ = _operator(num_facts=1100, d=6, width=400)  # more rows than one block of the lower-triangle add
+    full, lower = op.dense(), op.dense(lower=True)
+    torch.testing.assert_close(lower.tril(), full.tril(), rtol=0, atol=0)
