@@ -1,25 +1,27 @@
 """Each editor's SmolLM2-135M settings, chosen on the editing benchmark's validation draw.
 
 Every point of a small grid per method (the parameters issue 32 names: MEMIT's λ around the width-rescaled
-1.5e3, AlphaEdit's null-space threshold, absolute as published or relative to C's mean eigenvalue, GRACE's ε,
+1.5e3, AlphaEdit's absolute null-space threshold around the published 2e-2, with the null space's size, GRACE's ε,
 WISE's routing ratio) edits the first ``--n`` cases of ``known_draw("validation")`` (every case's new object
 under each of its relation's edit templates, ``metrics.case_requests``, as the test cells get them), is scored
 by ``metrics.score_cases`` and restored; the point with the best harmonic mean of efficacy, paraphrase and
 neighbourhood scores is chosen (ties: the first; the published settings come first). The weight editors edit
-the layers chosen by causal tracing (benchmarks/results/hf/causal_trace_layers.json) with C from the first
-``--mom2-n-samples`` shipped Wikipedia leads (1,000: ~110k tokens); AlphaEdit edits in its batches, MEMIT,
-GRACE and WISE as they edit a list. ROME keeps its published settings at the traced layer (it passes the
-sanity gate with them). The chosen overrides are the registry's SmolLM2 preset
+the layers chosen by causal tracing (benchmarks/results/hf/causal_trace_layers.json) with C from the shipped
+Wikipedia leads (default all 10,033, ~1.05M tokens: the C the test cells use, cached); AlphaEdit edits in its
+batches, MEMIT, GRACE and WISE as they edit a list. ROME keeps its published settings at the traced layer (it
+passes the sanity gate with them). The chosen overrides are the registry's SmolLM2 preset
 (:data:`factkernels.editing.TUNED`, checked against this file by python_tests/editing).
 
-    OMP_NUM_THREADS=1 python benchmarks/editor_validation_sweep.py --methods grace          # 10 cases
-    OMP_NUM_THREADS=1 python benchmarks/editor_validation_sweep.py --methods memit --n 4    # likewise alphaedit, wise
+    OMP_NUM_THREADS=1 python benchmarks/editor_validation_sweep.py --methods memit alphaedit   # 10 cases
+    OMP_NUM_THREADS=1 python benchmarks/editor_validation_sweep.py --methods wise grace
 
 Resumable: points already in the output file are skipped; methods may run in separate processes (each
-write keeps the other methods' entries). Where a point changes only the update (λ, the null-space threshold)
-the δ of an earlier point with the same residual settings is reused. Session 22 (2 cores, load ~15-20):
-a GRACE point took ~145 CPU-s (20 min wall); a WISE point and MEMIT's and AlphaEdit's δ for 4 cases did not
-finish within the session, so their entries are missing.
+write keeps the other methods' entries). λ and the null-space threshold enter only the final solve (MEMIT's
+``execute_memit``, AlphaEdit's ``get_project``; z* comes from ``compute_z`` on the unedited model before it), so
+every point with the same residual settings and last layer reuses one δ (``hf.edit(targets=...)``), across
+methods too: with AlphaEdit at lr 0.5 its δ settings are MEMIT's. That δ is also kept chunk by chunk in the
+cache folder (``hf.edit(checkpoint=<cache>/residual_targets)``, a file named by everything δ depends on), so a
+killed run resumes it and a later process reads it back. Session 22 (2 cores, load ~15-20): a GRACE point took ~145 CPU-s (20 min wall).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from factkernels.environment import environment
 from factkernels.experiments import engine
 from factkernels.hf.editors import resolve_hparams
 from factkernels.hf.metrics import KINDS, case_requests, record_baseline, score_cases
+from factkernels.hf.statistics import default_cache_dir
 
 MODEL = "smollm2-135m"
 RESULTS = Path(__file__).resolve().parent / "results" / "hf"
@@ -48,17 +51,22 @@ OUT = RESULTS / "editor_validation_sweep.json"
 def grid(method: str) -> list[dict]:
     """The method's points: the published settings (moved to this model) first, weight editors at the traced
     layers. GRACE's ε: this model's layer-25 keys lie ~21 apart, a subject's paraphrase ~13 from its nearest
-    edit key, other subjects' ~20."""
+    edit key, other subjects' ~20. MEMIT's λ: the width-rescaled 1.5e4 · 1536 / 16384 = 1406.25 times 0.1 to 10,
+    and the published 1.5e4. AlphaEdit's absolute threshold on C's eigenvalues: the published 2e-2 and around it
+    (this model's C, 1.05M Wikipedia tokens, layers 1-5: median eigenvalue 0.005-0.013; 2e-2 leaves a null space
+    of 1,106-1,440 of 1,536 dimensions, 5e-3 23-823, 1e-1 1,463-1,527)."""
     if method in ("grace", "wise"):
         return {"grace": [{}, {"eps": 10.0}, {"eps": 20.0}, {"eps": 5.0}],
                 "wise": [{}, {"act_ratio": 0.5}, {"act_ratio": 0.7}]}[method]
     layers = {m: tuple(v) for m, v in traced_layers().items()}
+    rescaled = 1.5e4 * 1536 / 16384
     return {
-        "memit": [{"layers": layers["memit"], "mom2_weight": w} for w in (1406.25, 469.0, 4219.0, 15000.0)],
+        "memit": [{"layers": layers["memit"], "mom2_weight": rescaled * f} for f in (1.0, 0.1, 0.3, 3.0, 10.0)]
+        + [{"layers": layers["memit"], "mom2_weight": 1.5e4}],
         # AlphaEdit's published lr 0.1 (Llama3-8B) is left out: it falls short of the sanity gate on this model
         # (single-edit efficacy 0.47, editor_sanity_gate.json); 0.5 is MEMIT's and ROME's
-        "alphaedit": [{"layers": layers["alphaedit"], "lr": 0.5, **p} for p in (
-            {}, {"nullspace_relative": 1e-2}, {"nullspace_relative": 1e-1})],
+        "alphaedit": [{"layers": layers["alphaedit"], "lr": 0.5, "nullspace_threshold": t}
+                      for t in (2e-2, 5e-3, 1e-2, 5e-2, 1e-1)],
     }[method]
 
 
@@ -78,7 +86,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", nargs="*", default=["grace", "wise", "memit", "alphaedit"])
     parser.add_argument("--n", type=int, default=10, help="validation cases per point")
-    parser.add_argument("--mom2-n-samples", type=int, default=1000, help="Wikipedia leads behind C (weight editors)")
+    parser.add_argument("--mom2-n-samples", type=int, default=None,
+                        help="Wikipedia leads behind C (weight editors; default all 10,033, as the test cells)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -91,6 +100,7 @@ def main() -> None:
     result.update({"benchmark": "editor_validation_sweep", "model": MODEL, "split": "validation",
                    "select": "harmonic mean of efficacy, paraphrase, neighbourhood scores"})
     result.setdefault("methods", {})
+    shared: dict = {}  # residual settings and last layer -> the δ of an earlier point (MEMIT's serve AlphaEdit's)
     for method in args.methods:
         entry = result["methods"].setdefault(method, {"points": []})
         if entry["points"] and entry.get("cases", args.n) != args.n:
@@ -98,7 +108,6 @@ def main() -> None:
         entry.update({"cases": args.n, "requests": len(requests),
                       "unedited": {k: base.scores[k] for k in ("score", *[f"{k}_score" for k in KINDS])}})
         done = {point_key(p["overrides"]) for p in entry["points"]}
-        shared: dict = {}  # (residual settings, last layer) -> the δ of an earlier point
         if method not in ("grace", "wise"):
             entry["traced_layers"] = traced_layers()
         for overrides in grid(method):
@@ -106,13 +115,14 @@ def main() -> None:
                 continue
             stats = {} if method in ("grace", "wise") else {"mom2_n_samples": args.mom2_n_samples}
             hp = resolve_hparams(model, method, None, {**overrides, **stats})
-            reuse = None
+            reuse, checkpoint = None, None
             if method in ("memit", "alphaedit") and len(requests) <= getattr(hp, "batch_size", len(requests)):
-                reuse = json.dumps([hp.residual_settings(), hp.layers[-1]], default=str)
+                reuse = json.dumps([hp.residual_settings(), hp.layers[-1]], sort_keys=True, default=str)
+                checkpoint = default_cache_dir() / "residual_targets"  # a killed run resumes its δ from here
             wall, cpu = time.perf_counter(), time.process_time()
             with torch.enable_grad():
                 applied = hf.edit(model, tok, requests, method=method, progress=False, targets=shared.get(reuse),
-                                  **overrides, **stats)
+                                  checkpoint=checkpoint, **overrides, **stats)
             seconds = {"edit": time.perf_counter() - wall, "edit_cpu": time.process_time() - cpu}
             try:
                 scores = score_cases(model, tok, cases, base)

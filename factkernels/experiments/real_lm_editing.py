@@ -19,10 +19,14 @@ requests: each case's new object under each of its relation's edit templates (``
 
 Result: {"scores": score_cases' dict (every metric, its "unedited" values, by relation and template),
 "seconds" ({"edit", "edit_cpu", "score", "baseline", "baseline_cpu"}: wall and process CPU seconds of the
-edit, of scoring it and of the unedited model's scores when this process computed them), "report" (what the
+edit, of scoring it and of the unedited model's scores when this process computed them; "targets_restored":
+the wall seconds an earlier cell spent on the δ this edit read back, see below), "report" (what the
 method reports: hparams, layers, units, NLLs), "requests", "generate", "load_average"}; the engine adds the
 config, wall seconds, device and environment. The unedited model's scores of a draw are computed once per
-process (``_baseline``); "unedited" cells write them, and a grid runs each draw's cells in a row.
+process (``_baseline``); "unedited" cells write them, and a grid runs each draw's cells in a row. The
+weight editors keep their δ in the cache folder (``hf.edit(checkpoint=<cache>/residual_targets)``, a file
+named by everything δ depends on): a cell stopped mid-δ resumes it, and MEMIT's and AlphaEdit's cells of the
+same draw, whose δ settings agree (SmolLM2 preset; AlphaEdit's batches of 100 hold 10 cases), train it once.
 
     factkernels experiment real-lm-editing --out benchmarks/results/experiments --methods unedited,ours \
         --sizes 10 --kind known --split test --draws 0,1,2 --resume
@@ -212,6 +216,10 @@ def _edit(config: dict, model: Any, tok: Any, requests: list, tiny: bool):
         from ..hf.statistics import key_second_moments
 
         stats = key_second_moments(model, tok, settings["layers"], texts=_texts("eval", True), cache_dir=False)
+    if not tiny and method in hf.editors.WEIGHT_EDITORS:
+        from ..hf.statistics import default_cache_dir
+
+        settings["checkpoint"] = default_cache_dir() / "residual_targets"
     applied = hf.edit(model, tok, requests, method=method, stats=stats, progress=False, **settings)
     return applied.restore, applied.report
 
@@ -220,7 +228,10 @@ def _timed_edit(config: dict, model: Any, tok: Any, requests: list, tiny: bool):
     """(undo, report, {"edit": wall s, "edit_cpu": process CPU s})."""
     wall, cpu = time.perf_counter(), time.process_time()
     undo, method_report = _edit(config, model, tok, requests, tiny)
-    return undo, method_report, {"edit": time.perf_counter() - wall, "edit_cpu": time.process_time() - cpu}
+    seconds = {"edit": time.perf_counter() - wall, "edit_cpu": time.process_time() - cpu}
+    if method_report.get("targets_restored_seconds"):
+        seconds["targets_restored"] = method_report["targets_restored_seconds"]
+    return undo, method_report, seconds
 
 
 def _single(config: dict, model: Any, tok: Any, cases: list, base: Any, texts: list[str], tiny: bool):

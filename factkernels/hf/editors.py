@@ -32,6 +32,7 @@ import torch
 from ..editing import (AlphaEditHparams, MEMITHparams, ROMEHparams, as_dict, get_method, hparams as make_hparams,
                        null_space_projector, nullspace_threshold, update_weight)
 from .capture import PromptBatch, encode_requests, model_device
+from .checkpoint import fingerprint
 from .contexts import context_prefixes, with_prefixes
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
@@ -128,7 +129,10 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
     an earlier edit of the same requests (``EditResult.targets``), reused instead of re-trained where every δ
     is trained on the unedited model; they must match the last layer and the δ settings, else ValueError.
     checkpoint: a .safetensors file keeping the residual step's finished chunks (MEMIT and one-batch
-    AlphaEdit), so a long edit can be stopped and run again. chunk: facts per δ batch. device: where the model
+    AlphaEdit), so a long edit can be stopped and run again; or a folder (any other path), where that file is
+    named by everything δ depends on (:func:`targets_file`): edits that train the same δ share it (MEMIT and
+    AlphaEdit with the same residual settings; a grid over λ or the null-space threshold, which enter only
+    the update, as in the references' ``execute_memit`` and ``get_project``). chunk: facts per δ batch. device: where the model
     runs ("cpu", "cuda", ...): moved there in place (``model.to(device)``) once the arguments are checked, and
     it stays; default: where it is.
     """
@@ -171,7 +175,7 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
                                                      threshold)
             report.setdefault("nullspace_threshold_used", {})[layer] = threshold
             report.setdefault("null_space_dims", {})[layer] = int(round(float(projectors[layer].trace())))
-    parts, targets_seconds, reused = [], 0.0, targets is not None
+    parts, targets_seconds, restored, reused = [], 0.0, 0.0, targets is not None
     try:
         for batch_reqs in batches:
             batch_reqs = [reqs[i] for i in batch_reqs]
@@ -180,11 +184,14 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
                 _check_targets(targets, len(reqs), last, step)
                 batch_targets = targets
             else:
+                saved = None
+                if shared and checkpoint is not None:
+                    saved = (Path(checkpoint) if Path(checkpoint).suffix == ".safetensors"
+                             else targets_file(checkpoint, model, batch_reqs, last, step, chunk))
                 batch_targets = residual_targets(model, tok, batch_reqs, last, **step, chunk=chunk,
-                                                 progress=progress and len(batches) == 1,
-                                                 checkpoint=checkpoint if shared else None)
-                targets_seconds += batch_targets.restored_seconds
-            targets_seconds += time.perf_counter() - t0
+                                                 progress=progress and len(batches) == 1, checkpoint=saved)
+                restored += batch_targets.restored_seconds
+            targets_seconds += time.perf_counter() - t0  # plus, below, what earlier runs spent on restored chunks
             parts.append(batch_targets)
             with torch.no_grad():
                 if isinstance(hp, ROMEHparams):
@@ -199,11 +206,21 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
     delta = torch.cat([p.delta for p in parts])
     report.update({"nll_before": float(nll_before.mean()), "nll_target": float(nll_after.mean()),
                    "delta_norm": float(delta.norm(dim=1).mean()), "stats_seconds": stats_seconds,
-                   "targets_seconds": targets_seconds, "targets_reused": reused,
+                   "targets_seconds": targets_seconds + restored, "targets_restored_seconds": restored,
+                   "targets_reused": reused,
                    "seconds": time.perf_counter() - started})
     if isinstance(hp, MEMITHparams):
         report["mom2_weight_used"] = hp.mom2_weight
     return EditResult(method, tuple(hp.layers), report, parts[0] if shared else None, undo)
+
+
+def targets_file(folder: Union[str, Path], model: Any, requests: Sequence[Request], layer: int, step: dict,
+                 chunk: int) -> Path:
+    """The residual step's checkpoint in ``folder`` for these requests, δ at ``layer`` with the residual
+    settings ``step`` (prefixes included) and ``chunk``, on this model (every weight): the same name for
+    the same δ."""
+    settings = {"requests": [r.to_dict() for r in requests], "step": step, "chunk": chunk}
+    return Path(folder) / f"targets_{fingerprint(model, layer, tuple(model.parameters()), settings)[:20]}.safetensors"
 
 
 def _batches(method: str, hp: Any, n: int) -> list[list[int]]:
@@ -284,4 +301,4 @@ def _apply_spread(model: Any, tok: Any, reqs: Sequence[Request], prefixes: Seque
 
 
 __all__ = ["WEIGHT_EDITORS", "EditResult", "edit", "resolve_hparams", "context_keys", "keys_and_states",
-           "weight_restorer"]
+           "weight_restorer", "targets_file"]

@@ -134,6 +134,38 @@ def test_reused_targets_give_the_same_edit_and_are_checked(llama, tmp_path, monk
     assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
 
 
+def test_a_checkpoint_folder_shares_one_delta_between_memit_and_alphaedit(llama, tmp_path, monkeypatch):
+    """δ kept in a folder is named by what it depends on: AlphaEdit with MEMIT's residual settings reads MEMIT's
+    δ back (no residual step) and edits as it does when it trains its own; other settings get another file."""
+    model, tok = llama
+    stats = key_second_moments(model, tok, [0, 1], texts=TEXTS, cache_dir=tmp_path)
+    folder = tmp_path / "targets"
+    alpha = {"method": "alphaedit", "layers": [0, 1], "nullspace_threshold": 1.0, "l2": 1e-4}
+    own = edit(model, tok, REQUESTS, stats=stats, progress=False, **alpha, **STRONG, **FEW)
+    expected = [model.model.layers[i].mlp.down_proj.weight.detach().clone() for i in (0, 1)]
+    own.restore()
+    memit = edit(model, tok, REQUESTS, method="memit", layers=[0, 1], stats=stats, progress=False,
+                 checkpoint=folder, **STRONG, **FEW)
+    memit.restore()
+    assert len(list(folder.iterdir())) == 1 and memit.report["targets_restored_seconds"] == 0
+    import factkernels.hf.residual as residual
+
+    def no_step(*_args, **_kwargs):
+        raise AssertionError("δ was re-trained")
+
+    monkeypatch.setattr(residual, "_train_chunk", no_step)
+    shared = edit(model, tok, REQUESTS, stats=stats, progress=False, checkpoint=folder, **alpha, **STRONG, **FEW)
+    try:
+        assert all(torch.equal(model.model.layers[i].mlp.down_proj.weight, w) for i, w in zip((0, 1), expected))
+        assert shared.report["targets_restored_seconds"] > 0
+        assert shared.report["targets_seconds"] >= shared.report["targets_restored_seconds"]
+    finally:
+        shared.restore()
+    with pytest.raises(AssertionError, match="re-trained"):  # another learning rate: another δ, another file
+        edit(model, tok, REQUESTS, stats=stats, progress=False, checkpoint=folder, **alpha, **{**STRONG, "lr": 0.4},
+             **FEW)
+
+
 def test_residual_targets_train_each_fact_on_its_own(llama):
     """Facts stop at their own early-stop step and only the others keep running: δ trained for all requests
     in one chunk equals δ trained one request at a time (and a fact that stopped keeps the δ it stopped with)."""
