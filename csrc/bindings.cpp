@@ -202,6 +202,22 @@ PYBIND11_MODULE(_C, m) {
           FK_LAUNCH_CPU(corral_minor, a, dev, 0);
         });
 
+  m.def("corral_solve",
+        [](const std::string& device, uintptr_t w, int64_t n, int64_t d, uintptr_t rows, uintptr_t cand, int64_t r,
+           int64_t k, uintptr_t start, uintptr_t warm_cols, uintptr_t warm_lam, int64_t kw, double tol,
+           int64_t max_iter, int64_t n_init, int64_t n_add, double eps_w, double ridge, double zero_norm2,
+           uintptr_t u, uintptr_t lo, uintptr_t hi, uintptr_t out_cols, uintptr_t out_lam, int64_t kc,
+           uintptr_t dup) {
+          const int dev = device_index(device);
+          CorralSolveArgs a{cptr<double>(w), n, d, cptr<int64_t>(rows), cptr<int64_t>(cand), r, k,
+                            cptr<double>(start), cptr<int64_t>(warm_cols), cptr<double>(warm_lam), kw, tol,
+                            max_iter, n_init, n_add, eps_w, ridge, zero_norm2, mptr<double>(u), mptr<double>(lo),
+                            mptr<double>(hi), mptr<int64_t>(out_cols), mptr<double>(out_lam), kc,
+                            mptr<uint8_t>(dup)};
+          py::gil_scoped_release nogil;
+          FK_LAUNCH_CPU(corral_solve, a, dev, 0);
+        });
+
   m.def("softmax_xent",
         [](const std::string& device, const std::string& dtype, uintptr_t s, int64_t lds, uintptr_t target,
            uintptr_t loss, uintptr_t hit, uintptr_t prob, int64_t ldp, int64_t n, int64_t c, double floor,

@@ -167,8 +167,40 @@ struct CorralMinorArgs {
   double eps_w, ridge;
 };
 
+// Whole minimum-norm-point solves of candidate stars, one row per task (U*'s active-set rounds), float64:
+//   w: (n, d) centred values; rows: (r,) the rows' values; cand: (r, k) candidate values (-1 padding), the
+//   star of row t is x_c = (w[rows[t]] - w[cand[t, c]]) / ||...||; start: (r, d) start directions (used when
+//   the warm corral is empty); warm_cols, warm_lam: (r, kw) a warm corral (positions into cand, -1 none, and
+//   weights; may be null with kw = 0). Wolfe's method, up to n_init points added to an empty corral and
+//   n_add per later major cycle, until (||p||^2 - min_c <x_c, p>) <= tol ||p||^2, ||p||^2 <= zero_norm2, a
+//   stall, or max_iter major cycles. Out: u (r, d) the unit direction of the best margin seen, lo (r,) that
+//   margin, hi (r,) the smallest hull-point norm (inf if none), out_cols / out_lam (r, kc) the final corral
+//   (positions into cand, -1 padding, and weights), dup (r,) 1 where a candidate duplicates the row's value.
+struct CorralSolveArgs {
+  const double* w;
+  int64_t n, d;
+  const int64_t* rows;
+  const int64_t* cand;
+  int64_t r, k;
+  const double* start;
+  const int64_t* warm_cols;
+  const double* warm_lam;
+  int64_t kw;
+  double tol;
+  int64_t max_iter, n_init, n_add;
+  double eps_w, ridge, zero_norm2;
+  double* u;
+  double* lo;
+  double* hi;
+  int64_t* out_cols;
+  double* out_lam;
+  int64_t kc;
+  uint8_t* dup;
+};
+
 namespace cpu {
 void corral_minor(const CorralMinorArgs& a);
+void corral_solve(const CorralSolveArgs& a);
 template <typename T> void softmax_xent(const SoftmaxXentArgs<T>& a);
 template <typename T> void gate_features(const GateFeaturesArgs<T>& a);
 template <typename T> void hadamard_gram(const HadamardGramArgs<T>& a);

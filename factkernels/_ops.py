@@ -205,11 +205,12 @@ def _indices(name: str, t: torch.Tensor, ref: torch.Tensor, size: int, what: str
 # softmax_cross_entropy 1.83x / 2.08x, star_topk on the H100: 3.70-3.93x, its twin sorts whole rows of scores)
 # and max_head_scores (0.50-0.87x / 0.55-0.99x, but h times less memory than the twin's per-head scores).
 # backend="kernels" runs every compiled kernel on its devices.
-# corral_minor (U*'s per-row minimum-norm-point steps) has no CUDA kernel: on a GPU its batched twin runs with
-# fixed shapes and no host round trip, which per-row work on the host could not keep.
+# corral_minor and corral_solve (U*'s per-row minimum-norm-point steps and whole solves) have no CUDA kernel: on a
+# GPU the batched torch solver runs with fixed shapes and no host round trip, which per-row work could not keep.
 KERNEL_OPS = ("gate_features", "hadamard_gram", "gadget_matvec", "gadget_rmatvec", "gated_forward", "decode",
-              "softmax_cross_entropy", "max_head_scores", "star_topk", "corral_minor")
-CPU_ONLY_KERNELS = frozenset({"gadget_matvec", "gadget_rmatvec", "gated_forward", "decode", "corral_minor"})
+              "softmax_cross_entropy", "max_head_scores", "star_topk", "corral_minor", "corral_solve")
+CPU_ONLY_KERNELS = frozenset({"gadget_matvec", "gadget_rmatvec", "gated_forward", "decode", "corral_minor",
+                              "corral_solve"})
 CUDA_AUTO_KERNELS = frozenset({"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk"})
 
 
@@ -242,6 +243,15 @@ def _use_kernel(backend: str, op: str, *tensors: Optional[torch.Tensor]) -> bool
             f"(build_info: {_build()}); use backend='auto' or 'torch'"
         )
     return ok and (backend == "kernels" or auto_runs_kernel(op, ref.device.type))
+
+
+def uses_kernel(backend: str, op: str, *tensors: Optional[torch.Tensor]) -> bool:
+    """Whether ``op`` runs its compiled kernel on these tensors under ``backend``, for callers whose twin is a
+    whole algorithm above this module (``corral_solve``'s is U*'s batched torch solver). Raises as the op would
+    for ``backend="kernels"`` without a kernel, and for an extension built before ``op`` existed."""
+    if backend == "kernels" and _C is not None and not hasattr(_C, op):
+        raise RuntimeError(f"backend='kernels': this build of factkernels._C has no {op}; rebuild it")
+    return _use_kernel(backend, op, *tensors) and hasattr(_C, op)
 
 
 def _rowmajor(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -901,3 +911,50 @@ def corral_minor(Q: torch.Tensor, lam: torch.Tensor, occ: torch.Tensor, frozen: 
     _C.corral_minor("cpu", _ptr(Q), _ptr(lam), _ptr(occ), _ptr(frozen), _ptr(settled), r, k, k, bool(fast), steps,
                     CORRAL_EPS_W, CORRAL_RIDGE)
     return lam, occ, settled
+
+
+def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start: torch.Tensor,
+                 corral: Optional[tuple[torch.Tensor, torch.Tensor]] = None, *, tol: float, max_iter: int,
+                 n_init: int, n_add: int, zero_norm2: float):
+    """Minimum-norm points of candidate stars, one whole solve per row (the CPU kernel of U*'s active-set rounds).
+
+    W: (n, d) float64 centred values; rows: (r,) int64 the rows' values; cand: (r, K) int64 candidate values,
+    -1 padding: row t's star is ``x_c = (w_{rows[t]} - w_{cand[t, c]}) / ||.||``; start: (r, d) float64 start
+    directions for rows without a warm ``corral`` ``(cols (r, kw) int64 positions into cand, -1 none; weights
+    (r, kw) float64)``.  Wolfe's method with ``n_init`` points added to an empty corral and ``n_add`` per later
+    major cycle, until the relative gap is at most ``tol``, ``||p||^2 <= zero_norm2``, a stall, or ``max_iter``
+    cycles.  Returns ``(U (r, d), lo (r,), hi (r,), (cols (r, kc), weights (r, kc)), dup (r,))``: the unit
+    direction with the best margin seen and that margin, the smallest hull-point norm, the final corral
+    (positions into cand, occupied first) and whether a candidate duplicates the row's value.  Its torch twin
+    is the batched solver itself (:func:`factkernels.corral.solve_rows` on :func:`factkernels.corral.candidate_star`,
+    which a GPU and ``backend="torch"`` run); the tests compare the two.
+    """
+    if not uses_kernel("kernels", "corral_solve", W):
+        raise RuntimeError("corral_solve has no kernel here (no extension, or not a CPU float64 tensor)")
+    _matrix("W", W)
+    n, d = W.shape
+    if W.dtype != torch.float64 or start.dtype != torch.float64:
+        raise ValueError("W and start must be float64")
+    if cand.dim() != 2 or cand.dtype != torch.int64 or rows.dim() != 1 or rows.dtype != torch.int64:
+        raise ValueError("rows must be (r,) and cand (r, K) int64 tensors")
+    r, K = cand.shape
+    _matrix("start", start, rows=r, cols=d)
+    _indices("rows", rows, start, n, "values")
+    if cand.numel() and (int(cand.min()) < -1 or int(cand.max()) >= n):
+        raise ValueError(f"cand entries must lie in [-1, {n})")
+    cols, lam, kw = None, None, 0
+    if corral is not None and corral[0].shape[1] > 0:
+        cols, lam = corral[0].contiguous(), corral[1].contiguous()
+        kw = cols.shape[1]
+        if cols.shape != (r, kw) or lam.shape != (r, kw) or cols.dtype != torch.int64 or lam.dtype != torch.float64:
+            raise ValueError(f"corral must be ((r, kw) int64, (r, kw) float64) with r = {r}")
+    W, rows, cand, start = W.contiguous(), rows.contiguous(), cand.contiguous(), start.contiguous()
+    kc = max(1, min(K, d + 1))
+    U = torch.empty(r, d, dtype=torch.float64)
+    lo, hi = torch.empty(r, dtype=torch.float64), torch.empty(r, dtype=torch.float64)
+    out_cols, out_lam = torch.empty(r, kc, dtype=torch.int64), torch.empty(r, kc, dtype=torch.float64)
+    dup = torch.empty(r, dtype=torch.bool)
+    _C.corral_solve("cpu", _ptr(W), n, d, _ptr(rows), _ptr(cand), r, K, _ptr(start), _ptr(cols), _ptr(lam), kw,
+                    float(tol), int(max_iter), int(n_init), int(n_add), CORRAL_EPS_W, CORRAL_RIDGE, float(zero_norm2),
+                    _ptr(U), _ptr(lo), _ptr(hi), _ptr(out_cols), _ptr(out_lam), kc, _ptr(dup))
+    return U, lo, hi, (out_cols, out_lam), dup

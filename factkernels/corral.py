@@ -43,7 +43,7 @@ from torch import Tensor
 
 from . import _ops
 
-__all__ = ["SYNC_FREE_DEVICES", "candidate_star", "solve_rows", "star_rows", "ZERO_NORM2"]
+__all__ = ["SYNC_FREE_DEVICES", "candidate_star", "solve_candidates", "solve_rows", "star_rows", "ZERO_NORM2"]
 
 # Pairs closer than sqrt(_CLOSE_REL) times their norms get distances and
 # margins from explicit differences instead of the Gram identity
@@ -439,13 +439,45 @@ def solve_rows(
         P = cr.point()
 
     save(torch.arange(cr.gid.numel(), device=dev))
-    best_lo.clamp_(-1.0, 1.0)  # margins are cosines; drop rounding excess
-    # a duplicated value has margin 0 for every output
-    zero = torch.zeros_like(best_lo)
-    best_lo = torch.where(dup_row, torch.minimum(best_lo, zero), best_lo)
-    best_hi = torch.where(dup_row, zero, best_hi)
-    # occupied slots first, trimmed to the largest corral
-    order = torch.argsort((out_idx < 0).to(torch.int8), dim=1, stable=True)
-    width = max(1, int((out_idx >= 0).sum(dim=1).max()))
-    order = order[:, :width]
-    return best_u, best_lo, best_hi, (out_idx.gather(1, order), out_lam.gather(1, order))
+    return _finish(best_u, best_lo, best_hi, dup_row, out_idx, out_lam)
+
+
+def _finish(U: Tensor, lo: Tensor, hi: Tensor, dup_row: Tensor, cols: Tensor, lam: Tensor):
+    """A solve's outputs as :func:`solve_rows` returns them: margins clamped to cosines, duplicated values at
+    margin 0, the corral's occupied slots first, trimmed to the largest corral."""
+    lo = lo.clamp(-1.0, 1.0)  # margins are cosines; drop rounding excess
+    zero = torch.zeros_like(lo)  # a duplicated value has margin 0 for every output
+    lo = torch.where(dup_row, torch.minimum(lo, zero), lo)
+    hi = torch.where(dup_row, zero, hi)
+    order = torch.argsort((cols < 0).to(torch.int8), dim=1, stable=True)
+    order = order[:, : max(1, int((cols >= 0).sum(dim=1).max()))]
+    return U, lo, hi, (cols.gather(1, order), lam.gather(1, order))
+
+
+def solve_candidates(
+    W: Tensor,
+    rows: Tensor,
+    cand: Tensor,
+    P: Tensor,
+    *,
+    tol: float,
+    max_iter: int,
+    n_init: int,
+    n_add: int,
+    n_fast: int,
+    corral: Optional[Tuple[Tensor, Tensor]] = None,
+    backend: str = "auto",
+) -> Tuple[Tensor, Tensor, Tensor, Tuple[Tensor, Tensor], Tensor]:
+    """:func:`solve_rows` on the candidate star of ``rows`` (r,) towards ``cand`` (r, K) value indices (-1
+    padding), plus (r,) whether a candidate duplicates the row's value.  On a CPU with the extension one C++
+    task solves each row whole (:func:`factkernels._ops.corral_solve`: its star, corral and factor in the
+    task's scratch, a few hundred small torch ops fewer per chunk); elsewhere the batched torch solver runs
+    (``n_fast`` clipped iterations first; the kernel runs Wolfe's line search throughout)."""
+    if _ops.uses_kernel(backend, "corral_solve", W):
+        U, lo, hi, (cols, lam), dup = _ops.corral_solve(W, rows, cand, P, corral, tol=tol, max_iter=max_iter,
+                                                         n_init=n_init, n_add=n_add, zero_norm2=ZERO_NORM2)
+        return (*_finish(U, lo, hi, dup, cols, lam), dup)
+    st = candidate_star(W, rows, cand)
+    U, lo, hi, out = solve_rows(st, W, P, tol=tol, max_iter=max_iter, n_init=n_init, n_add=n_add, n_fast=n_fast,
+                                corral=corral, backend=backend)
+    return U, lo, hi, out, st.dup_row

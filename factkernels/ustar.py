@@ -59,7 +59,7 @@ import torch
 from torch import Tensor
 
 from . import _ops, corral
-from .corral import ZERO_NORM2, candidate_star, solve_rows, star_rows
+from .corral import ZERO_NORM2, solve_candidates, solve_rows, star_rows
 from .geometry import exact_star_scores, normalized_values
 from .validation import check_choice, check_matrix as _check_matrix
 
@@ -167,6 +167,7 @@ def _solve_active_set(
     active = active.to(torch.int32)  # value indices < n: int32 halves the lists (n x K, K ~ 400 at d = 256)
     rows = torch.arange(n, device=dev)
     budget = max(_work_bytes(dev, "candidates"), 8 * n * d)
+    kernel = _ops.uses_kernel(backend, "corral_solve", W)  # the rounds' corral solves in C++, one task per row
     passes = 1
     # each value's corral (value indices, -1 for none, occupied first) and weights: the next round's active list
     # is this corral followed by the constraints of the last pass, and starts from this optimum (feasible there).
@@ -181,23 +182,27 @@ def _solve_active_set(
     while rows.numel() > 0:
         K = active.shape[1]
         # rows per chunk: the candidate star (K + 1 vectors per row) and the corral solver's buffers (X, the
-        # Gram Q and its factorisation copies, k <= kc slots per row) within the budget
+        # Gram Q and its factorisation copies, k <= kc slots per row) within the budget; the C++ solve holds
+        # those in per-task scratch, a chunk only its outputs (U, the corral's slots and weights)
         kc = min(K, d + 1 + n_add)
-        step = max(1, min(rows.numel(), budget // (8 * (K + 1) * (2 * d + K + 2)),
-                          _work_bytes(dev, "corrals") // (8 * kc * (d + 5 * kc + 2))))
+        if kernel:
+            step = max(1, min(rows.numel(), _work_bytes(dev, "corrals") // (8 * (d + 2 * kc + 4))))
+        else:
+            step = max(1, min(rows.numel(), budget // (8 * (K + 1) * (2 * d + K + 2)),
+                              _work_bytes(dev, "corrals") // (8 * kc * (d + 5 * kc + 2))))
         dup = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
         stalled = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
         slots = torch.arange(width, device=dev)
         for s in range(0, rows.numel(), step):
             rs, act = rows[s : s + step], active[s : s + step].long()
-            st = candidate_star(W, rs, act)
             warm = (torch.where(act[:, :width] >= 0, slots, -1), corral_lam[rs, :width].double()) if width else None
-            u, _, h, (cols, weights) = solve_rows(st, W, U[rs].double(), tol=tol, max_iter=max_iter, n_init=n_init,
-                                                    n_add=n_add, n_fast=n_fast, corral=warm, backend=backend)
+            u, _, h, (cols, weights), dup_r = solve_candidates(W, rs, act, U[rs].double(), tol=tol, max_iter=max_iter,
+                                                               n_init=n_init, n_add=n_add, n_fast=n_fast,
+                                                               corral=warm, backend=backend)
             # given violated constraints, an exact solve lowers the hull norm: one that did not is stalled (a
             # corral solve that did not converge) and would come back every round until max_iter
             stalled[s : s + step] = torch.isfinite(hi[rs]) & (h >= hi[rs] * (1.0 - 1e-14))
-            U[rs], hi[rs], dup[s : s + step] = u.to(U.dtype), torch.minimum(hi[rs], h), st.dup_row
+            U[rs], hi[rs], dup[s : s + step] = u.to(U.dtype), torch.minimum(hi[rs], h), dup_r
             corral_val[rs] = _pad_columns(torch.where(cols >= 0, act.gather(1, cols.clamp(min=0)), -1).to(torch.int32),
                                           widest, -1)
             corral_lam[rs] = _pad_columns(weights.float(), widest, 0.0)

@@ -8,71 +8,11 @@
 #include <vector>
 
 #include "cpu/common.h"
+#include "cpu/small_cholesky.h"
 
 namespace factkernels {
 namespace cpu {
 namespace {
-
-// Lower Cholesky factor of the m x m row-major A in place; false unless every pivot is positive
-// (as LAPACK's potrf: the corral is then affinely dependent up to the ridge).
-bool cholesky(double* A, int64_t m) {
-  for (int64_t j = 0; j < m; ++j) {
-    double* aj = A + j * m;
-    double s = aj[j];
-    for (int64_t c = 0; c < j; ++c) s -= aj[c] * aj[c];
-    if (!(s > 0.0)) return false;
-    const double piv = std::sqrt(s);
-    aj[j] = piv;
-    const double inv = 1.0 / piv;
-    for (int64_t i = j + 1; i < m; ++i) {
-      double* ai = A + i * m;
-      double t = ai[j];
-      for (int64_t c = 0; c < j; ++c) t -= ai[c] * aj[c];
-      ai[j] = t * inv;
-    }
-  }
-  return true;
-}
-
-// x <- (L L^T)^{-1} x for the lower factor L (m x m, leading dimension m).
-void cholesky_solve(const double* L, int64_t m, double* x) {
-  for (int64_t i = 0; i < m; ++i) {
-    double t = x[i];
-    for (int64_t c = 0; c < i; ++c) t -= L[i * m + c] * x[c];
-    x[i] = t / L[i * m + i];
-  }
-  for (int64_t i = m - 1; i >= 0; --i) {
-    double t = x[i];
-    for (int64_t c = i + 1; c < m; ++c) t -= L[c * m + i] * x[c];
-    x[i] = t / L[i * m + i];
-  }
-}
-
-// Removes row and column p from the m x m matrix whose lower factor is L (leading dimension ld):
-// the trailing block absorbs the removed column by a rank-1 update, then everything below and
-// right of p moves up and left by one (the factor of the principal submatrix, same ld).
-void cholesky_delete(double* L, int64_t ld, int64_t m, int64_t p, double* w) {
-  const int64_t t = m - p - 1;
-  for (int64_t i = 0; i < t; ++i) w[i] = L[(p + 1 + i) * ld + p];
-  for (int64_t k = 0; k < t; ++k) {  // rank-1 update of the trailing factor by w (rotations)
-    double* lk = L + (p + 1 + k) * ld + (p + 1);
-    const double a = lk[k], b = w[k];
-    const double r = std::sqrt(a * a + b * b);
-    const double c = r / a, s = b / a;
-    lk[k] = r;
-    for (int64_t i = k + 1; i < t; ++i) {
-      double* li = L + (p + 1 + i) * ld + (p + 1);
-      li[k] = (li[k] + s * w[i]) / c;
-      w[i] = c * w[i] - s * li[k];
-    }
-  }
-  for (int64_t i = p; i < m - 1; ++i) {  // shift: row i + 1 -> row i, dropping column p
-    const double* src = L + (i + 1) * ld;
-    double* dst = L + i * ld;
-    for (int64_t c = 0; c < p; ++c) dst[c] = src[c];
-    for (int64_t c = p; c <= i; ++c) dst[c] = src[c + 1];
-  }
-}
 
 // Per-row scratch: the corral's slots, its factor and vectors of the solve.
 struct Scratch {
@@ -82,7 +22,7 @@ struct Scratch {
 };
 
 // The minor cycle of one row (see CorralMinorArgs); returns whether it goes on (not settled).
-bool minor_cycle(const CorralMinorArgs& a, int64_t row, Scratch& s) {
+template <class Isa> FK_INLINE bool minor_cycle(Isa isa, const CorralMinorArgs& a, int64_t row, Scratch& s) {
   const int64_t kb = a.kb, ke = a.ke;
   const double* Q = a.q + row * kb * kb;
   double* lam = a.lam + row * kb;
@@ -97,13 +37,13 @@ bool minor_cycle(const CorralMinorArgs& a, int64_t row, Scratch& s) {
     for (int64_t j = 0; j < m; ++j) s.M0[i * m + j] = Q[s.slot[i] * kb + s.slot[j]] + 1.0;
   std::copy(s.M0.begin(), s.M0.begin() + m * m, s.L.begin());
   for (int64_t i = 0; i < m; ++i) s.L[i * m + i] += a.ridge;
-  if (!cholesky(s.L.data(), m)) return false;
+  if (!cholesky(isa, s.L.data(), m, m)) return false;
   const int64_t steps = a.fast ? 1 : a.max_steps;
   bool again = false;
   for (int64_t step = 0; step < steps; ++step) {
     // affine minimum-norm weights: (M0 + ridge) z = 1, one refinement against M0, y = z / sum(z)
     std::fill(s.z.begin(), s.z.begin() + m, 1.0);
-    cholesky_solve(s.L.data(), m, s.z.data());
+    cholesky_solve(isa, s.L.data(), m, m, s.z.data());
     if (!a.fast) {
       for (int64_t i = 0; i < m; ++i) {
         double t = 1.0;
@@ -111,7 +51,7 @@ bool minor_cycle(const CorralMinorArgs& a, int64_t row, Scratch& s) {
         for (int64_t j = 0; j < m; ++j) t -= mi[j] * s.z[j];
         s.res[i] = t;
       }
-      cholesky_solve(s.L.data(), m, s.res.data());
+      cholesky_solve(isa, s.L.data(), m, m, s.res.data());
       for (int64_t i = 0; i < m; ++i) s.z[i] += s.res[i];
     }
     double zs = 0.0;
@@ -197,10 +137,10 @@ void corral_minor(const CorralMinorArgs& a) {
   const int64_t nblocks = (a.r + block - 1) / block;
   parallel_tasks(
       nblocks,
-      [&](int64_t t, int, auto) {
+      [&](int64_t t, int, auto isa) FK_LAMBDA_INLINE {
         Scratch s(a.kb);
         const int64_t end = std::min(a.r, (t + 1) * block);
-        for (int64_t row = t * block; row < end; ++row) a.settled[row] = !minor_cycle(a, row, s);
+        for (int64_t row = t * block; row < end; ++row) a.settled[row] = !minor_cycle(isa, a, row, s);
       },
       a.r * a.ke * a.ke * a.ke);
 }

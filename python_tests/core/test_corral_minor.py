@@ -1,12 +1,13 @@
-"""The corral-step kernel (``_ops.corral_minor``, U*'s per-row minimum-norm-point steps) against its torch twin,
-on its own and inside U* (same radii, same outputs, certified gaps)."""
+"""The corral kernels against their torch twins: ``_ops.corral_minor`` (U*'s per-row minimum-norm-point steps) and
+``_ops.corral_solve`` (whole solves of candidate stars, the active-set rounds), on their own and inside U* (same
+radii, same outputs, certified gaps)."""
 
 import math
 
 import pytest
 import torch
 
-from factkernels import _ops, geometry, ustar
+from factkernels import _ops, corral, geometry, ustar
 
 needs_kernel = pytest.mark.skipif(not _ops.HAS_EXTENSION, reason="compiled extension not built")
 
@@ -147,3 +148,77 @@ def test_stale_extension_runs_the_twin(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
     with pytest.raises(RuntimeError, match="rebuild"):
         _ops.corral_minor(Q, lam, occ, frozen, fast=False, max_steps=8, backend="kernels")
+
+
+def _candidate_problem(kind: str, n: int, d: int, K: int, seed: int):
+    """Centred values, 40 rows and K candidates each (the K best-ranked constraints of their start, then random
+    padding with -1), as an active-set round sees them."""
+    W = geometry.normalized_values(_values(kind, n, d, seed))
+    rows = torch.arange(0, n, max(1, n // 40))[:40]
+    _, cand = _ops.star_topk(W, K, W[rows], rows, backend="torch")
+    cand[::5, -3:] = -1  # padding
+    return W, rows, cand, ustar._unit_start(W[rows], W[rows].clone())
+
+
+_SOLVE = dict(tol=1e-9, max_iter=200, n_init=8, n_add=4, n_fast=3)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind,n,d,K", [("sphere", 300, 16, 40), ("sphere", 500, 24, 60), ("duplicates", 120, 6, 20),
+                                        ("collinear", 160, 5, 30), ("simplex_ties", 90, 8, 25), ("lattice", 150, 3, 30)])
+def test_solve_kernel_matches_twin(kind, n, d, K):
+    """One C++ solve per row against the batched torch solver on the same candidate stars, cold and warm started
+    from a corral: same margins and hull norms where the optimum is positive, same outputs, a simplex corral."""
+    W, rows, cand, P = _candidate_problem(kind, n, d, K, seed=n + d)
+    Ut, lt, ht, (ct, wt), dt = corral.solve_candidates(W, rows, cand, P, backend="torch", **_SOLVE)
+    Uk, lk, hk, (ck, wk), dk = corral.solve_candidates(W, rows, cand, P, backend="kernels", **_SOLVE)
+    assert torch.equal(dk, dt)
+    pos = (lt > 1e-6) & ~dt
+    assert torch.allclose(lk[pos], lt[pos], atol=1e-9, rtol=0) and bool((lk[~pos] <= 1e-6).all())
+    assert torch.allclose(hk[pos], ht[pos], atol=1e-9, rtol=0) and bool((hk[pos] - lk[pos] <= 1e-8).all())
+    assert torch.allclose(Uk[pos], Ut[pos], atol=1e-6, rtol=0)
+    # the returned margins are those of the returned outputs over the candidates
+    X = corral.candidate_star(W, rows, cand)
+    g = X.margins(W, Uk)[:, :-1].min(dim=1).values
+    assert torch.allclose(torch.where(dk, torch.minimum(g, torch.zeros_like(g)), g.clamp(-1, 1)), lk, atol=1e-12)
+    # the corral: positions into cand, simplex weights, its hull point at the reported norm
+    assert bool(((ck >= -1) & (ck < K)).all()) and bool((wk[ck < 0] == 0).all()) and bool((wk >= 0).all())
+    live = (ck >= 0).any(dim=1)
+    assert torch.allclose(wk[live].sum(dim=1), torch.ones(int(live.sum()), dtype=torch.float64), atol=1e-12)
+    p = (wk[:, :, None] * X.vectors(W, ck.clamp(min=0))).sum(dim=1)
+    assert torch.allclose(p.norm(dim=1)[pos], hk[pos], atol=1e-9)
+    # warm: the optimum of the first K - 8 candidates starts the solve over all K, as a later round does
+    sub = cand[:, : K - 8]
+    _, _, _, warm, _ = corral.solve_candidates(W, rows, sub, P, backend="kernels", **_SOLVE)
+    Uw, lw, hw, _, _ = corral.solve_candidates(W, rows, cand, P, corral=warm, backend="kernels", **_SOLVE)
+    Ut2, lt2, _, _, _ = corral.solve_candidates(W, rows, cand, P, corral=warm, backend="torch", **_SOLVE)
+    assert torch.allclose(lw[pos], lt[pos], atol=1e-9, rtol=0) and torch.allclose(lt2[pos], lt[pos], atol=1e-9)
+    assert torch.allclose(Uw[pos], Ut[pos], atol=1e-6, rtol=0)
+
+
+@needs_kernel
+def test_solve_kernel_certifies_against_the_exact_solve():
+    """Rows whose candidates are every other value: the kernel's radii are the dense solver's (exact) radii."""
+    V = _values("sphere", 120, 6, seed=9)
+    W = geometry.normalized_values(V)
+    rows = torch.arange(120)
+    cand = torch.stack([torch.cat([torch.arange(i), torch.arange(i + 1, 120)]) for i in range(120)])
+    _, lo, hi, _, _ = corral.solve_candidates(W, rows, cand, W.clone(), backend="kernels", **_SOLVE)
+    _, lo0, _ = ustar._margin_optimal(V, 1e-9, 200, method="dense", backend="torch")
+    assert torch.allclose(lo, lo0, atol=1e-9) and bool((hi - lo <= 1e-8).all())
+
+
+@needs_kernel
+def test_solve_kernel_bad_arguments():
+    W, rows, cand, P = _candidate_problem("sphere", 60, 4, 10, seed=0)
+    kw = dict(tol=1e-6, max_iter=10, n_init=4, n_add=2, zero_norm2=1e-20)
+    with pytest.raises(ValueError, match="float64"):
+        _ops.corral_solve(W.float(), rows, cand, P.float(), **kw)
+    with pytest.raises(ValueError, match="cand"):
+        _ops.corral_solve(W, rows, cand.int(), P, **kw)
+    with pytest.raises(ValueError, match="cand entries"):
+        _ops.corral_solve(W, rows, cand + 100, P, **kw)
+    with pytest.raises(ValueError, match="rows"):
+        _ops.corral_solve(W, rows + 1000, cand, P, **kw)
+    with pytest.raises(ValueError, match="start"):
+        _ops.corral_solve(W, rows, cand, P[:3], **kw)

@@ -339,22 +339,23 @@ def test_active_set_few_passes_and_public_api():
     assert U32.dtype == torch.float32 and rho32 == pytest.approx(rho_ref, abs=1e-5)
 
 
-def test_active_lists_are_the_corral_and_the_last_pass(monkeypatch):
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_active_lists_are_the_corral_and_the_last_pass(monkeypatch, backend):
     """Each round solves a value on its last corral and the constraints its last pass streamed (no list grows
     round over round): with 4 constraints per pass the rounds are many, every list holds at most d + 1 + n_add
     corral points and 4 new ones, and the result carries the dense solver's certificates."""
     V = _values("sphere", 500, 8, 7)
     W = geometry.normalized_values(V)
     widths = []
-    real = ustar.candidate_star
+    real = ustar.solve_candidates
 
-    def recording(W_, rows, cand):
+    def recording(W_, rows, cand, P, **kw):
         widths.append(cand.shape[1])
-        return real(W_, rows, cand)
+        return real(W_, rows, cand, P, **kw)
 
-    monkeypatch.setattr(ustar, "candidate_star", recording)
+    monkeypatch.setattr(ustar, "solve_candidates", recording)
     n_add, n_pass = 6, 4
-    U, lo, hi, passes = ustar._solve_active_set(W, W, 1e-6, 200, 16, n_add, 3, "auto", n_pass, n_pass)
+    U, lo, hi, passes = ustar._solve_active_set(W, W, 1e-6, 200, 16, n_add, 3, backend, n_pass, n_pass)
     assert passes >= 4 and max(widths[1:]) <= 8 + 1 + n_add + n_pass
     _, lo0, _ = ustar._margin_optimal(V, 1e-6, 200, method="dense")
     U0 = ustar._margin_optimal(V, 1e-6, 200, method="dense")[0]
