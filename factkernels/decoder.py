@@ -86,7 +86,7 @@ def output_embeddings(values: torch.Tensor, outputs: Union[str, torch.Tensor], *
         out_embed, rho = ustar.margin_optimal_outputs(values, backend=backend)
         rho = torch.as_tensor(rho, dtype=torch.float64)
     else:
-        out_embed, rho = values, geometry.checked_output_margins(values, values, backend=backend).min()
+        out_embed, rho = values, geometry.checked_value_margins(values, backend=backend).min()
     return out_embed, rho
 
 

