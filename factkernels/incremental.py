@@ -45,7 +45,7 @@ from .encoder import GatedEncoder, assemble, augment, encoder_codes, gadget_widt
 from .memory import check_fits, estimate_build
 from .mlp import FactMLP
 from .report import ConstructionReport, FactStorageError
-from .solvers import GadgetOperator, SolveInfo, cg_iterations_hint, pick_solver, solve_cg
+from .solvers import GadgetOperator, SolveInfo, cg_iterations_hint, cholesky_factor, pick_solver, solve_cg
 from .validation import (check_choice, check_distinct_added, check_facts, check_matrix, check_positive_int,
                          validate_inputs)
 
@@ -59,8 +59,10 @@ MIN_WIDTH_RATIO = 1.2
 
 
 def cholesky(gram: torch.Tensor) -> torch.Tensor:
-    """Lower Cholesky factor of a gadget Gram, with an error that says what to change."""
-    factor, info = torch.linalg.cholesky_ex(gram)
+    """Lower Cholesky factor of a gadget Gram (only its lower triangle is read, and its memory may become the
+    factor's: :func:`factkernels.solvers.cholesky_factor`), with an error that says what to change. Only the
+    factor's lower triangle is defined: its panels are used through lower-triangular solves."""
+    factor, info = cholesky_factor(gram, overwrite=True)
     if int(info) != 0:
         raise RuntimeError("the gadget Gram is not positive definite: the keys are not in general position or the "
                            "gate is too narrow for this many facts; build a new FactBuilder with a larger "
