@@ -71,8 +71,9 @@ __all__ = ["decodability", "margin_optimal_outputs"]
 # fastest (with 512 MB chunks 8,192 x 128 took 1.9x the time it took with 64 MB ones).
 _WORK_BYTES = {"sync_free": {"pairs": 1 << 33, "candidates": 1 << 33, "corrals": 1 << 33},
                "cpu": {"pairs": 1 << 25, "candidates": 1 << 24, "corrals": 1 << 27}}
-# Up to this many values "auto" solves densely (every value against all others
-# per iteration, fastest for small sets); above it, by active-set cutting planes.
+# Up to this many values "auto" solves densely (every value against all others per iteration) where the rounds'
+# corral solves run in torch; above it, and at every size where they run in C++ (_ops.corral_solve: 1.7-2.8x
+# less CPU time than dense from 256 x 16 to 4,096 x 128, one thread), by active-set cutting planes.
 _DENSE_MAX = 4096
 _METHODS = ("auto", "dense", "active_set")
 # Constraints per value, in units of d, that the active-set method's first streaming pass ranks and that
@@ -209,7 +210,8 @@ def _solve_active_set(
         # one streaming pass: the most violated constraints of every unfinished value
         _, cand = _ops.star_topk(Wk, n_pass, U[rows], rows, backend=backend)
         passes += 1
-        g = exact_star_scores(W, U[rows].double(), rows, cand)
+        Ur = U[rows].double()  # the returned directions' margins: unit in float64 (a float32 row's norm is 1 +- 6e-8)
+        g = exact_star_scores(W, Ur / Ur.norm(dim=1, keepdim=True), rows, cand)
         lo[rows] = g.min(dim=1).values
         new = (cand >= 0) & ~_members(cand.to(torch.int32), corral_val[rows])
         done = ~(new & (g < hi[rows, None] * (1.0 - tol))).any(dim=1) | dup | stalled
@@ -251,7 +253,8 @@ def _margin_optimal(
         n, d = W.shape
         n_init = max(16, d // 4) if n_init is None else n_init
         n_add = max(6, d // 10) if n_add is None else n_add
-        if method == "dense" or (method == "auto" and n <= _DENSE_MAX):
+        if method == "dense" or (method == "auto" and n <= _DENSE_MAX
+                                 and not _ops.uses_kernel(backend, "corral_solve", W)):
             return _solve_dense(W, tol, max_iter, n_init, n_add, n_fast, backend)
         Wk = W.to(V.dtype) if V.dtype in (torch.float32, torch.float64) else W
         n_first = min(n - 1, max(2 * n_init, round(_FIRST_PER_DIM * d)))
@@ -286,7 +289,8 @@ def margin_optimal_outputs(
         return_radii: also return the per-value radii.
         method: "dense" (every pair each iteration), "active_set" (cutting
             planes with streaming passes, ``O(n d)`` extra memory beyond the
-            active lists) or "auto" (dense up to 4,096 values).
+            active lists) or "auto" (the active set where its rounds run in C++, else dense up to
+            4,096 values).
         backend: "auto", "kernels" or "torch" for the streaming passes and the corral steps (see
             ``factkernels._ops``).
 
