@@ -163,17 +163,24 @@ def construct_default() -> str:
 
 
 def values_vs_cholesky() -> str:
-    path = f"{RESULTS}/ustar_cpu.json"
+    paths = [f"{RESULTS}/ustar_cpu-s23-values{tag}.json" for tag in ("-before", "", "-before-2threads", "-2threads")]
     rows = []
-    for case in load(path)["cases"]:
-        if case["kind"] == "values_vs_chol" and "ratio_best_cpu" in case:
+    for path in paths:
+        report = load(path)
+        for case in report["cases"]:
+            if case["kind"] != "values_vs_chol":
+                continue
+            floor = case.get("floor")
             rows.append([f"{case['n']:,}", case["d"], case["threads"], f"{case['loadavg_before'][0]:.0f}",
-                         f"{case['construct_best_cpu_s']:.3f} s", f"{case['cholesky_float32_cpu_s']:.3f} s",
-                         f"{case['ratio_best_cpu']:.2f}×", f"{case['construct_best_s']:.3f} s",
-                         f"{case['cholesky_float32_s']:.3f} s", f"{case['ratio_best_wall']:.2f}×"])
-    header = ["F = \\|V\\|", "d", "threads", "load", "values build (CPU)", "one Cholesky (CPU)", "ratio (CPU)",
-              "values build (wall)", "one Cholesky (wall)", "ratio (wall)"]
-    return _rows(header, rows) + _source(path)
+                         f"`{report['environment'].get('code', '?')}`", f"{case['construct_best_cpu_s']:.3f} s",
+                         f"{case['cholesky_torch_cpu_s']:.3f} s", f"{case['cholesky_scipy_cpu_s']:.3f} s",
+                         f"{case['ratio_best_cpu']:.2f}×", f"{case['construct_best_cpu_s'] / case['cholesky_torch_cpu_s']:.2f}×",
+                         f"{floor['floor_ratio']:.2f}× / {floor['floor_ratio_with_weights_and_rho']:.2f}×" if floor else "–",
+                         f"{case['ratio_best_wall']:.2f}×"])
+    header = ["F = \\|V\\|", "d", "threads", "load", "code", "values build (CPU)", "torch Cholesky (CPU)",
+              "scipy potrf (CPU)", "ratio to the faster (CPU)", "ratio to torch's (CPU)", "floor (CPU)",
+              "ratio to the faster (wall)"]
+    return _rows(header, rows) + _source(*paths)
 
 
 def incremental() -> str:

@@ -165,7 +165,7 @@ def cholesky_factor(gram: torch.Tensor, *, overwrite: bool = False) -> tuple[tor
     On a CPU with one torch thread, LAPACK's potrf through scipy (OpenBLAS) on the row-major lower
     triangle seen as a column-major upper one: no copy into column order and no pass zeroing the other
     triangle, which torch makes. Float32, 1 thread, AMD EPYC: 1.6x faster at F = 4,096 (0.26 vs
-    0.43 CPU s) and 1.5-1.8x at F = 1,024-8,192 (benchmarks/results/ustar_cpu-s23-values.json); with
+    0.43 CPU s) and 1.4-2.0x at F = 1,024-8,192 (benchmarks/results/ustar_cpu-s23-values.json); with
     two threads on a shared core OpenBLAS's spinning threads lost to torch's, so torch keeps that case
     and every GPU. On the scipy path L's strict upper triangle is left as ``gram``'s (unspecified): use
     L through lower-triangular solves only. overwrite: L may take ``gram``'s memory.
