@@ -167,8 +167,9 @@ def cholesky_factor(gram: torch.Tensor, *, overwrite: bool = False) -> tuple[tor
     triangle, which torch makes. Float32, 1 thread, AMD EPYC: 1.6x faster at F = 4,096 (0.26 vs
     0.43 CPU s) and 1.4-2.0x at F = 1,024-8,192 (benchmarks/results/ustar_cpu-s23-values.json); with
     two threads on a shared core OpenBLAS's spinning threads lost to torch's, so torch keeps that case
-    and every GPU. On the scipy path L's strict upper triangle is left as ``gram``'s (unspecified): use
-    L through lower-triangular solves only. overwrite: L may take ``gram``'s memory.
+    and every GPU. OpenBLAS takes its thread count from OPENBLAS_NUM_THREADS or OMP_NUM_THREADS, not from
+    torch: set one to 1 with torch's. On the scipy path L's strict upper triangle is left as ``gram``'s
+    (unspecified): use L through lower-triangular solves only. overwrite: L may take ``gram``'s memory.
     """
     if gram.device.type != "cpu" or torch.get_num_threads() != 1 or gram.requires_grad:
         return torch.linalg.cholesky_ex(gram)
