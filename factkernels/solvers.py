@@ -101,7 +101,7 @@ class GadgetOperator:
         """(F, F) Gram, formed by the fused Hadamard-Gram kernel; ``lower``: only its lower triangle is
         defined (all a Cholesky factorization reads)."""
         gram = _ops.hadamard_gram(self.gate_features, self.keys_aug, lower=lower, backend=self.backend)
-        if not lower:
+        if not lower or gram.device.type != "cpu":  # a GPU adds in one launch
             return gram.add_(1.0)  # the output-bias column of M̃: 1 1ᵀ, every entry
         # The lower triangle alone, by blocks of rows: the kernels never wrote the upper one, and on a CPU
         # touching it (fresh pages) cost 4x the add itself (0.016 of 0.019 CPU s at F = 4,096).
