@@ -317,7 +317,8 @@ def test_auto_backend_runs_on_cuda_only_the_kernels_that_beat_their_twins():
     assert all(_ops.auto_runs_kernel(op, "cpu") for op in _ops.KERNEL_OPS)
     on_cuda = {op for op in _ops.KERNEL_OPS if _ops.auto_runs_kernel(op, "cuda")}
     assert on_cuda == {"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk"}
-    assert _ops.CPU_ONLY_KERNELS == {"gadget_matvec", "gadget_rmatvec", "gated_forward", "decode", "corral_minor"}
+    assert _ops.CPU_ONLY_KERNELS == {"gadget_matvec", "gadget_rmatvec", "gated_forward", "decode", "corral_minor",
+                                     "corral_solve"}
     assert not on_cuda & _ops.CPU_ONLY_KERNELS
     assert all(hasattr(_ops, op) for op in _ops.KERNEL_OPS)
     with pytest.raises(ValueError, match="op must be one of"):
