@@ -135,12 +135,17 @@ template <typename T> void star_topk(const StarTopkArgs<T>& a) {
           for (int64_t ii = 0; ii < rows; ++ii) {
             const int64_t i = i0 + ii, s = a.self[i];
             const T sqs = a.sq[s];
-            // NaN marks pairs for the exact path (close pairs, the value itself)
+            // NaN marks pairs for the exact path (close pairs, the value itself). Two straight loops: the
+            // division and square root run for every pair, then a select, so both vectorize (a division under
+            // a condition could trap and is not if-converted)
+            const T* sqj = a.sq + j0;
             for (int64_t jj = 0; jj < cols; ++jj) {
-              const T sqj = a.sq[j0 + jj];
-              const T d2 = sqs + sqj - T(2) * g[ii * NR + jj];
-              sc[jj] = d2 > close * (sqs + sqj) ? (pw[ii] - c1[ii * NR + jj]) / std::sqrt(d2)
-                                                : std::numeric_limits<T>::quiet_NaN();
+              const T d2 = sqs + sqj[jj] - T(2) * g[ii * NR + jj];
+              sc[jj] = (pw[ii] - c1[ii * NR + jj]) / std::sqrt(d2);  // d2 <= 0 gets the exact path below
+            }
+            for (int64_t jj = 0; jj < cols; ++jj) {
+              const T d2 = sqs + sqj[jj] - T(2) * g[ii * NR + jj];
+              sc[jj] = d2 > close * (sqs + sqj[jj]) ? sc[jj] : std::numeric_limits<T>::quiet_NaN();
             }
             T* v;
             int64_t* ix;
