@@ -192,6 +192,19 @@ PYBIND11_MODULE(_C, m) {
           });
         });
 
+  m.def("star_scores",
+        [](const std::string& device, const std::string& dtype, uintptr_t u, int64_t ldu, uintptr_t w, int64_t ldw,
+           uintptr_t self, uintptr_t cols, uintptr_t out, int64_t r, int64_t c, int64_t d, int64_t n) {
+          const int dev = device_index(device);
+          dispatch_dtype(dtype, [&](auto tag) {
+            using T = decltype(tag);
+            StarScoresArgs<T> a{cptr<T>(u), ldu, cptr<T>(w), ldw, reinterpret_cast<const int64_t*>(self),
+                                reinterpret_cast<const int64_t*>(cols), mptr<T>(out), r, c, d, n};
+            py::gil_scoped_release nogil;
+            FK_LAUNCH_CPU(star_scores, a, dev, 0);
+          });
+        });
+
   m.def("corral_minor",
         [](const std::string& device, uintptr_t q, uintptr_t lam, uintptr_t occ, uintptr_t frozen, uintptr_t settled,
            int64_t r, int64_t kb, int64_t ke, bool fast, int64_t max_steps, double eps_w, double ridge) {

@@ -113,6 +113,20 @@ struct StarTopkArgs {
   T* part_vals; int64_t* part_idx;
 };
 
+// Star scores of given pairs from explicit differences (the float64 re-check of streamed candidates):
+//   out[i, q] = <u_i, w_s - w_j> / ||w_s - w_j||, s = self[i], j = cols[i, q]; 0 for identical values, +inf for
+//   j = -1.   u: (r, d), w: (n, d), self: (r,), cols: (r, c) int64 in [-1, n); out: (r, c) contiguous.
+//   Out-of-range indices throw std::invalid_argument (checked before anything is read).
+template <typename T>
+struct StarScoresArgs {
+  const T* u; int64_t ldu;
+  const T* w; int64_t ldw;
+  const int64_t* self;
+  const int64_t* cols;
+  T* out;
+  int64_t r, c, d, n;
+};
+
 // Fused max-over-heads attention scores (seed 002, Sec. 3), never forming (batch, h, lq, lk):
 //   scores[b, p, q]   = max_k <q[b, k, p, :], k[b, k, q, :]>
 //   decision[b, p, q] = scores[b, p, q] > tau[b]
@@ -210,6 +224,7 @@ template <typename T> void gated_forward(const GatedForwardArgs<T>& a);
 template <typename T> void decode(const DecodeArgs<T>& a);
 template <typename T> void max_head_scores(const MaxHeadScoresArgs<T>& a);
 template <typename T> void star_topk(const StarTopkArgs<T>& a);
+template <typename T> void star_scores(const StarScoresArgs<T>& a);
 int num_threads();
 }  // namespace cpu
 

@@ -208,9 +208,12 @@ def _indices(name: str, t: torch.Tensor, ref: torch.Tensor, size: int, what: str
 # corral_minor and corral_solve (U*'s per-row minimum-norm-point steps and whole solves) have no CUDA kernel: on a
 # GPU the batched torch solver runs with fixed shapes and no host round trip, which per-row work could not keep.
 KERNEL_OPS = ("gate_features", "hadamard_gram", "gadget_matvec", "gadget_rmatvec", "gated_forward", "decode",
-              "softmax_cross_entropy", "max_head_scores", "star_topk", "corral_minor", "corral_solve")
-CPU_ONLY_KERNELS = frozenset({"gadget_matvec", "gadget_rmatvec", "gated_forward", "decode", "corral_minor",
-                              "corral_solve"})
+              "softmax_cross_entropy", "max_head_scores", "star_topk", "exact_star_scores", "corral_minor",
+              "corral_solve")
+# exact_star_scores (a gather of scattered rows per pair, the float64 re-check of streamed candidates) has no CUDA
+# kernel either: its twin is a few batched torch ops there.
+CPU_ONLY_KERNELS = frozenset({"gadget_matvec", "gadget_rmatvec", "gated_forward", "decode", "exact_star_scores",
+                              "corral_minor", "corral_solve"})
 CUDA_AUTO_KERNELS = frozenset({"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk"})
 
 
@@ -798,6 +801,46 @@ def star_topk(
                  _ld(values), _ptr(sq), _ptr(rows), _ptr(scores), _ptr(index), r, n, d, k, splits, _ptr(part_vals),
                  _ptr(part_idx), _stream(values))
     return scores, index
+
+
+def exact_star_scores(W: torch.Tensor, U: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, *,
+                      backend: str = "auto") -> torch.Tensor:
+    """Star scores of given pairs from explicit differences: ``<U_k, w_s - w_j> / ||w_s - w_j||`` for
+    ``s = rows[k]``, ``j = cols[k, c]`` (the re-check, in the values' precision, of candidates a streaming pass
+    found in a lower one).
+
+    W: (n, d) values, U: (r, d) outputs (same dtype), rows: (r,) int64 in [0, n), cols: (r, c) int64 in
+    [-1, n)  ->  (r, c); identical values score 0, padding (``j = -1``) +inf.  The twin works in row chunks.
+    """
+    _matrix("W", W)
+    n, d = W.shape
+    _matrix("U", U, cols=d)
+    _same("W", W, U=U)
+    r = U.shape[0]
+    # the index ranges are checked where they are read (the kernel, torch's indexing): a check here would read
+    # back from the device
+    if not isinstance(rows, torch.Tensor) or rows.shape != (r,) or rows.dtype != torch.int64:
+        raise ValueError(f"rows must be an int64 ({r},) tensor, got {getattr(rows, 'shape', None)}")
+    if not isinstance(cols, torch.Tensor) or cols.dim() != 2 or cols.shape[0] != r or cols.dtype != torch.int64:
+        raise ValueError(f"cols must be an int64 ({r}, c) tensor, got {getattr(cols, 'shape', None)}")
+    if not _use_kernel(backend, "exact_star_scores", W, U) or not hasattr(_C, "star_scores"):
+        if backend == "kernels" and not hasattr(_C, "star_scores"):
+            raise RuntimeError("backend='kernels': this build of factkernels._C has no star_scores; rebuild it")
+        out = torch.empty(cols.shape, dtype=W.dtype, device=W.device)
+        step = max(1, max(1 << 20, W.numel()) // (4 * max(1, cols.shape[1] * d)))
+        for s in range(0, r, step):
+            rs, c = rows[s : s + step], cols[s : s + step]
+            diff = W[rs][:, None, :] - W[c.clamp(min=0)]
+            nrm = diff.norm(dim=2)
+            g = torch.bmm(U[s : s + step, None, :], diff.transpose(1, 2)).squeeze(1) / nrm.clamp_min(1e-300)
+            g = torch.where(nrm > 0, g, torch.zeros_like(g))
+            out[s : s + step] = torch.where(c >= 0, g, torch.full_like(g, math.inf))
+        return out
+    W, U, cols = _rowmajor(W), _rowmajor(U), cols.contiguous()
+    out = torch.empty(cols.shape, dtype=W.dtype)
+    _C.star_scores(*_launch_args(W), _ptr(U), _ld(U), _ptr(W), _ld(W), _ptr(rows.contiguous()), _ptr(cols),
+                   _ptr(out), r, cols.shape[1], d, n)
+    return out
 
 
 # ----------------------------------------------------------------------------- corral steps (U*)

@@ -16,7 +16,7 @@ from torch import Tensor
 from . import _ops
 from .validation import check_matrix as _check_matrix
 
-__all__ = ["checked_output_margins", "checked_value_margins", "exact_star_scores", "normalized_values", "output_margins", "whitening_transform", "whiten"]
+__all__ = ["checked_output_margins", "checked_value_margins", "normalized_values", "output_margins", "whitening_transform", "whiten"]
 
 # Smallest margins per value re-checked in float64 after a streaming pass in
 # the input precision (the true minimum is among them unless float32 rounding
@@ -37,23 +37,6 @@ def normalized_values(V: Tensor) -> Tensor:
     W = W - W.mean(dim=0, keepdim=True)
     scale = W.norm(dim=1).max()
     return W / torch.where(scale > 0, scale, torch.ones_like(scale))  # all values equal: leave them 0
-
-
-def exact_star_scores(W: Tensor, U: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
-    """Float64 ``<x_{rows[k] j}, U_k>`` for ``j = cols[k, c]`` (r, c), from explicit differences.
-
-    Identical values score 0, padding (``j = -1``) +inf; chunked by rows.
-    """
-    out = torch.empty(cols.shape, dtype=torch.float64, device=W.device)
-    step = max(1, max(1 << 20, W.numel()) // (4 * max(1, cols.shape[1] * W.shape[1])))
-    for s in range(0, rows.numel(), step):
-        r, c = rows[s : s + step], cols[s : s + step]
-        diff = W[r][:, None, :] - W[c.clamp(min=0)]
-        nrm = diff.norm(dim=2)
-        g = torch.bmm(U[s : s + step, None, :], diff.transpose(1, 2)).squeeze(1) / nrm.clamp_min(1e-300)
-        g = torch.where(nrm > 0, g, torch.zeros_like(g))
-        out[s : s + step] = torch.where(c >= 0, g, torch.full_like(g, math.inf))
-    return out
 
 
 def output_margins(V: Tensor, U: Tensor, *, backend: str = "auto") -> Tensor:
@@ -94,7 +77,7 @@ def checked_output_margins(V: Tensor, U: Tensor, *, backend: str = "auto") -> Te
         W = normalized_values(V)  # margins are invariant to translation and scale
         # the few smallest margins in the input precision (streaming), then those pairs in float64
         _, cand = _ops.star_topk(W.to(V.dtype), min(W.shape[0] - 1, _RECHECK), Ud.to(V.dtype), backend=backend)
-        return _rechecked(W, Ud, cand).to(V.dtype)
+        return _rechecked(W, Ud, cand, backend).to(V.dtype)
 
 
 def checked_value_margins(V: Tensor, *, backend: str = "auto") -> Tensor:
@@ -111,13 +94,13 @@ def checked_value_margins(V: Tensor, *, backend: str = "auto") -> Tensor:
         norms = Vd.norm(dim=1, keepdim=True)
         scaled = Vd / norms.max().clamp_min(1e-300)
         _, cand = _ops.star_topk(scaled.to(V.dtype), min(V.shape[0] - 1, _RECHECK), backend=backend)
-        return _rechecked(normalized_values(V), Vd / norms, cand).to(V.dtype)
+        return _rechecked(normalized_values(V), Vd / norms, cand, backend).to(V.dtype)
 
 
-def _rechecked(W: Tensor, U: Tensor, candidates: Tensor) -> Tensor:
+def _rechecked(W: Tensor, U: Tensor, candidates: Tensor, backend: str) -> Tensor:
     """Float64 margins (n,): the smallest exact star score of each value over its (n, k) candidate others."""
     rows = torch.arange(W.shape[0], device=W.device)
-    return exact_star_scores(W, U, rows, candidates).min(dim=1).values.clamp_(-1.0, 1.0)
+    return _ops.exact_star_scores(W, U, rows, candidates, backend=backend).min(dim=1).values.clamp_(-1.0, 1.0)
 
 
 def _check_alpha_eps(alpha: float, eps: float) -> None:

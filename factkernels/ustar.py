@@ -60,7 +60,7 @@ from torch import Tensor
 
 from . import _ops, corral
 from .corral import ZERO_NORM2, solve_candidates, solve_rows, star_rows
-from .geometry import exact_star_scores, normalized_values
+from .geometry import normalized_values
 from .validation import check_choice, check_matrix as _check_matrix
 
 __all__ = ["decodability", "margin_optimal_outputs"]
@@ -135,14 +135,16 @@ def _pad_columns(t: Tensor, width: int, fill: float) -> Tensor:
 
 
 def _members(cand: Tensor, active: Tensor) -> Tensor:
-    """(r, c) bool: is ``cand[i, a]`` among ``active[i]`` (r, K)? Compared in row chunks of about
-    the work budget: the whole r x c x K comparison was the peak memory at large n
-    (1.2 GB at n = 65,536, d = 256)."""
+    """(r, c) bool: is ``cand[i, a]`` among ``active[i]`` (r, K)? By a binary search in each sorted list (the
+    r x c x K comparison was 0.5 of 11.8 CPU s at |V| = 16,384, d = 128), in row chunks of about the work budget."""
     r, c = cand.shape
     out = torch.empty(r, c, dtype=torch.bool, device=cand.device)
-    step = max(1, _work_bytes(cand.device, "pairs") // max(1, 8 * c * active.shape[1]))
+    srt = active.sort(dim=1).values
+    step = max(1, _work_bytes(cand.device, "pairs") // max(1, 8 * c))
     for s in range(0, r, step):
-        out[s : s + step] = (cand[s : s + step, :, None] == active[s : s + step, None, :]).any(dim=2)
+        q = cand[s : s + step].contiguous()
+        pos = torch.searchsorted(srt[s : s + step], q).clamp_(max=srt.shape[1] - 1)
+        out[s : s + step] = srt[s : s + step].gather(1, pos) == q
     return out
 
 
@@ -211,7 +213,7 @@ def _solve_active_set(
         _, cand = _ops.star_topk(Wk, n_pass, U[rows], rows, backend=backend)
         passes += 1
         Ur = U[rows].double()  # the returned directions' margins: unit in float64 (a float32 row's norm is 1 +- 6e-8)
-        g = exact_star_scores(W, Ur / Ur.norm(dim=1, keepdim=True), rows, cand)
+        g = _ops.exact_star_scores(W, Ur / Ur.norm(dim=1, keepdim=True), rows, cand, backend=backend)
         lo[rows] = g.min(dim=1).values
         new = (cand >= 0) & ~_members(cand.to(torch.int32), corral_val[rows])
         done = ~(new & (g < hi[rows, None] * (1.0 - tol))).any(dim=1) | dup | stalled

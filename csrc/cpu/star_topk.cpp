@@ -3,6 +3,7 @@
 // One tile of P W^T and one of W_s W^T (the same packed panel) give numerators and
 // distances; the rare close pairs are recomputed from their explicit difference.
 #include <algorithm>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -52,9 +53,22 @@ template <typename T> void heap_to_sorted(T* v, int64_t* ix, int64_t k, std::vec
 }
 
 // <p, ws - wj> / |ws - wj| from the explicit difference; 0 for identical values.
-template <typename T> T exact_score(const T* p, const T* ws, const T* wj, int64_t d) {
+template <class Isa, typename T> FK_INLINE T exact_score(Isa, const T* p, const T* ws, const T* wj, int64_t d) {
+  using VT = Vec<T, Isa>;
+  constexpr int L = VT::kLanes;
+  typename VT::type nv{}, pv{};
+  int64_t c = 0;
+  for (; c + L <= d; c += L) {
+    const auto df = VT::load(ws + c) - VT::load(wj + c);
+    nv += df * df;
+    pv += VT::load(p + c) * df;
+  }
   T nn = 0, num = 0;
-  for (int64_t c = 0; c < d; ++c) {
+  for (int l = 0; l < L; ++l) {
+    nn += nv[l];
+    num += pv[l];
+  }
+  for (; c < d; ++c) {
     const T df = ws[c] - wj[c];
     nn += df * df;
     num += p[c] * df;
@@ -157,7 +171,7 @@ template <typename T> void star_topk(const StarTopkArgs<T>& a) {
               const int64_t j = j0 + jj;
               if (x != x) {
                 if (j == s) continue;
-                x = exact_score(pr[ii], wr[ii], a.w + j * a.ldw, d);
+                x = exact_score(isa, pr[ii], wr[ii], a.w + j * a.ldw, d);
                 if (!(x < thr)) continue;
               }
               heap_replace_top(v, ix, k, x, j);
@@ -189,8 +203,34 @@ template <typename T> void star_topk(const StarTopkArgs<T>& a) {
   }
 }
 
+template <typename T> void star_scores(const StarScoresArgs<T>& a) {
+  const int64_t r = a.r, c = a.c, d = a.d, n = a.n;
+  if (r <= 0 || c <= 0) return;
+  // indices are range-checked here, where they are read (the caller reads nothing back from the device)
+  for (int64_t i = 0; i < r; ++i)
+    if (a.self[i] < 0 || a.self[i] >= n) throw std::invalid_argument("rows entries must lie in [0, n)");
+  for (int64_t q = 0; q < r * c; ++q)
+    if (a.cols[q] < -1 || a.cols[q] >= n) throw std::invalid_argument("cols entries must lie in [-1, n)");
+  parallel_tasks(ceil_div(r, 64), [&](int64_t t, int, auto isa) FK_LAMBDA_INLINE {
+    for (int64_t i = t * 64, end = std::min(r, (t + 1) * 64); i < end; ++i) {
+      const T* ws = a.w + a.self[i] * a.ldw;
+      const T* u = a.u + i * a.ldu;
+      const int64_t* cols = a.cols + i * c;
+      for (int64_t q = 0; q < c; ++q) {
+        if (q + 2 < c && cols[q + 2] >= 0)  // scattered rows: fetch two ahead
+          for (int64_t x = 0; x < d; x += 64 / static_cast<int64_t>(sizeof(T)))
+            __builtin_prefetch(a.w + cols[q + 2] * a.ldw + x);
+        const int64_t j = cols[q];
+        a.out[i * c + q] = j < 0 ? std::numeric_limits<T>::infinity() : exact_score(isa, u, ws, a.w + j * a.ldw, d);
+      }
+    }
+  }, r * c * d * 4);
+}
+
 template void star_topk<float>(const StarTopkArgs<float>&);
 template void star_topk<double>(const StarTopkArgs<double>&);
+template void star_scores<float>(const StarScoresArgs<float>&);
+template void star_scores<double>(const StarScoresArgs<double>&);
 
 }  // namespace cpu
 }  // namespace factkernels

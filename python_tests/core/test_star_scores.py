@@ -1,4 +1,4 @@
-"""The fused star-score kernel (star_topk) against its pure-torch twin and the definition."""
+"""The star-score kernels (star_topk, exact_star_scores) against their pure-torch twins and the definition."""
 
 import pytest
 import torch
@@ -84,3 +84,32 @@ def test_star_topk_rejects_bad_input():
         _ops.star_topk(W, 2, rows=torch.tensor([0.0]))
     with pytest.raises(ValueError, match="outputs"):
         _ops.star_topk(W, 2, torch.randn(4, 3))
+
+
+@pytest.mark.skipif(not _ops.HAS_EXTENSION, reason="compiled extension not built")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n,d,c", [(50, 7, 9), (300, 130, 40), (20, 1, 19)])
+def test_exact_star_scores_kernel_matches_twin_and_definition(dtype, n, d, c):
+    """Given pairs (scattered rows, padding -1, a duplicated value): the kernel, the twin and the float64
+    definition agree; identical values score 0 and padding +inf."""
+    gen = torch.Generator().manual_seed(n + d)
+    W = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    W[3] = W[1]  # a duplicate
+    rows = torch.randint(0, n, (33,), generator=gen)
+    rows[0] = 1
+    U = torch.randn(33, d, generator=gen, dtype=torch.float64)
+    cols = torch.randint(-1, n, (33, c), generator=gen)
+    cols[0, 0] = 3
+    Wt, Ut = _wide(W.to(dtype)), _wide(U.to(dtype))
+    got = _ops.exact_star_scores(Wt, Ut, rows, cols, backend="kernels")
+    twin = _ops.exact_star_scores(Wt, Ut, rows, cols, backend="torch")
+    ref = _exact(W.to(dtype), U.to(dtype), rows, cols)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert got.dtype == dtype and torch.equal(torch.isinf(got), cols < 0) and got[0, 0] == 0
+    assert torch.allclose(got.double(), twin.double(), atol=tol) and torch.allclose(got.double(), ref, atol=tol)
+    with pytest.raises(ValueError, match="cols entries"):
+        _ops.exact_star_scores(W, U, rows, cols + n + 1, backend="kernels")
+    with pytest.raises(ValueError, match="rows entries"):
+        _ops.exact_star_scores(W, U, rows - n, cols, backend="kernels")
+    with pytest.raises(ValueError, match="cols must"):
+        _ops.exact_star_scores(W, U, rows, cols[:4], backend="kernels")
