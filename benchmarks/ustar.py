@@ -195,12 +195,15 @@ def _code_version() -> str:
     return commit + ("+dirty" if dirty else "")
 
 
-def cases(quick: bool, only: set[str], threads: int) -> list[dict]:
+def cases(quick: bool, only: set[str], threads: int, grid_arg: str | None = None) -> list[dict]:
     todo = []
     if "ustar" in only:
         grid = [(1024, 64, "dense"), (1024, 64, "active_set")] if quick else [
             (4096, 128, "dense"), (4096, 128, "active_set"), (16384, 128, "active_set"), (16384, 128, "dense"),
             (65536, 256, "active_set")]
+        if grid_arg:  # e.g. "4096x128:active_set,16384x128:active_set"
+            grid = [(int(nd.split("x")[0]), int(nd.split("x")[1]), m)
+                    for nd, m in (item.split(":") for item in grid_arg.split(","))]
         todo += [{"kind": "ustar", "n": n, "d": d, "method": m} for n, d, m in grid]
     size = (1024, 64) if quick else (4096, 128)
     if "construct" in only:
@@ -220,6 +223,8 @@ def main() -> None:
     parser.add_argument("--only", default="ustar,construct,values")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per case")
+    parser.add_argument("--ustar-grid", default=None,
+                        help="U* cases instead of the default grid, e.g. 4096x128:active_set,16384x128:dense")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/ustar_cpu[-quick].json)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -237,7 +242,7 @@ def main() -> None:
     done = {json.dumps({k: v for k, v in c.items() if k in ("kind", "n", "d", "method", "threads")}, sort_keys=True)
             for c in report["cases"]}
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    for case in cases(args.quick, set(args.only.split(",")), args.threads):
+    for case in cases(args.quick, set(args.only.split(",")), args.threads, args.ustar_grid):
         key = json.dumps(case, sort_keys=True)
         if key in done:
             continue

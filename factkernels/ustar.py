@@ -188,8 +188,8 @@ def _solve_active_set(
         # Gram Q and its factorisation copies, k <= kc slots per row) within the budget; the C++ solve holds
         # those in per-task scratch, a chunk only its outputs (U, the corral's slots and weights)
         kc = min(K, d + 1 + n_add)
-        if kernel:
-            step = max(1, min(rows.numel(), _work_bytes(dev, "corrals") // (8 * (d + 2 * kc + 4))))
+        if kernel:  # its inputs and outputs: the list (as int64), the start, U and the corral's slots and weights
+            step = max(1, min(rows.numel(), _work_bytes(dev, "candidates") // (8 * (K + 2 * d + 2 * kc + 4))))
         else:
             step = max(1, min(rows.numel(), budget // (8 * (K + 1) * (2 * d + K + 2)),
                               _work_bytes(dev, "corrals") // (8 * kc * (d + 5 * kc + 2))))
