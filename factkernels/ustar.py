@@ -27,12 +27,13 @@ never reported better than its certificate.
 
 Active-set (cutting-plane) method for large ``n``
 -------------------------------------------------
-The dense solve touches all ``n^2`` pairs every iteration.  For
-``n > _DENSE_MAX`` (``method="auto"``) each value instead keeps a list of
-*active constraints* (value indices).  One round solves every value's problem
-restricted to its active list with the same batched solver (explicit star
-vectors of the candidates, warm-started from the previous round's corral),
-then one streaming pass over ``V`` (:func:`factkernels._ops.star_topk`: tiles,
+The dense solve touches all ``n^2`` pairs every iteration.  Where the rounds
+below run in C++, and elsewhere for ``n > _DENSE_MAX`` (``method="auto"``), each
+value instead keeps a list of *active constraints* (value indices).  One round
+solves every value's problem restricted to its active list (explicit star
+vectors of the candidates, warm-started from the previous round's corral): on a
+CPU with the extension one C++ task per value (:func:`factkernels._ops.corral_solve`),
+elsewhere the same batched solver; then one streaming pass over ``V`` (:func:`factkernels._ops.star_topk`: tiles,
 running top-k, no ``n x n`` matrix, in the input precision) finds every
 value's most violated constraints; they are re-scored in float64 from
 explicit differences, and the next active list is the corral followed by them
