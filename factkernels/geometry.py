@@ -100,7 +100,10 @@ def checked_value_margins(V: Tensor, *, backend: str = "auto") -> Tensor:
 def _rechecked(W: Tensor, U: Tensor, candidates: Tensor, backend: str) -> Tensor:
     """Float64 margins (n,): the smallest exact star score of each value over its (n, k) candidate others."""
     rows = torch.arange(W.shape[0], device=W.device)
-    return _ops.exact_star_scores(W, U, rows, candidates, backend=backend).min(dim=1).values.clamp_(-1.0, 1.0)
+    # the re-check's kernel is CPU-only: on a GPU, backend="kernels" names the streaming pass and the re-check
+    # runs its batched twin (as before it had a kernel)
+    recheck = backend if W.device.type == "cpu" else "torch"
+    return _ops.exact_star_scores(W, U, rows, candidates, backend=recheck).min(dim=1).values.clamp_(-1.0, 1.0)
 
 
 def _check_alpha_eps(alpha: float, eps: float) -> None:
