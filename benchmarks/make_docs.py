@@ -387,6 +387,8 @@ def _real_lm_headline() -> list:
     text = (f"efficacy {mean(ours, 'efficacy_score'):.2f}, paraphrase {mean(ours, 'paraphrase_score'):.2f}{before}, "
             "neighbourhood "
             f"{mean(ours, 'neighbourhood_score'):.2f}, harmonic mean {ours['hmean']:.2f}")
+    if "kl_mean" in ours["metrics"]:  # locality on held-out text beside the prompt scores
+        text += (f"; held-out text: KL {mean(ours, 'kl_mean'):.1e}, perplexity ×{mean(ours, 'perplexity_ratio'):.3f}")
     text += (f"; best other method run at this size: {best['method']}, {best['hmean']:.2f}" if best
              else "; no other method run at this size yet")
     run = {r["method"] for r in _real_lm_summary()["rows"] if r["n"] == ours["n"] and r["split"] == "test"}
