@@ -1,10 +1,12 @@
 """factkernels.hf.subject_keys: detector groups, subject mentions, the LDA threshold's contrast."""
 
+import pytest
 import torch
 
 from factkernels import hf
 from factkernels.hf.capture import encode_texts
 from factkernels.hf.subject_keys import detector_groups, lda_detectors, ramp_units, subject_contexts, subject_mentions
+from helpers import TINY_TEXTS
 
 
 def test_contexts_say_which_rows_open_with_the_subject(tiny_llama):
@@ -85,3 +87,65 @@ def test_every_context_gets_its_subjects_delta_once(tiny_llama):
         assert rep.construction["negatives_firing_off_mention"] == 0.0
     finally:
         ins.remove()
+
+
+@pytest.fixture(scope="module")
+def strong_llama(tiny_llama):
+    """The tiny Llama with larger random weights (initializer_range 0.2): a δ at the subject reaches the answer
+    in some contexts and not in others."""
+    import transformers
+
+    base, tok = tiny_llama
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(base.config.__class__(**{**base.config.to_dict(),
+                                                                  "initializer_range": 0.2})).eval(), tok
+
+
+CERT_PREFIXES = ["the old house by the river", "music in the city", "a reader knows that"]
+
+
+@pytest.mark.parametrize("subject, target", [("war and peace", "orwell"), ("emma", "tolstoy")])
+def test_report_lists_every_context_the_edited_model_does_not_answer(strong_llama, subject, target):
+    """δ fit on the bare prompt does not carry to every prefixed context. The report's certificate is the edited
+    model's own: its efficacy, margins and ``uncertified`` list agree with margins measured afresh on every
+    context, and refitting the unanswered contexts' subject never leaves more of them unanswered."""
+    import copy
+
+    model, tok = strong_llama
+    requests = [{"prompt": "who wrote {} ? it was", "subject": subject, "target_new": target}]
+    contexts = hf.parse_requests([{**requests[0], "prompt": (p + ". " if p else "") + requests[0]["prompt"]}
+                                  for p in ["", *CERT_PREFIXES]])
+    unanswered = {}
+    for rounds in (0, 3):
+        edited = copy.deepcopy(model)
+        ins = hf.insert_facts(edited, tok, requests, keys="subject", layer=1, background=TINY_TEXTS,
+                              prefixes=CERT_PREFIXES, value_steps=30, margin=1.0, repair_rounds=rounds, progress=False)
+        rep = ins.report
+        margins = hf.fact_margins(edited, tok, contexts)
+        assert rep.margins == pytest.approx(margins.tolist(), abs=1e-3)
+        failing = [[0, c] for c in range(len(contexts)) if margins[c] <= 0]
+        assert rep.construction["uncertified"] == failing
+        assert rep.efficacy == 1 - len(failing) / len(contexts) and (rep.min_margin > 0) == (not failing)
+        assert len(rep.values["repairs"]) <= rounds
+        unanswered[rounds] = len(failing)
+        ins.remove()
+    assert unanswered[0] >= 1  # the bare prompt's δ misses a prefixed context
+    assert unanswered[3] <= unanswered[0]
+
+
+def test_refit_covers_the_failing_subjects_contexts_below_the_margin(strong_llama):
+    """refit_uncertified adds the contexts below the margin of the subjects with an unanswered context to the fit
+    and refits only those subjects, from their δ (the others keep theirs exactly)."""
+    from factkernels.hf.subject_keys import SubjectUnits, refit_uncertified
+
+    model, tok = strong_llama
+    requests = hf.parse_requests([{"prompt": "who wrote {} ? it was", "subject": "war and peace", "target_new": "orwell"},
+                                  {"prompt": "the novel {} is by", "subject": "dune", "target_new": "shelley"}])
+    ctx = subject_contexts(tok, requests, CERT_PREFIXES)
+    deltas = torch.randn(2, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    units = SubjectUnits(ctx, {}, torch.arange(2), deltas.clone(), torch.tensor([0, 4]), torch.zeros(8, 32), 12.0)
+    margins = torch.tensor([0.5, -0.2, 2.0, 0.7, 4.0, 4.0, 4.0, 4.0])  # war and peace fails under prefix 1
+    info = refit_uncertified(model, units, margins, layer=1, below=1.0, margin=1.0, value_steps=3, value_lr=0.1,
+                             batch_size=8, progress=False)
+    assert info["subjects"] == 1 and units.fit_rows.tolist() == [0, 1, 3, 4] and info["rows"] == 3
+    assert torch.equal(units.deltas[1], deltas[1]) and not torch.equal(units.deltas[0], deltas[0])
