@@ -119,7 +119,8 @@ def test_report_lists_every_context_the_edited_model_does_not_answer(strong_llam
     for rounds in (0, 3):
         edited = copy.deepcopy(model)
         ins = hf.insert_facts(edited, tok, requests, keys="subject", layer=1, background=TINY_TEXTS,
-                              prefixes=CERT_PREFIXES, value_steps=30, margin=1.0, repair_rounds=rounds, progress=False)
+                              prefixes=CERT_PREFIXES, value_prefixes=0, value_steps=30, margin=1.0, repair_rounds=rounds,
+                              progress=False)
         rep = ins.report
         margins = hf.fact_margins(edited, tok, contexts)
         assert rep.margins == pytest.approx(margins.tolist(), abs=1e-3)
