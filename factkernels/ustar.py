@@ -140,12 +140,11 @@ def _members(cand: Tensor, active: Tensor) -> Tensor:
     r x c x K comparison was 0.5 of 11.8 CPU s at |V| = 16,384, d = 128), in row chunks of about the work budget."""
     r, c = cand.shape
     out = torch.empty(r, c, dtype=torch.bool, device=cand.device)
-    srt = active.sort(dim=1).values
-    step = max(1, _work_bytes(cand.device, "pairs") // max(1, 8 * c))
-    for s in range(0, r, step):
-        q = cand[s : s + step].contiguous()
-        pos = torch.searchsorted(srt[s : s + step], q).clamp_(max=srt.shape[1] - 1)
-        out[s : s + step] = srt[s : s + step].gather(1, pos) == q
+    step = max(1, _work_bytes(cand.device, "pairs") // max(1, 8 * (c + active.shape[1])))
+    for s in range(0, r, step):  # the sort's int64 indices of all lists were 150 MB at n = 65,536, d = 256
+        srt, q = active[s : s + step].sort(dim=1).values, cand[s : s + step].contiguous()
+        pos = torch.searchsorted(srt, q).clamp_(max=srt.shape[1] - 1)
+        out[s : s + step] = srt.gather(1, pos) == q
     return out
 
 
@@ -214,7 +213,8 @@ def _solve_active_set(
         _, cand = _ops.star_topk(Wk, n_pass, U[rows], rows, backend=backend)
         passes += 1
         Ur = U[rows].double()  # the returned directions' margins: unit in float64 (a float32 row's norm is 1 +- 6e-8)
-        g = _ops.exact_star_scores(W, Ur / Ur.norm(dim=1, keepdim=True), rows, cand, backend=backend)
+        g = _ops.exact_star_scores(W, Ur.div_(Ur.norm(dim=1, keepdim=True)), rows, cand, backend=backend)
+        del Ur
         lo[rows] = g.min(dim=1).values
         new = (cand >= 0) & ~_members(cand.to(torch.int32), corral_val[rows])
         done = ~(new & (g < hi[rows, None] * (1.0 - tol))).any(dim=1) | dup | stalled
