@@ -48,6 +48,11 @@ def test_smollm2_preset_is_what_tracing_the_sweep_and_the_sanity_gate_chose():
         assert entry["points"][scores.index(max(scores))]["overrides"] == entry["chosen"]
         assert max(scores) == entry["chosen_scores"]["score"]
     assert tuned["alphaedit"]["lr"] == gate["hparams"]["lr"] and gate["efficacy_score"] >= 0.95
+    # the sanity gate run with the preset: every editor it ran edited with the preset's settings and passed
+    preset_gate = json.loads((results / "editor_sanity_gate_preset.json").read_text())
+    assert preset_gate["overrides"]["preset"] == "smollm2-135m" and {"memit", "alphaedit"} <= set(preset_gate["methods"])
+    for method, entry in preset_gate["methods"].items():
+        assert all(entry["hparams"][k] == v for k, v in tuned[method].items()) and entry["efficacy_score"] >= 0.95
     assert published_gate["hparams"]["lr"] == editing.hparams("alphaedit").lr and published_gate["efficacy_score"] < 0.95
     smollm2 = {"num_layers": 30, "mlp_width": 1536}
     for method, overrides in tuned.items():  # the preset applies its overrides; the published settings stay default
