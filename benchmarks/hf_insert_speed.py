@@ -44,7 +44,8 @@ def run(model, tok, facts: int, device: str, threads: int) -> dict:
             "seconds": seconds, "timings": report.timings, "contexts": report.num_keys,
             "value_contexts": report.construction["value_contexts"], "subjects": report.construction["subjects"],
             "value_steps": report.values["value_steps"], "efficacy": report.efficacy,
-            "min_margin": report.min_margin, "peak_rss_mb": report.peak_rss_mb,
+            "min_margin": report.min_margin, "uncertified": report.construction["uncertified"],
+            "repairs": report.values["repairs"], "peak_rss_mb": report.peak_rss_mb,
             "load_average_before": load_before, "load_average_after": os.getloadavg(), "commit": _commit(),
             "environment": environment()}
 
