@@ -3,7 +3,8 @@
 A row is one (model, kind, split, method, settings, protocol, n) over its draws: every numeric metric of
 ``hf.metrics.score_cases`` as its mean and 95 % Student-t interval over the draws (``metrics.over_draws``),
 the harmonic mean of the three mean scores (efficacy, paraphrase, neighbourhood), and the edit's wall and
-CPU seconds.
+CPU seconds (an edit that restored its fitted targets from another cell counts that fit's wall seconds; its CPU
+seconds are then unknown).
 
 Figures: ``real_lm_triangle`` — reliability (efficacy score), generalization (paraphrase score) and locality
 (neighbourhood score) in three aligned panels (stacked, methods shared), one bar per method and number of
@@ -37,9 +38,20 @@ def _size_key(n: Any) -> float:
     return math.inf if n == "all" else float(n)
 
 
+def _edit_cpu(seconds: dict, wall: str) -> float:
+    """A cell's CPU seconds, or NaN when unknown: a cell that restored its fitted targets from another cell's
+    checkpoint ("targets_restored": that fit's wall seconds, added to its wall time) has no CPU count of the fit."""
+    return math.nan if "targets_restored" in seconds else seconds.get(f"{wall}_cpu", math.nan)
+
+
 def settings_text(settings: dict) -> str:
     """A cell's settings as short text: "k=v, ..." (sorted), or "defaults"."""
     return ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(settings.items())) or "defaults"
+
+
+def _all_or_none(values: list[float]) -> list[float]:
+    """``values``, or [NaN] when one is unknown (a mean over the other draws would understate the cost)."""
+    return [math.nan] if any(math.isnan(v) for v in values) else values
 
 
 def _interval(values: list[float]) -> dict:
@@ -72,8 +84,8 @@ def summarize(cells: list) -> dict:
                      "draws": [c.config["draw"] for c in members], "metrics": stats,
                      "by_relation": _by_relation(per_draw),
                      "hmean": harmonic_mean(means),
-                     "seconds": _interval([s[wall] for s in seconds]),
-                     "cpu_seconds": _interval([s.get(f"{wall}_cpu", math.nan) for s in seconds])})
+                     "seconds": _interval([s[wall] + s.get("targets_restored", 0.0) for s in seconds]),
+                     "cpu_seconds": _interval(_all_or_none([_edit_cpu(s, wall) for s in seconds]))})
     rows.sort(key=lambda r: (r["model"], r["kind"], r["split"], _size_key(r["n"]),
                              order.index(r["method"]) if r["method"] in order else len(order),
                              r["protocol"], settings_text(r["settings"])))

@@ -111,6 +111,15 @@ def test_summary_gives_t_intervals_over_draws_and_the_harmonic_mean():
     assert report.markdown_table(summary, kind="new") == "No new-fact cells on the test draws yet."
 
 
+def test_seconds_count_a_fit_restored_from_another_cell():
+    scores = {"efficacy_score": 1.0, "paraphrase_score": 0.5, "neighbourhood_score": 1.0}
+    cells = [_fake_cell("alphaedit", d, scores, 10.0) for d in range(2)]
+    cells[1].result["seconds"]["targets_restored"] = 100.0  # the fit this cell read from MEMIT's checkpoint
+    row, = report.summarize(cells)["rows"]
+    assert row["seconds"]["mean"] == pytest.approx((10.0 + 110.0) / 2)
+    assert math.isnan(row["cpu_seconds"]["mean"])  # that fit's CPU time was not recorded
+
+
 def test_comparison_puts_ours_against_the_best_other_method():
     scores = lambda e, p, n: {"efficacy_score": e, "paraphrase_score": p, "neighbourhood_score": n}  # noqa: E731
     cells = [_fake_cell("memit", 0, scores(1.0, 0.5, 0.8), 1.0), _fake_cell("rome", 0, scores(0.9, 0.6, 0.9), 1.0),
