@@ -243,7 +243,7 @@ def _triangle(rows: list[dict]):
 
     series = {k: v for k, v in _series(rows).items() if v[0]["method"] != "unedited"}
     unedited = {str(r["n"]): r for r in rows if r["method"] == "unedited"}
-    sizes = sorted({r["n"] for r in rows}, key=_size_key)
+    sizes = sorted({r["n"] for members in series.values() for r in members}, key=_size_key)  # sizes with a bar
     fig, axes = panels(1, nrows=3, width=max(6.0, 0.3 * len(series) * len(sizes) + 2), height=2.6)
     width = 0.8 / max(1, len(sizes))
     for ax, (metric, title) in zip(axes, SCORES):
@@ -266,7 +266,9 @@ def _triangle(rows: list[dict]):
         ax.set_xticks(range(len(series)), list(series) if ax is axes[-1] else [], rotation=30, ha="right", fontsize=7)
         ax.set_ylim(0, 1.05)
         ax.set_ylabel(title, fontsize=8)
-    axes[0].legend(fontsize=7, title="dashed: unedited", title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if sizes:  # a grid of the unedited model alone has no bars
+        axes[0].legend(fontsize=7, title="dashed: unedited", title_fontsize=7, loc="upper left",
+                       bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig
 

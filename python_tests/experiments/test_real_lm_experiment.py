@@ -163,3 +163,16 @@ def test_new_knowledge_cells_and_the_single_protocol(tmp_path):
     assert 0.0 <= single["scores"]["paraphrase_score"] <= 1.0
     table = report.markdown_table(res.summary, kind="new", model="tiny")
     assert "| 2 | ours | single |" in table and "cross-template" not in table  # no true object to be consistent on
+
+
+def test_triangle_legend_names_only_sizes_with_bars():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    scores = {"efficacy_score": 1.0, "paraphrase_score": 0.5, "neighbourhood_score": 1.0}
+    cells = [_fake_cell("memit", 0, scores, 10.0), _fake_cell("unedited", 0, scores, 5.0)]
+    more = real_lm.cell("unedited", n=100, draw=0)  # the unedited model scored at a size no method ran
+    cells.append(engine.Cell(engine.cell_key(more), more, {"scores": {"num_cases": 100, **scores},
+                                                           "seconds": {"baseline": 1.0}}, 1.0))
+    fig = report._triangle(report.summarize(cells)["rows"])
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["10 edits"]
