@@ -190,10 +190,11 @@ def text_scores(model: Any, tok: Any, texts: Sequence[str], reference: Optional[
         scores.update(log_perplexity_ratio=log_ratio, perplexity_ratio=_exp_or_inf(log_ratio),
                       kl_mean=float(token_kl.mean()))
         if subjects:
-            named = torch.tensor([mentions_any(t, subjects) for t in texts], dtype=torch.bool)[torch.cat(text_index)]
+            text_named = torch.tensor([mentions_any(t, subjects) for t in texts], dtype=torch.bool)
+            named = text_named[torch.cat(text_index)]
             mean_or_none = lambda x: float(x.mean()) if x.numel() else None  # noqa: E731
             scores.update(kl_mean_unmentioned=mean_or_none(token_kl[~named]),
                           kl_mean_mentioned=mean_or_none(token_kl[named]),
-                          texts_mentioning=sum(mentions_any(t, subjects) for t in texts),
+                          texts_mentioning=int(text_named.sum()),
                           text_tokens_mentioning=int(named.sum()))
     return scores
