@@ -9,13 +9,17 @@ What it runs (all on --device, default cuda):
   tests      pytest -m cuda in a subprocess; its summary line, exit status and the end of its output
   kernels    every compiled kernel against its torch twin (bench.py's races; on CUDA they include
              decode of 65,536 x 65,536 at d = 256) and the fused max-over-heads scores
-  construct  d = 128, F = |V| = 4,096: outputs="values" with the Cholesky solve (bench.py's race),
-             and the default construct (margin-optimal outputs), each beside one Cholesky of 4,096
+  construct  d = 128, F = |V| = 4,096: outputs="values" with the Cholesky solve (bench.py's race), then
+             outputs="values" and the default construct (margin-optimal outputs) with their own defaults, each
+             beside one Cholesky of 4,096, with its phases and one profiled call: launches, stream syncs,
+             copies, host syncs and the top 15 device kernels by time (profile_call)
   scale      outputs="values", solver="auto" at d = 1,024, F = |V| = 2^18 (--scale-facts), each phase beside
              its GEMM-rate limit; then F = 2^20 through the memory guard only: refused at once with its
              estimate, or "fits" (not built: it would take far longer than a lent call)
-  ustar      margin_optimal_outputs (U*) at |V| = 4,096, d = 128 and 65,536, d = 256: time, rho, streaming
-             passes, kernel launches, host syncs and copies (torch.profiler), peak GPU memory (ustar_launches.py)
+  ustar      margin_optimal_outputs (U*), USTAR_ROWS: |V| = 4,096, d = 128 (auto, dense, active_set; backend
+             kernels and torch), 16,384 x 128 (active_set, dense) and, unless --no-ustar-large, 65,536 x 256
+             (auto, kernels, torch): time, rho, streaming passes and one pass's time, and (below each row's
+             threshold) kernel launches, host syncs, copies and the top device kernels (ustar_launches.py)
   gd_batch   GD cost searches with every seed (and, for the GD MLP, the sizes ahead) as one batch vs one
              model at a time (gd_batch.py's race at its CPU setting, d = 16, F = 64, 3 seeds, one run each),
              and the cost of one step of 1, 3, 9, 21 GD MLPs as one batch (and of 1 and 3 at F = 256 ... 2,048),
@@ -40,6 +44,7 @@ import traceback
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity
 
 import factkernels
 from factkernels import _ops
@@ -52,11 +57,11 @@ from gd_batch import step_costs as gd_step_costs
 from gd_batch import loss_kernel_race as gd_loss_kernel_race
 from gd_batch import step_costs_by_size as gd_step_costs_by_size
 from ustar_launches import measure as measure_ustar
+from ustar_launches import profile_counts, profiler
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_DEVICE_STATUS = 2
 SECTIONS = ("tests", "kernels", "attention", "construct", "ustar", "scale", "gd_batch", "largest_f")
-USTAR_COUNT_SECONDS = 20.0
 
 
 def cuda_unavailable_reason(device: torch.device) -> str | None:
@@ -94,22 +99,49 @@ def run_cuda_tests(timeout_seconds: float) -> dict:
             "output_tail": stdout[-20000:], "stderr_tail": stderr[-4000:], "seconds": time.perf_counter() - start}
 
 
-def bench_default_construct(device: torch.device, d: int, num_facts: int) -> dict:
-    """The default construct (margin-optimal outputs, solver auto) at F = |V|, beside one Cholesky of F."""
+def profile_call(run, device: torch.device) -> dict:
+    """One call of ``run`` (already warmed up) under torch.profiler: its operators and host syncs and, on a GPU,
+    its kernel launches, stream syncs and copies and the top device kernels by time (ustar_launches.profile_counts),
+    and its wall time with the profiler on."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    with profiler(activities) as prof:
+        begin = time.perf_counter()
+        run()
+        sync(device)
+        seconds = time.perf_counter() - begin
+    return dict(profile_counts(prof), profiled_ms=seconds * 1e3)
+
+
+def bench_build(device: torch.device, d: int, num_facts: int, **options) -> dict:
+    """construct at F = |V| with ``options`` (none: the default, margin-optimal outputs), beside one Cholesky of
+    F: the best of 3 timed calls, the phases the build reports, then one profiled call (:func:`profile_call`)
+    with its own phases."""
     keys, values, facts = (t.to(device) for t in random_fact_set(num_facts, num_facts, d, seed=0))
     built = {}
 
     def run():
-        built["mlp"] = factkernels.construct(keys, values, facts, progress=False)
+        built["mlp"] = factkernels.construct(keys, values, facts, progress=False, **options)
 
     seconds = timeit(run, device, repeats=3)
     report = built["mlp"].report
     cholesky = cholesky_seconds(num_facts, device)
-    print(f"default construct d={d} F={num_facts}: {seconds * 1e3:.1f} ms = {seconds / cholesky:.1f} Choleskys "
-          f"of F, accuracy {report.accuracy}", flush=True)
-    return {"d": d, "F": num_facts, "outputs": "margin_optimal", "seconds": seconds, "accuracy": report.accuracy,
-            "m": report.m, "solver": report.solver, "phases_ms": {k: round(v * 1e3, 2) for k, v in report.timings.items()},
-            "limit": "one Cholesky of the F x F Gram", "limit_s": cholesky, "seconds_over_limit": seconds / cholesky}
+    outputs = options.get("outputs", "margin_optimal")
+    row = {"d": d, "F": num_facts, "outputs": outputs, "options": options, "seconds": seconds,
+           "accuracy": report.accuracy, "m": report.m, "solver": report.solver,
+           "phases_ms": {k: round(v * 1e3, 2) for k, v in report.timings.items()},
+           "limit": "one Cholesky of the F x F Gram", "limit_s": cholesky, "seconds_over_limit": seconds / cholesky}
+    row["profile"] = profile_call(run, device)
+    row["profile"]["phases_ms"] = {k: round(v * 1e3, 2) for k, v in built["mlp"].report.timings.items()}
+    cuda = row["profile"].get("cuda", {})
+    print(f"construct {outputs} d={d} F={num_facts}: {seconds * 1e3:.1f} ms = {seconds / cholesky:.1f} Choleskys "
+          f"of F, accuracy {report.accuracy}, phases {row['phases_ms']}; profiled: {row['profile']['aten_ops']} aten "
+          f"ops, {row['profile']['host_syncs']} host syncs, {cuda.get('kernel_launches')} launches, "
+          f"{cuda.get('stream_synchronize')} stream syncs, {cuda.get('memcpy')} copies, device busy "
+          f"{row['profile'].get('device_busy_ms')} ms", flush=True)
+    for kernel in row["profile"].get("top_device_kernels", []):
+        print(f"  {kernel['total_ms']:9.3f} ms {kernel['calls']:6d}x  {kernel['name'][:100]}", flush=True)
+    return row
 
 
 def bench_scale(device: torch.device, d: int, num_facts: int, refuse_facts: int, rate: float) -> dict:
@@ -213,13 +245,43 @@ def bench_largest_f(device: torch.device, d: int, start: int, max_seconds: float
     return {"largest": largest, "attempts": attempts, "max_seconds": max_seconds}
 
 
-def bench_ustar(device: torch.device, quick: bool) -> dict:
-    """U* round trips (ustar_launches.measure): time, rho, streaming passes, and the launches, host syncs and
-    copies torch.profiler counts, at |V| = 4,096, d = 128 and |V| = 65,536, d = 256 (the larger one is counted
-    only when its unprofiled call took under USTAR_COUNT_SECONDS, which bounds the section's time)."""
-    sizes = [(512, 32), (1024, 64)] if quick else [(4096, 128), (65536, 256)]
-    return {"rows": [measure_ustar(device, n, d, count_below=USTAR_COUNT_SECONDS) for n, d in sizes],
-            "targets": {"4096x128": "<= 15 ms, <= 300 launches, <= 10 host syncs", "65536x256": "<= 3 s"}}
+# U* rows: (|V|, d, method, backend, profile when the timed call took under this many seconds). The profiled call
+# (~3x the unprofiled one with ~25k launches) and the host-read count run only below it.
+USTAR_ROWS = (
+    (4096, 128, "auto", "auto", 20.0), (4096, 128, "dense", "auto", 20.0), (4096, 128, "active_set", "auto", 20.0),
+    (4096, 128, "auto", "kernels", 20.0), (4096, 128, "auto", "torch", 20.0),
+    (16384, 128, "active_set", "auto", 3.0), (16384, 128, "dense", "auto", 3.0))
+# 65,536 x 256 (~10 s a call on an H200): time, passes and pass_seconds; profiled only below 5 s
+USTAR_LARGE_ROWS = ((65536, 256, "auto", "auto", 0.0), (65536, 256, "auto", "kernels", 5.0),
+                    (65536, 256, "auto", "torch", 0.0))
+USTAR_QUICK_ROWS = ((512, 32, "auto", "auto", 20.0), (1024, 64, "auto", "auto", 20.0),
+                    (1024, 64, "active_set", "kernels", 20.0))
+
+
+def bench_ustar(device: torch.device, rows, budget_seconds: float) -> dict:
+    """U* round trips (ustar_launches.measure) for each of ``rows``: time, rho, streaming passes and one pass's
+    time, and, on calls under the row's profile threshold, the launches, host syncs, copies and top device
+    kernels torch.profiler counts. backend "kernels" runs every compiled kernel (star_topk, and corral_solve
+    where it has one on the device), "torch" their twins, "auto" what _ops picks. A row that raises (e.g.
+    "kernels" without a CUDA corral_solve) records its error and the others still run; rows that would start
+    after ``budget_seconds`` are listed as skipped."""
+    out, begin = [], time.perf_counter()
+    for n, d, method, backend, profile_below in rows:
+        if time.perf_counter() - begin > budget_seconds:
+            out.append({"n": n, "d": d, "method": method, "backend": backend,
+                        "skipped": f"the section's budget of {budget_seconds:.0f} s was spent"})
+            continue
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        try:
+            out.append(measure_ustar(device, n, d, method=method, backend=backend, count_below=profile_below))
+        except Exception:  # noqa: BLE001 - recorded; the next rows still measure
+            out.append({"n": n, "d": d, "method": method, "backend": backend,
+                        "error": traceback.format_exc()[-3000:]})
+            print(f"ustar {n}x{d} {method} {backend}: failed\n{out[-1]['error']}", file=sys.stderr, flush=True)
+    return {"rows": out, "targets": {"4096x128": "<= 15 ms, <= 300 launches, <= 10 host syncs",
+                                     "65536x256": "<= 3 s"}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests-timeout", type=float, default=600.0, help="seconds the CUDA tests may take")
     parser.add_argument("--scale-facts", type=int, default=2**18, help="F = |V| of the scale section's build")
     parser.add_argument("--scale-d", type=int, default=1024, help="d of the scale section")
+    parser.add_argument("--ustar-large", action=argparse.BooleanOptionalAction, default=True,
+                        help="the U* rows at 65,536 x 256 (auto, kernels, torch: ~40 s on an H200)")
+    parser.add_argument("--ustar-seconds", type=float, default=150.0,
+                        help="U* rows that would start past this many seconds into the section are skipped")
     args = parser.parse_args(argv)
     if args.only and not args.only <= set(SECTIONS):
         parser.error(f"--only takes sections of {','.join(SECTIONS)}, got {','.join(sorted(args.only))}")
@@ -276,8 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     d, num_facts = (32, 256) if args.quick else (128, 4096)
     section("construct", lambda: {
         "values_cholesky": bench_construct(device, [(d, num_facts, 64 if args.quick else 96)], per_gadget_max_f=0),
-        "default": bench_default_construct(device, d, num_facts)})
-    section("ustar", lambda: bench_ustar(device, args.quick))
+        "values": bench_build(device, d, num_facts, outputs="values"),
+        "default": bench_build(device, d, num_facts)})
+    ustar_rows = USTAR_QUICK_ROWS if args.quick else USTAR_ROWS + (USTAR_LARGE_ROWS if args.ustar_large else ())
+    section("ustar", lambda: bench_ustar(device, ustar_rows, args.ustar_seconds))
     section("scale", lambda: bench_scale(device, *((32, 1024, 2**12) if args.quick else
                                                    (args.scale_d, args.scale_facts, 2**20)), rate))
 

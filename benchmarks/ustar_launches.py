@@ -86,7 +86,21 @@ class PassCounter:
         _ops.star_topk = self._real
 
 
-def _profile_counts(prof) -> dict:
+def device_time_table(events, top: int = 15) -> dict:
+    """Where the device's time went, from a profile's events: the ``top`` device kernels (and copies, memsets)
+    by total device time, each with its calls, and the device's busy time and event count over all of them."""
+    on_device = [e for e in events if e.device_type != torch.autograd.DeviceType.CPU]
+    calls, micros = collections.Counter(), collections.Counter()
+    for e in on_device:
+        calls[e.name] += 1
+        micros[e.name] += e.time_range.elapsed_us()
+    return {"device_events": len(on_device), "device_busy_ms": sum(micros.values()) / 1e3,
+            "top_device_kernels": [{"name": name[:160], "calls": calls[name], "total_ms": round(us / 1e3, 4)}
+                                   for name, us in micros.most_common(top)]}
+
+
+def profile_counts(prof) -> dict:
+    """Operator, host-sync and (on a GPU) runtime-call counts of one profile, and where the device time went."""
     events = list(prof.events())
     aten = [e for e in events if e.name.startswith("aten::")]
     names = collections.Counter(e.name for e in aten)
@@ -101,20 +115,23 @@ def _profile_counts(prof) -> dict:
         "host_syncs_by_op": {name: names[name] for name in SYNC_OPS},
         "top_work_ops": dict(work.most_common(12)),
     }
-    runtime = collections.Counter(e.name for e in events if e.name.startswith(("cuda", "cu")))
+    runtime = collections.Counter(e.name for e in events if e.device_type == torch.autograd.DeviceType.CPU
+                                  and e.name.startswith(("cuda", "cu")))
     if runtime:
         out["cuda"] = {
             "kernel_launches": sum(c for name, c in runtime.items() if "LaunchKernel" in name or name == "cudaGraphLaunch"),
             "stream_syncs": sum(c for name, c in runtime.items() if "Synchronize" in name),
+            "stream_synchronize": runtime["cudaStreamSynchronize"],
             "memcpy": sum(c for name, c in runtime.items() if "Memcpy" in name),
             "device_kernels": sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA),
             "runtime_calls": dict(runtime.most_common(12)),
         }
+        out.update(device_time_table(events))
     return out
 
 
 @contextlib.contextmanager
-def _profiler(activities: list):
+def profiler(activities: list):
     """torch.profiler over one call. A second profile in the same process makes some torch releases (2.11 seen)
     warn that events of an earlier cycle are cleared; each profile here is one cycle, so nothing is lost, and the
     warning (an error under the test suite's filterwarnings) is silenced for this one message only."""
@@ -149,10 +166,10 @@ def measure(device: torch.device, n: int, d: int, *, method: str = "auto", count
     row["cpu_seconds_in_passes"] = cpu_seconds / row["pass_cpu_seconds"]
     if seconds < count_below:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        with _profiler(activities) as prof:
+        with profiler(activities) as prof:
             ustar.margin_optimal_outputs(values, method=method, backend=backend)
             _sync(device)
-        row.update(_profile_counts(prof))
+        row.update(profile_counts(prof))
         with HostReadCounter() as reads:
             ustar.margin_optimal_outputs(values, method=method, backend=backend)
         row["host_reads"] = reads.count
@@ -163,16 +180,17 @@ def measure(device: torch.device, n: int, d: int, *, method: str = "auto", count
                 begin = time.perf_counter()
                 ustar.margin_optimal_outputs(values, method=method, backend=backend)
                 seconds_sync_free = time.perf_counter() - begin
-                with _profiler(activities) as prof:
+                with profiler(activities) as prof:
                     ustar.margin_optimal_outputs(values, method=method, backend=backend)
                 with HostReadCounter() as reads:
                     ustar.margin_optimal_outputs(values, method=method, backend=backend)
             finally:
                 sync_free.discard(device.type)
-            row["sync_free_path"] = dict(_profile_counts(prof), seconds=seconds_sync_free, host_reads=reads.count)
+            row["sync_free_path"] = dict(profile_counts(prof), seconds=seconds_sync_free, host_reads=reads.count)
     if device.type == "cuda":
         row["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(device)
-    print(json.dumps({k: v for k, v in row.items() if k not in ("top_work_ops", "host_syncs_by_op", "sync_free_path")}),
+    print(json.dumps({k: v for k, v in row.items() if k not in ("top_work_ops", "host_syncs_by_op", "sync_free_path",
+                                                                 "top_device_kernels")}),
           flush=True)
     if "sync_free_path" in row:
         print("  sync-free path:", json.dumps({k: v for k, v in row["sync_free_path"].items() if k.startswith(("aten", "work", "host", "sec"))}), flush=True)

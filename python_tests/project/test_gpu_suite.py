@@ -52,7 +52,47 @@ def test_ustar_section_runs_on_the_cpu(tmp_path, monkeypatch):
     out = tmp_path / "suite.json"
     assert suite.main(["--out", str(out), "--device", "cpu", "--quick", "--skip-tests", "--only", "ustar"]) == 0
     rows = json.loads(out.read_text())["ustar"]["rows"]
-    assert [(r["n"], r["d"]) for r in rows] == [(512, 32), (1024, 64)]
+    assert [(r["n"], r["d"], r["method"], r["backend"]) for r in rows] == [
+        (512, 32, "auto", "auto"), (1024, 64, "auto", "auto"), (1024, 64, "active_set", "kernels")]
+    assert rows[2]["passes"] > 0 and rows[2]["pass_seconds"] > 0
     for row in rows:
         assert row["rho"] > 0 and row["work_ops"] > 0 and row["host_syncs"] > 0
         assert 0 < row["sync_free_path"]["host_syncs"] and row["sync_free_path"]["work_ops"] > 0
+
+
+def test_device_time_table_ranks_device_kernels_by_total_time(monkeypatch):
+    """The GPU breakdown of a profile: device events only, grouped by name, the longest total first."""
+    from types import SimpleNamespace
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    launches = importlib.import_module("ustar_launches")
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def event(name, device_type, micros):
+        return SimpleNamespace(name=name, device_type=device_type,
+                               time_range=SimpleNamespace(elapsed_us=lambda: micros))
+
+    events = [event("gemm", cuda, 300.0), event("cudaLaunchKernel", cpu, 5.0), event("topk", cuda, 50.0),
+              event("gemm", cuda, 200.0), event("Memcpy DtoH", cuda, 10.0), event("topk", cuda, 500.0)]
+    table = launches.device_time_table(events, top=2)
+    assert table["device_events"] == 5 and table["device_busy_ms"] == 1.06
+    assert table["top_device_kernels"] == [{"name": "topk", "calls": 2, "total_ms": 0.55},
+                                           {"name": "gemm", "calls": 2, "total_ms": 0.5}]
+
+
+def test_construct_section_profiles_both_builds_on_the_cpu(tmp_path, monkeypatch):
+    """The suite's construct section in its CPU smoke run: the values and default builds, each timed, with
+    its phases and one profiled call's counts (the GPU run adds launches, syncs and device kernels)."""
+    import json
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    suite = importlib.import_module("gpu_suite")
+    out = tmp_path / "suite.json"
+    assert suite.main(["--out", str(out), "--device", "cpu", "--quick", "--skip-tests", "--only", "construct"]) == 0
+    section = json.loads(out.read_text())["construct"]
+    assert section["values"]["outputs"] == "values" and section["default"]["outputs"] == "margin_optimal"
+    for build in (section["values"], section["default"]):
+        assert build["accuracy"] == 1.0 and build["seconds"] > 0 and build["limit_s"] > 0
+        assert build["profile"]["aten_ops"] > 0 and "total" in build["profile"]["phases_ms"]
+    # U* (the default build's outputs) runs ops the values build does not
+    assert section["default"]["profile"]["aten_ops"] > section["values"]["profile"]["aten_ops"]
