@@ -23,7 +23,7 @@ from .memory import check_fits, estimate_build
 from .mlp import FactMLP
 from .report import ConstructionReport, FactStorageError
 from .solvers import SOLVERS, pick_solver
-from .validation import check_choice, check_positive_int, validate_inputs
+from .validation import check_choice, check_positive_int, raise_input_problems, validate_inputs
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -97,8 +97,6 @@ def _check_options(m, solver, outputs, values, activation, width_multiplier, hid
         if outputs.shape != values.shape or outputs.dtype != values.dtype or outputs.device != values.device:
             raise ValueError(f"outputs given as a tensor must match V: shape {tuple(values.shape)}, {values.dtype}, "
                              f"{values.device}; got {tuple(outputs.shape)}, {outputs.dtype}, {outputs.device}")
-        if not torch.isfinite(outputs).all():
-            raise ValueError("outputs contains NaN or Inf")
     elif not isinstance(outputs, str) or outputs not in OUTPUTS:
         raise ValueError(f"outputs must be one of {OUTPUTS} or a (|V|, d_out) tensor of output embeddings, got {outputs!r}")
     _ops.check_activation(activation)
@@ -168,7 +166,9 @@ def construct(
     Returns:
         FactMLP with ``.report`` (a :class:`ConstructionReport`).
     """
-    facts = validate_inputs(K, V, f)
+    facts, problems = validate_inputs(K, V, f, deferred=True)  # read with the build's first read
+    if isinstance(outputs, torch.Tensor):
+        problems = torch.cat([problems, (~torch.isfinite(outputs).all() | (outputs == 0).all(1).any())[None]])
     _check_options(m, solver, outputs, V, activation, width_multiplier, hidden, whiten, verify, backend)
     check_positive_int("max_memory", max_memory, allow_none=True)
     num_facts, d_in = K.shape
@@ -181,9 +181,12 @@ def construct(
                   outputs, verify, hidden, max_memory, backend)
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
-    # From here to the report nothing is read back from the device (with an integer m and the dense
-    # solver): every phase queues its work, and the report reads its numbers in one transfer.
+    # From here to the report nothing is read back from the device (with an integer m, outputs other than U*
+    # and the dense solver): every phase queues its work, and the report reads its numbers (the input
+    # checks' among them) in one transfer.
     clock = _PhaseClock(device)
+    if isinstance(outputs, str) and outputs == "margin_optimal":  # U* reads V's margins: V must be sound first
+        problems = _settle_problems(problems, K, V, f)
 
     alpha = float(whiten)
     if alpha > 0:
@@ -193,14 +196,17 @@ def construct(
         keys, values, key_transform, value_transform = K, V, None, None
     clock.lap("whiten")
 
-    out_embed, rho = output_embeddings(values, outputs, backend=backend)
+    out_embed, rho = output_embeddings(values, outputs, backend=backend, checked=True)
     clock.lap("outputs")
 
     if isinstance(m, int):
         decoder, m_search = jl_decoder(out_embed, m, generator), "given"
-    else:  # the search is decided on the host: it reads rho and each trial's decode back
-        decoder, m_search = choose_m(m, out_embed, values, torch.unique(facts), check_decodable(float(rho), outputs),
-                                     generator, backend)
+    else:  # the search is decided on the host: it reads rho (with the input checks) and each trial's decode back
+        used = torch.zeros(V.shape[0], dtype=torch.bool, device=device).index_fill_(0, facts, True)
+        host = _read_scalars([rho, used.sum(), *problems], device)
+        problems = _settle_problems(host[2:], K, V, f)
+        used = torch.nonzero_static(used, size=int(host[1])).flatten()  # torch.unique(facts), its size read above
+        decoder, m_search = choose_m(m, out_embed, values, used, check_decodable(host[0], outputs), generator, backend)
     clock.lap("m_search")
     targets = decoder.codes[facts]  # (F, m)
 
@@ -231,10 +237,11 @@ def construct(
         return encoder, mlp, margins
 
     encoder, mlp, margins = build(deferred=chosen == "cholesky")
-    rho, accepted, residual, failed, min_margin = _read_back(rho, encoder.solve, margins, device)
+    rho, accepted, residual, failed, min_margin, problems = _read_back(rho, encoder.solve, margins, problems, device)
+    _settle_problems(problems, K, V, f)
     if not accepted:  # the float32 factorization failed or missed the residual: refine, or redo in float64
         encoder, mlp, margins = build(gate=(encoder.gate_weight, encoder.gate_bias))
-        _, _, residual, failed, min_margin = _read_back(torch.zeros(()), encoder.solve, margins, device)
+        _, _, residual, failed, min_margin, _ = _read_back(torch.zeros(()), encoder.solve, margins, [], device)
     encoder.solve.residual, encoder.solve.accepted = residual, None
     check_decodable(rho, outputs)
 
@@ -257,19 +264,36 @@ def construct(
     return mlp
 
 
-def _read_back(rho: torch.Tensor, solve, margins: Optional[torch.Tensor],
-               device: torch.device) -> tuple[float, bool, float, int, float]:
+def _read_scalars(scalars: list, device: torch.device) -> list:
+    """0-dim tensors (or numbers) read back in one transfer from ``device``, as float64 numbers."""
+    return torch.stack([torch.as_tensor(x).to(device=device, dtype=torch.float64) for x in scalars]).tolist()
+
+
+def _settle_problems(problems, K, V, f) -> list:
+    """Raise the first input problem (``problems``: the (k,) device flags of the input checks, or them read
+    back), naming its argument; returns [] (nothing left to read). Flag 4, when present, is given outputs
+    with a NaN/Inf entry or an all-zero row."""
+    flags = _read_scalars(list(problems), K.device) if isinstance(problems, torch.Tensor) else list(problems)
+    raise_input_problems(flags[:4], K, V, f)
+    if len(flags) > 4 and flags[4]:
+        raise ValueError("outputs contains NaN or Inf entries or an all-zero row (every output needs a direction)")
+    return []
+
+
+def _read_back(rho: torch.Tensor, solve, margins: Optional[torch.Tensor], problems,
+               device: torch.device) -> tuple[float, bool, float, int, float, list]:
     """The build's one read back from the device: (rho, whether the solve was accepted, its relative
-    residual, failed facts, min margin); the last two are 0 and nan without verification."""
+    residual, failed facts, min margin, the input checks' flags); failed and min margin are 0 and nan without
+    verification. problems: the input checks' device flags not read yet, or []."""
     accepted = solve.accepted if solve.accepted is not None else torch.ones((), dtype=torch.bool)
     scalars = [rho, accepted, solve.residual]
     if margins is not None:
         scalars += [(margins <= 0).sum(), margins.min()]
-    scalars = [torch.as_tensor(x).to(device=device, dtype=torch.float64) for x in scalars]
-    out = torch.stack(scalars).tolist()
+    out = _read_scalars(scalars + list(problems), device)
+    flags = out[len(scalars):]
     if margins is None:
-        out += [0, float("nan")]
-    return out[0], bool(out[1]), out[2], int(out[3]), out[4]
+        out[3:3] = [0, float("nan")]
+    return out[0], bool(out[1]), out[2], int(out[3]), out[4], flags
 
 
 def _failure_message(report: ConstructionReport, decoder_failed: int) -> str:

@@ -20,6 +20,7 @@ from .memory import VERIFY_CHUNK
 OUTPUTS = ("margin_optimal", "values")
 M_GROWTH = 1.25  # geometric growth of m while the decoder check fails
 SEARCH_SCREEN = 512  # used values an m is first checked on during the search
+SEARCH_BATCH = 4  # trials of m decoded per read back during the search
 
 
 @dataclass
@@ -57,8 +58,13 @@ def code_margins(codes: torch.Tensor, projection: torch.Tensor, values: torch.Te
 
 def decoder_failures(decoder: JLDecoder, values: torch.Tensor, used: torch.Tensor, backend: str = "auto") -> int:
     """How many of the values ``used`` (indices, (k,)) do not decode to themselves from D c_j."""
+    return int(failure_count(decoder, values, used, backend))
+
+
+def failure_count(decoder: JLDecoder, values: torch.Tensor, used: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """:func:`decoder_failures` as a 0-dim int64 tensor on the device, not read back."""
     margins = code_margins(decoder.codes[used], decoder.projection, values, used, backend=backend)
-    return int((~(margins > 0)).sum())
+    return (~(margins > 0)).sum()
 
 
 def jl_bound(rho: float, num_values: int, delta: float = 0.1) -> int:
@@ -75,13 +81,15 @@ def initial_m(rho: float, num_values: int) -> int:
     return max(1, math.ceil(math.log(max(num_values, 2)) / rho**2))
 
 
-def output_embeddings(values: torch.Tensor, outputs: Union[str, torch.Tensor], *,
-                      backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+def output_embeddings(values: torch.Tensor, outputs: Union[str, torch.Tensor], *, backend: str = "auto",
+                      checked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Output embeddings U (|V|, d) and their margin ρ (0-dim tensor on the values' device, not read
     back: :func:`check_decodable` reads it) for ``outputs`` = "margin_optimal" (U*), "values" (U = V)
-    or a given U. backend: for the streaming margin pass of given outputs ("auto" | "kernels" | "torch")."""
+    or a given U. backend: for the streaming margin pass of given outputs ("auto" | "kernels" | "torch").
+    checked: the caller has checked given outputs (:func:`geometry.output_margins`' checks read back)."""
     if isinstance(outputs, torch.Tensor):
-        out_embed, rho = outputs, geometry.output_margins(values, outputs, backend=backend).min()
+        margins = geometry.checked_output_margins if checked else geometry.output_margins
+        out_embed, rho = outputs, margins(values, outputs, backend=backend).min()
     elif outputs == "margin_optimal":
         out_embed, rho = ustar.margin_optimal_outputs(values, backend=backend)
         rho = torch.as_tensor(rho, dtype=torch.float64)
@@ -111,20 +119,37 @@ def choose_m(m: Union[int, str, None], outputs: torch.Tensor, values: torch.Tens
     if m == "bound":
         bound = jl_bound(rho, values.shape[0])
         return jl_decoder(outputs, bound, generator), "Thm B.5.3 bound (delta=0.1)"
-    tried = []
-    current = initial_m(rho, values.shape[0])
     # An m that fails on a sample of the used values fails on all of them: most rejected m cost a
     # |sample| x |V| decode instead of a |used| x |V| one (the m found is the same).
     screen = used[:: max(1, used.numel() // SEARCH_SCREEN)] if used.numel() > 2 * SEARCH_SCREEN else None
-    while True:
-        decoder = jl_decoder(outputs, current, generator)
-        tried.append(current)
-        if (screen is None or decoder_failures(decoder, values, screen, backend) == 0) and \
-                decoder_failures(decoder, values, used, backend) == 0:
-            return decoder, "auto: " + " -> ".join(map(str, tried))
-        if current >= 64 * values.shape[1]:
-            raise RuntimeError(f"no m up to {current} decodes every value; rho={rho:.3g} is too small")
-        current = max(current + 1, math.ceil(current * M_GROWTH))
+    limit = 64 * values.shape[1]
+    ladder = [initial_m(rho, values.shape[0])]
+    while ladder[-1] < limit:
+        ladder.append(max(ladder[-1] + 1, math.ceil(ladder[-1] * M_GROWTH)))
+    # SEARCH_BATCH trials per read back (one host round trip, not one per trial), drawn in the order of the
+    # sequential search; the generator is left where that search would leave it, so the build that follows
+    # draws the same gate.
+    for first in range(0, len(ladder), SEARCH_BATCH):
+        trials, states = [], []
+        for m_trial in ladder[first : first + SEARCH_BATCH]:
+            trials.append(jl_decoder(outputs, m_trial, generator))
+            states.append(generator.get_state())
+        passing = _first_passing(trials, values, used, screen, backend)
+        if passing is not None:
+            generator.set_state(states[passing])
+            return trials[passing], "auto: " + " -> ".join(map(str, ladder[: first + passing + 1]))
+    raise RuntimeError(f"no m up to {ladder[-1]} decodes every value; rho={rho:.3g} is too small")
+
+
+def _first_passing(trials: list, values: torch.Tensor, used: torch.Tensor, screen, backend: str):
+    """Index of the first decoder of ``trials`` under which every used value decodes, or None: the failures of
+    all trials on the screen sample (or on all used values when ``screen`` is None) in one read back, then the
+    full check of a trial that passed the sample, one read each."""
+    counts = torch.stack([failure_count(t, values, used if screen is None else screen, backend) for t in trials])
+    for index, failed in enumerate(counts.tolist()):
+        if failed == 0 and (screen is None or decoder_failures(trials[index], values, used, backend) == 0):
+            return index
+    return None
 
 
 def verify_margins(mlp: torch.nn.Module, keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor,

@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 PYTHON_READS = frozenset({"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "nonzero", "unique",
                           "unique_consecutive", "masked_select", "equal"})
 OPERATOR_READS = ("local_scalar_dense", "nonzero", "unique", "masked_select", "equal", "is_nonzero")
+NOT_READS = ("nonzero_static",)  # its output size is given: nothing waits
 
 
 def _is_mask_index(name: str, args: tuple) -> bool:
@@ -38,7 +39,8 @@ class _OperatorReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0].lstrip("_")
-        if self.counter._inside_python_read == 0 and name.startswith(OPERATOR_READS):
+        if (self.counter._inside_python_read == 0 and name.startswith(OPERATOR_READS)
+                and not name.startswith(NOT_READS)):
             self.counter.reads.append(f"aten::{name}")
         return func(*args, **(kwargs or {}))
 

@@ -59,12 +59,9 @@ def first_duplicate(t: torch.Tensor) -> Optional[tuple[int, int]]:
     tensor ops for 4,096 rows). Rows with equal keys are compared exactly; should two different
     rows ever share a key (probability ~n² 2⁻⁴², far below one in a million at n = 4,096), the rows
     are sorted lexicographically instead."""
-    n = t.shape[0]
-    if n < 2:
+    if t.shape[0] < 2:
         return None
-    keys = _row_keys(t)
-    order = torch.argsort(keys, stable=True)
-    same = keys[order[1:]] == keys[order[:-1]]  # (n - 1,) neighbours in key order
+    order, same = _key_neighbours(t)
     if not bool(same.any()):
         return None
     if not bool((t[order[1:][same]] == t[order[:-1][same]]).all()):
@@ -73,6 +70,22 @@ def first_duplicate(t: torch.Tensor) -> Optional[tuple[int, int]]:
     group = torch.empty_like(run)
     group[order] = run
     return _first_of_groups(group, torch.bincount(run))
+
+
+def _key_neighbours(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order (n,), same (n - 1,)): the rows of t (n >= 2, d) in the order of their keys, and whether each
+    row's key equals the next one's. Nothing is read back from the device."""
+    keys = _row_keys(t)
+    order = torch.argsort(keys, stable=True)
+    return order, keys[order[1:]] == keys[order[:-1]]
+
+
+def may_have_duplicates(t: torch.Tensor) -> torch.Tensor:
+    """0-dim bool on t's device, not read back: False when the rows of t (n, d) are distinct; True when two
+    rows share a key (equal rows, or with probability ~n² 2⁻⁴² a collision: :func:`first_duplicate` decides)."""
+    if t.shape[0] < 2:
+        return torch.zeros((), dtype=torch.bool, device=t.device)
+    return _key_neighbours(t)[1].any()
 
 
 # Bits of a coordinate in 16-bit chunks times weights below 2**21: every product is an integer below 2**37
@@ -116,8 +129,10 @@ def _first_of_groups(group: torch.Tensor, counts: torch.Tensor) -> tuple[int, in
     return first, second
 
 
-def check_facts(facts: object, num_keys: int, num_values: int, device: torch.device, name: str = "f") -> torch.Tensor:
-    """Check a fact map (num_keys,) of value indices in [0, num_values) on ``device``; return it as int64."""
+def check_facts(facts: object, num_keys: int, num_values: int, device: torch.device, name: str = "f", *,
+                check_range: bool = True) -> torch.Tensor:
+    """Check a fact map (num_keys,) of value indices in [0, num_values) on ``device``; return it as int64.
+    check_range: also check the indices (one read back from the device)."""
     if not isinstance(facts, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of value indices, got {type(facts).__name__}")
     if facts.dtype.is_floating_point or facts.dtype.is_complex or facts.dtype == torch.bool:
@@ -126,7 +141,7 @@ def check_facts(facts: object, num_keys: int, num_values: int, device: torch.dev
         raise ValueError(f"{name} must have shape ({num_keys},) (one value index per key), got {tuple(facts.shape)}")
     if facts.device != device:
         raise ValueError(f"{name} is on {facts.device} but K is on {device}; use one device")
-    if facts.numel() and (int(facts.min()) < 0 or int(facts.max()) >= num_values):
+    if check_range and facts.numel() and (int(facts.min()) < 0 or int(facts.max()) >= num_values):
         raise ValueError(f"{name} must index values in [0, {num_values}), "
                          f"got range [{int(facts.min())}, {int(facts.max())}]")
     return facts.to(torch.int64)
@@ -156,19 +171,50 @@ def _raise_duplicate(name: str, first: int, second: int) -> None:
     raise ValueError(f"{name} has duplicate rows {first} and {second}: keys must be distinct (generic)")
 
 
-def validate_inputs(keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor) -> torch.Tensor:
-    """Check K (F, d_in), V (|V|, d_out), f (F,) and return f as int64; raise naming the argument."""
-    check_matrix(keys, "K")
-    check_matrix(values, "V")
+def input_problems(keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor) -> torch.Tensor:
+    """(4,) bool on the device, nothing read back: whether K or V has a NaN/Inf entry, f has an index outside
+    [0, |V|), V may have equal rows, K may have equal rows (:func:`may_have_duplicates`). Shapes, dtypes and
+    devices are checked already (:func:`validate_inputs` with ``deferred=True``)."""
+    finite = torch.stack([torch.isfinite(keys).all(), torch.isfinite(values).all()]).all()
+    out_of_range = ((facts < 0) | (facts >= values.shape[0])).any()
+    return torch.stack([finite.logical_not(), out_of_range, may_have_duplicates(values), may_have_duplicates(keys)])
+
+
+def raise_input_problems(problems: Sequence[bool], keys: torch.Tensor, values: torch.Tensor,
+                         facts: torch.Tensor) -> None:
+    """Raise the error of the first of the :func:`input_problems` (read back: ``problems`` is on the host) by
+    the exact checks, which name the argument, the rows and the fix. A key collision with distinct rows raises
+    nothing."""
+    if any(problems):
+        check_matrix(keys, "K")
+        check_matrix(values, "V")
+        check_facts(facts, keys.shape[0], values.shape[0], keys.device)
+        check_distinct(values, "V")
+        check_distinct(keys, "K")
+
+
+def validate_inputs(keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor, *,
+                    deferred: bool = False) -> torch.Tensor:
+    """Check K (F, d_in), V (|V|, d_out), f (F,) and return f as int64; raise naming the argument.
+
+    The checks of the entries (finite, f in range, distinct rows) cost one read back from the device, or with
+    ``deferred`` none: then it returns (f with its indices clamped into [0, |V|), :func:`input_problems`), and
+    the caller reads the problems with its next read and passes them to :func:`raise_input_problems`. The
+    clamp keeps a GPU from a device-side assert on an index out of range (it would end the CUDA context)
+    before the read reports it."""
+    for name, x in (("K", keys), ("V", values)):
+        check_matrix(x, name, finite=False)
     if values.dtype != keys.dtype:
         raise TypeError(f"V has dtype {values.dtype} but K has {keys.dtype}; use one dtype")
     if values.device != keys.device:
         raise ValueError(f"V is on {values.device} but K is on {keys.device}; use one device")
-    facts = check_facts(facts, keys.shape[0], values.shape[0], keys.device)
-    check_distinct(values, "V")
-    check_distinct(keys, "K")
+    facts = check_facts(facts, keys.shape[0], values.shape[0], keys.device, check_range=False)
+    problems = input_problems(keys, values, facts)
+    if deferred:
+        return facts.clamp(0, values.shape[0] - 1), problems
+    raise_input_problems(problems.tolist(), keys, values, facts)
     return facts
 
 
 __all__ = ["check_positive_int", "check_choice", "check_matrix", "check_facts", "check_distinct", "check_distinct_added",
-           "first_duplicate", "validate_inputs"]
+           "first_duplicate", "may_have_duplicates", "input_problems", "raise_input_problems", "validate_inputs"]

@@ -211,28 +211,48 @@ def test_precomputed_outputs_build_the_same_mlp(small_facts):
         torch.testing.assert_close(param, dict(given.named_parameters())[name])
 
 
-def test_values_build_reads_nothing_back_before_its_report(monkeypatch):
-    """GPU-first: after the input checks, the values build with the dense solve queues every phase
-    without a host read (each would be a stream sync on a GPU) until the report's one transfer."""
+def test_values_build_reads_back_once_the_input_checks_included():
+    """GPU-first: the values build with a given m and the dense solve queues every phase, the input checks'
+    too, without a host read (each would be a stream sync on a GPU) until the report's one transfer; the m
+    search adds one read of rho (with the input checks) and one per batch of trials."""
     K, V, f = random_fact_set(300, 200, 24, seed=0)
-    module = importlib.import_module("factkernels.construct")
-    marks = {}
     with HostReadCounter() as counter:
-        clock, read_back = module._PhaseClock.__init__, module._read_back
-
-        def start(self, device):
-            marks["start"] = len(counter.reads)
-            clock(self, device)
-
-        def report(*args):
-            marks["report"] = len(counter.reads)
-            return read_back(*args)
-
-        monkeypatch.setattr(module._PhaseClock, "__init__", start)
-        monkeypatch.setattr(module, "_read_back", report)
         mlp = construct(K, V, f, m=64, outputs="values", solver="cholesky", progress=False)
-    assert mlp.report.failed == 0 and marks["start"] > 0  # the input checks do read back
-    assert counter.reads[marks["start"]:marks["report"]] == []
+    assert mlp.report.failed == 0 and counter.reads == ["tolist"]
+    decoder_module = importlib.import_module("factkernels.decoder")
+    K, V, f = random_fact_set(600, 600, 48, seed=0)  # the search tries 31 -> 39 -> 49
+    with HostReadCounter() as counter:
+        mlp = construct(K, V, f, outputs="values", solver="cholesky", progress=False)
+    trials = len(mlp.report.m_search.split("->"))
+    assert 2 <= trials <= decoder_module.SEARCH_BATCH and 2 * decoder_module.SEARCH_SCREEN >= 600  # 1 batch, unscreened
+    assert mlp.report.failed == 0 and counter.reads == ["tolist"] * 3
+
+
+@pytest.mark.parametrize("problem", ["nan_key", "inf_value", "fact_range", "negative_fact", "equal_values",
+                                     "equal_keys", "nan_outputs", "zero_output"])
+@pytest.mark.parametrize("m", [64, None])
+def test_input_problems_read_with_the_build_raise_the_checks_errors(problem, m):
+    K, V, f = random_fact_set(120, 80, 16, seed=1)
+    outputs = "values"
+    if problem == "nan_key":
+        K[7, 3] = float("nan")
+    elif problem == "inf_value":
+        V[5, 0] = float("inf")
+    elif problem in ("fact_range", "negative_fact"):
+        f[9] = 80 if problem == "fact_range" else -1
+    elif problem == "equal_values":
+        V[11] = V[3]
+    elif problem == "equal_keys":
+        K[40] = K[2]
+    else:
+        outputs = V.clone()
+        outputs[4] = float("nan") if problem == "nan_outputs" else 0.0
+    expected = {"nan_key": "K contains NaN", "inf_value": "V contains NaN", "fact_range": r"f must index values",
+                "negative_fact": r"f must index values", "equal_values": "V has duplicate rows 3 and 11",
+                "equal_keys": "K has duplicate rows 2 and 40", "nan_outputs": "outputs contains NaN",
+                "zero_output": "all-zero row"}[problem]
+    with pytest.raises(ValueError, match=expected):
+        construct(K, V, f, m=m, outputs=outputs, solver="cholesky", progress=False)
 
 
 def test_a_deferred_solve_that_misses_the_residual_is_redone_on_the_host(monkeypatch):
@@ -260,7 +280,7 @@ def test_the_m_search_screens_on_a_sample_and_finds_the_same_m(monkeypatch):
     decoder_module = importlib.import_module("factkernels.decoder")
     _, V, _ = random_fact_set(600, 600, 48, seed=0)  # the search tries 31 -> 39 -> 49
     out, rho = decoder_module.output_embeddings(V, "values")
-    failures = decoder_module.decoder_failures
+    failures = decoder_module.failure_count
     found = {}
     for screen in (10**9, 16):  # no screening (the sample would be everything), then a sample of ~16
         calls = []
@@ -270,7 +290,7 @@ def test_the_m_search_screens_on_a_sample_and_finds_the_same_m(monkeypatch):
             return failures(decoder, values, used, backend)
 
         monkeypatch.setattr(decoder_module, "SEARCH_SCREEN", screen)
-        monkeypatch.setattr(decoder_module, "decoder_failures", counted)
+        monkeypatch.setattr(decoder_module, "failure_count", counted)
         decoder, how = decoder_module.choose_m(None, out, V, torch.arange(600), float(rho),
                                                torch.Generator().manual_seed(0), "auto")
         found[screen] = (decoder.m, how, decoder.projection, calls)

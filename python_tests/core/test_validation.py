@@ -10,7 +10,9 @@ import torch
 import factkernels
 from factkernels import validation
 from factkernels.embeddings import random_fact_set
-from factkernels.validation import check_choice, check_matrix, check_positive_int, first_duplicate, validate_inputs
+from factkernels.host_reads import HostReadCounter
+from factkernels.validation import (check_choice, check_matrix, check_positive_int, first_duplicate, raise_input_problems,
+                                   validate_inputs)
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.0, True, "4", None])
@@ -117,3 +119,14 @@ def test_rows_sharing_a_key_fall_back_to_the_exact_sort(monkeypatch):
     assert first_duplicate(distinct) is None
     repeated = torch.cat([distinct, distinct[3:4]])
     assert first_duplicate(repeated) == _lexicographic(repeated) == (3, 5)
+
+
+def test_the_entry_checks_read_back_once_and_a_key_collision_alone_raises_nothing():
+    K, V, f = random_fact_set(200, 100, 12, seed=0)
+    with HostReadCounter() as counter:
+        validate_inputs(K, V, f)
+    assert counter.reads == ["tolist"]
+    facts, problems = validate_inputs(K, V, f, deferred=True)
+    assert problems.tolist() == [False] * 4 and torch.equal(facts, f)
+    # a flag raised by a key collision of distinct rows: the exact check decides, and finds nothing
+    raise_input_problems([False, False, True, True], K, V, f)
