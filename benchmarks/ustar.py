@@ -10,7 +10,11 @@ JSON are skipped, so an interrupted run resumes. Threads follow --threads (1 on 
   ustar              margin_optimal_outputs(V, method=...) for spherical V: seconds, rho, streaming
                      passes (calls of the fused star_topk kernel), peak extra memory; for the active set
                      also the time of one streaming pass and the total in units of it
-  construct_default  construct(K, V, f) with the defaults (U* outputs) at F = |V|
+  construct_default  construct(K, V, f) with the defaults (U* outputs) at F = |V|; for the builds also, from one
+                     more call each (ustar_launches.py's counts): aten_ops, work_ops, host_syncs
+                     (aten::_local_scalar_dense + aten::nonzero) and host_reads (every read of a tensor's value on
+                     the host: one host round trip each on a GPU), and the same for outputs="values" with m given
+                     (values_given_m: the build with nothing to search)
   values_vs_chol     construct(..., outputs="values") against the fastest single float32 Cholesky of an F x F Gram
                      on the machine: torch's (MKL) and LAPACK's potrf through scipy (OpenBLAS, in place), both
                      reported, the ratio against the faster (all warmed up, best of 3 taken in turn, wall and CPU
@@ -28,6 +32,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -103,10 +108,27 @@ def child(case: dict) -> dict:
         out["accuracy"] = result.report.accuracy
         out["rho"] = result.report.rho if hasattr(result.report, "rho") else None
         out["phases_s"] = {k: round(v, 4) for k, v in result.report.timings.items()}
+        out["counts"] = _build_counts(fn)
+        if kind == "values_vs_chol":
+            out["counts_values_given_m"] = _build_counts(
+                lambda: factkernels.construct(K, V, f, result.report.m, outputs="values", progress=False))
         if kind == "values_vs_chol":  # the single timed call above, against the fastest Cholesky
             out["ratio_to_cholesky"] = out["seconds"] / out["cholesky_fastest_s"]
             out["floor"] = _values_floor(result.report, out)
     return out
+
+
+def _build_counts(fn) -> dict:
+    """Operators, host syncs and host reads of one more call of ``fn`` (torch.profiler, HostReadCounter)."""
+    from ustar_launches import profile_counts, profiler
+
+    from factkernels.host_reads import HostReadCounter
+
+    with profiler([torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    with HostReadCounter() as reads:
+        fn()
+    return dict(profile_counts(prof), host_reads=reads.count, host_reads_by_kind=dict(Counter(reads.reads)))
 
 
 def _best_of(calls: dict) -> dict:
