@@ -66,7 +66,7 @@ def _memory_guard(num_facts: int, values: torch.Tensor, d_in: int, m: int, width
     shape = (num_facts, values.shape[0], d_in, values.shape[1])
     if solver == "auto":
         rest = estimate_build(*shape, solver="cg", **kwargs).total
-        solver = pick_solver(num_facts, values.device, other_bytes=rest, budget=max_memory)
+        solver = pick_solver(num_facts, values.device, dtype=values.dtype, other_bytes=rest, budget=max_memory)
     check_fits(estimate_build(*shape, solver=solver, **kwargs), values.device, max_memory)
     return solver
 

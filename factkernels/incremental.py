@@ -180,7 +180,7 @@ class FactBuilder:
         if solver == "auto":
             rest = estimate_build(num_facts, V.shape[0], d_in, V.shape[1], m=m, gadget_width=width, solver="cg",
                                   dtype=K.dtype, outputs=outputs).total
-            solver = pick_solver(num_facts, K.device, other_bytes=rest, budget=max_memory)
+            solver = pick_solver(num_facts, K.device, dtype=K.dtype, other_bytes=rest, budget=max_memory)
         self.solver, self.cg_tol, self.outputs = solver, cg_tol, outputs
         check_fits(self._estimate(num_facts, V.shape[0], d_in, V.shape[1], m, width, K.dtype), K.device, max_memory,
                    what="FactBuilder")

@@ -70,9 +70,10 @@ def available_memory(device: torch.device) -> int:
     return free if cgroup is None else min(free, cgroup)
 
 
-def dense_gram_bytes(num_facts: int) -> int:
-    """Peak of the Cholesky path: the F×F Gram, its factor and a float64 refinement/fallback copy."""
-    return 3 * num_facts * num_facts * 8
+def dense_gram_bytes(num_facts: int, dtype: torch.dtype = torch.float32) -> int:
+    """Peak of the Cholesky path in ``dtype``: in float32 the redo after a missed residual holds the F×F Gram
+    and its factor with their float64 copies (4 + 4 + 8 + 8 bytes an entry); in float64 the Gram and its factor."""
+    return (24 if dtype == torch.float32 else 16) * num_facts * num_facts
 
 
 @dataclass
@@ -148,7 +149,7 @@ def estimate_build(
     # gate (h̃, d_in), up (m·h̃, d_in + 1) and down (d_out, m·h̃), each built once more during assembly
     est.add("MLP weights", 2 * (gadget_width * (d_in + 1) + hidden * (d_in + 1) + d_out * (hidden + 1)) * item, "m")
     if solver == "cholesky":
-        est.add("dense Gram", dense_gram_bytes(num_facts), "solver")
+        est.add("dense Gram", dense_gram_bytes(num_facts, dtype), "solver")
     elif solver == "per_gadget":
         est.add("explicit gadget system", 2 * num_facts * (gadget_width * (d_in + 1) + 1) * 8, width_argument)
     if verify:

@@ -31,6 +31,9 @@ from .memory import available_memory, dense_gram_bytes
 SOLVERS = ("auto", "cholesky", "cg", "per_gadget")
 # Above this many facts the O(F³) Cholesky is slower than CG on a CPU even when the Gram fits.
 DENSE_MAX_FACTS = 16384
+# Share of the free memory the dense path's peak (dense_gram_bytes plus the rest of the build) may take:
+# room for the estimate's error (a model, accurate to a small factor) and the allocator's cached blocks.
+DENSE_MEMORY_SHARE = 0.5
 
 # Relative residual ||Gα − O|| / ||O|| above which a float32 solve is refined or
 # redone in float64.
@@ -291,15 +294,21 @@ def solve_cg(
     return alpha, SolveInfo("cg", str(targets.dtype).replace("torch.", ""), residual, it)
 
 
-def pick_solver(num_facts: int, device: torch.device, *, other_bytes: int = 0, budget: Optional[int] = None) -> str:
-    """``cholesky`` while the dense Gram (with its factor and a float64 copy) plus ``other_bytes``
-    (the rest of the build, :func:`factkernels.memory.estimate_build`) fits in half of ``budget``
-    (default: the free memory of ``device``) and, on a CPU, F <= DENSE_MAX_FACTS; else matrix-free
-    ``cg``. On a GPU the dense path is faster wherever it fits (F = 32,768 on an H100: Cholesky
-    0.51 s, cg 2.68 s); on a CPU the O(F³) factorization loses to cg above DENSE_MAX_FACTS."""
+def pick_solver(num_facts: int, device: torch.device, *, dtype: torch.dtype = torch.float32, other_bytes: int = 0,
+                budget: Optional[int] = None) -> str:
+    """``cholesky`` while the dense path's peak (:func:`factkernels.memory.dense_gram_bytes` in ``dtype``)
+    plus ``other_bytes`` (the rest of the build, :func:`factkernels.memory.estimate_build`) fits in
+    DENSE_MEMORY_SHARE of ``budget`` (default: the free memory of ``device``, on a GPU
+    ``torch.cuda.mem_get_info``) and, on a CPU, F <= DENSE_MAX_FACTS; else matrix-free ``cg``.
+
+    On a GPU the dense path is faster wherever it fits: at F = 32,768 on an H100 Cholesky 0.51 s, cg 2.68 s
+    (issue 33); the factorization grows as F³ and cg about as F² (iterations alike), which puts the
+    crossover near 5 x 32,768 facts, where the float32 Gram alone is ~100 GB: on today's GPUs memory
+    decides first, so no crossover in F is applied there (an 80 GB H100 keeps the dense path to
+    F ≈ 40,000). On a CPU the O(F³) factorization loses to cg above DENSE_MAX_FACTS."""
     budget = available_memory(device) if budget is None else budget
     dense_is_faster = device.type == "cuda" or num_facts <= DENSE_MAX_FACTS
-    if dense_is_faster and dense_gram_bytes(num_facts) + other_bytes <= budget // 2:
+    if dense_is_faster and dense_gram_bytes(num_facts, dtype) + other_bytes <= DENSE_MEMORY_SHARE * budget:
         return "cholesky"
     return "cg"
 

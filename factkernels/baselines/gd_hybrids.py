@@ -287,7 +287,7 @@ def encoder_decoder_batch(
         mlps = []
         for b, dec in enumerate(decoders):
             enc = build_shared_gate(K[b], dec.codes[facts[b]], width_multiplier=width_multiplier or BIN_WIDTH_MULTIPLIER,
-                                    activation="silu", solver=pick_solver(num_facts, K.device),
+                                    activation="silu", solver=pick_solver(num_facts, K.device, dtype=K.dtype),
                                     generator=torch.Generator().manual_seed(seeds[b]), progress=progress)
             mlps.append(assemble(enc, dec.projection, activation="silu"))
     else:

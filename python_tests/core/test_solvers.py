@@ -5,6 +5,7 @@ import torch
 
 from factkernels import _ops
 from factkernels.encoder import augment, build_per_gadget, sample_gate
+from factkernels.memory import dense_gram_bytes
 from factkernels.solvers import (DENSE_MAX_FACTS, GadgetOperator, _factor_solve, cholesky_factor, pick_solver, solve_cg,
                                 solve_cholesky, whitening)
 
@@ -103,6 +104,23 @@ def test_auto_solver_keeps_the_dense_path_on_a_gpu_while_it_fits():
     assert pick_solver(big, torch.device("cuda"), budget=1 << 40) == "cholesky"
     assert pick_solver(big, torch.device("cpu"), budget=1 << 40) == "cg"
     assert pick_solver(big, torch.device("cuda"), budget=1 << 30) == "cg"  # the Gram does not fit
+
+
+@pytest.mark.parametrize("free_gib, dtype, expected", [(79, torch.float32, "cholesky"), (40, torch.float32, "cg"),
+                                                       (40, torch.float64, "cholesky"), (20, torch.float64, "cg")])
+def test_auto_solver_on_a_gpu_reads_its_free_memory(monkeypatch, free_gib, dtype, expected):
+    """F = 32,768 on a GPU (no GPU needed: torch.cuda.mem_get_info is faked): the dense path's peak is 24 bytes a
+    Gram entry in float32 (the float64 redo), 16 in float64, and it must fit in half the free memory."""
+    calls = []
+
+    def mem_get_info(device=None):
+        calls.append(device)
+        return free_gib << 30, 80 << 30
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    assert pick_solver(32768, torch.device("cuda"), dtype=dtype) == expected and len(calls) == 1
+    assert dense_gram_bytes(32768, dtype) == (24 if dtype == torch.float32 else 16) * 32768**2
+    assert pick_solver(32768, torch.device("cpu"), dtype=dtype, budget=free_gib << 30) == "cg"  # F > DENSE_MAX_FACTS
 
 
 @pytest.fixture
