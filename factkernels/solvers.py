@@ -15,6 +15,7 @@ O(F (h̃ + d)) memory and no F×F matrix.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Callable, Optional
 
 import torch
 from scipy.linalg import lapack
+from threadpoolctl import ThreadpoolController
 
 from .progress import progress_bar
 
@@ -161,25 +163,39 @@ def relative_residual(op: GadgetOperator, alpha: torch.Tensor, targets: torch.Te
     return float(sums[0].sqrt() / sums[1].sqrt().clamp_min(1e-300))
 
 
+# Most torch threads at which a CPU Cholesky goes to LAPACK's potrf through scipy (OpenBLAS) instead of torch's.
+SCIPY_CHOLESKY_MAX_THREADS = 2
+
+
 def cholesky_factor(gram: torch.Tensor, *, overwrite: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(L, info) as ``torch.linalg.cholesky_ex``: the lower factor (F, F) of a symmetric positive definite
     ``gram`` (F, F), of which only the lower triangle is read, and a 0-dim int tensor, 0 when it factored.
 
-    On a CPU with one torch thread, LAPACK's potrf through scipy (OpenBLAS) on the row-major lower
-    triangle seen as a column-major upper one: no copy into column order and no pass zeroing the other
-    triangle, which torch makes. Float32, 1 thread, AMD EPYC: 1.6x faster at F = 4,096 (0.26 vs
-    0.43 CPU s) and 1.4-2.0x at F = 1,024-8,192 (benchmarks/results/ustar_cpu-s23-values.json); with
-    two threads on a shared core OpenBLAS's spinning threads lost to torch's, so torch keeps that case
-    and every GPU. OpenBLAS takes its thread count from OPENBLAS_NUM_THREADS or OMP_NUM_THREADS, not from
-    torch: set one to 1 with torch's. On the scipy path L's strict upper triangle is left as ``gram``'s
-    (unspecified): use L through lower-triangular solves only. overwrite: L may take ``gram``'s memory.
+    On a CPU with at most SCIPY_CHOLESKY_MAX_THREADS torch threads, LAPACK's potrf through scipy (OpenBLAS,
+    run with torch's thread count) on the row-major lower triangle seen as a column-major upper one: no copy
+    into column order and no pass zeroing the other triangle, which torch makes. Float32, AMD EPYC, F = 4,096:
+    one thread 0.26 vs 0.43 CPU s (1.4-2.0x at F = 1,024-8,192, benchmarks/results/ustar_cpu-s23-values.json);
+    two threads on a quiet machine 0.15 vs 0.24 s wall (ustar_cpu-s23-end-quiet.json). Two threads on a
+    loaded machine (load 5 on 2 cores) OpenBLAS's spinning threads lost badly, 1.9-7.0 vs 0.9-1.1 s
+    (ustar_cpu-s23-values-2threads.json): the rule does not guess the load (the factor's bits would depend
+    on it); on a loaded machine run one thread, where potrf wins either way. Above two threads (not measured
+    here) torch keeps the case, and every GPU. On the scipy path L's strict upper triangle is left as
+    ``gram``'s (unspecified): use L through lower-triangular solves only. overwrite: L may take ``gram``'s memory.
     """
-    if gram.device.type != "cpu" or torch.get_num_threads() != 1 or gram.requires_grad:
+    threads = torch.get_num_threads()
+    if gram.device.type != "cpu" or threads > SCIPY_CHOLESKY_MAX_THREADS or gram.requires_grad:
         return torch.linalg.cholesky_ex(gram)
     work = gram if overwrite else gram.clone()
     potrf = lapack.get_lapack_funcs("potrf", (work.numpy(),))
-    upper, info = potrf(work.numpy().T, lower=0, clean=0, overwrite_a=1)  # in place on a column-major view
+    with _blas_threads().limit(limits=threads, user_api="blas"):  # OpenBLAS reads its own count from the env
+        upper, info = potrf(work.numpy().T, lower=0, clean=0, overwrite_a=1)  # in place on a column-major view
     return torch.from_numpy(upper.T), torch.tensor(info, dtype=torch.int32)
+
+
+@functools.lru_cache(maxsize=1)
+def _blas_threads() -> ThreadpoolController:
+    """The BLAS libraries loaded in this process (scipy's OpenBLAS among them), found once (~ms)."""
+    return ThreadpoolController()
 
 
 def _factor_solve(factor: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from factkernels import _ops
+from factkernels import _ops, solvers
 from factkernels.encoder import augment, build_per_gadget, sample_gate
 from factkernels.memory import dense_gram_bytes
-from factkernels.solvers import (DENSE_MAX_FACTS, GadgetOperator, _factor_solve, cholesky_factor, pick_solver, solve_cg,
-                                solve_cholesky, whitening)
+from factkernels.solvers import (DENSE_MAX_FACTS, SCIPY_CHOLESKY_MAX_THREADS, GadgetOperator, _factor_solve, cholesky_factor,
+                                pick_solver, solve_cg, solve_cholesky, whitening)
 
 
 def _operator(num_facts=120, d=10, width=18, seed=0):
@@ -159,8 +159,30 @@ def test_scipy_factor_reports_a_failure_like_torch(torch_threads):
     assert int(info) == int(torch.linalg.cholesky_ex(gram)[1]) == 4
 
 
-def test_several_threads_factor_with_torch(torch_threads):
-    torch.set_num_threads(2)
+@pytest.mark.parametrize("threads", [1, SCIPY_CHOLESKY_MAX_THREADS])
+def test_scipys_openblas_factors_with_torchs_thread_count(threads, torch_threads, monkeypatch):
+    torch.set_num_threads(threads)
+    seen = []
+    funcs = solvers.lapack.get_lapack_funcs
+
+    def recorded(*args):
+        potrf = funcs(*args)
+
+        def run(*a, **k):
+            seen.extend(lib["num_threads"] for lib in solvers._blas_threads().info() if lib["internal_api"] == "openblas")
+            return potrf(*a, **k)
+
+        return run
+
+    monkeypatch.setattr(solvers.lapack, "get_lapack_funcs", recorded)
+    gram = _operator()[0].dense()
+    factor, info = cholesky_factor(gram)
+    assert int(info) == 0 and seen and set(seen) == {threads}
+    torch.testing.assert_close(factor.tril(), torch.linalg.cholesky_ex(gram)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_more_threads_factor_with_torch(torch_threads):
+    torch.set_num_threads(SCIPY_CHOLESKY_MAX_THREADS + 1)
     op, _ = _operator()
     gram = op.dense()
     factor, info = cholesky_factor(gram)
@@ -171,7 +193,7 @@ def test_the_deferred_solve_agrees_on_both_factorizations(torch_threads):
     op, gen = _operator(num_facts=300, d=12, width=40)
     targets = torch.randn(300, 6, generator=gen, dtype=torch.float64)
     solutions = []
-    for threads in (1, 2):  # scipy's potrf, then torch's
+    for threads in (1, SCIPY_CHOLESKY_MAX_THREADS + 1):  # scipy's potrf, then torch's
         torch.set_num_threads(threads)
         alpha, info = solve_cholesky(op, targets, deferred=True)
         assert bool(info.accepted)
