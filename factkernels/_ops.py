@@ -737,9 +737,100 @@ def max_head_scores(queries: torch.Tensor, keys: torch.Tensor, tau=None, *, deci
 STAR_CLOSE_REL = {torch.float32: 1e-3, torch.float64: 1e-6}
 
 
+# Working memory of one chunk of the star_topk twin: rows x |V| scores and their temporaries. Larger chunks mean
+# fewer launches and larger GEMMs; on a GPU at most a quarter of the free memory.
+STAR_TWIN_BYTES = {"cuda": 1 << 30, "cpu": 1 << 26}
+
+
+def _star_twin_chunk(n: int, r: int, values: torch.Tensor) -> int:
+    """Rows per chunk of the twin: three float (chunk, n) temporaries and a bool mask within the budget."""
+    budget = STAR_TWIN_BYTES.get(values.device.type, STAR_TWIN_BYTES["cpu"])
+    if values.device.type == "cuda":
+        budget = min(budget, torch.cuda.mem_get_info(values.device)[0] // 4)
+    return max(1, min(max(r, 1), budget // max(1, n * (3 * values.element_size() + 1))))
+
+
+def _star_scores_rows(values: torch.Tensor, sq: torch.Tensor, s: torch.Tensor, p: Optional[torch.Tensor],
+                      close: float, bound: Optional[int]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Star scores of outputs ``p`` (c, d) (None: p = w_s) at values ``s`` (c,) against every value: (c, n),
+    +inf at j = s. Pairs closer than ``close`` take the explicit difference; with ``bound`` at most that many
+    close pairs are found without a host sync (``torch.nonzero_static``), and the second result (a device bool)
+    says whether there were more (the scores are then wrong where the rest are)."""
+    ws = values[s]
+    sqs = sq[s, None]
+    if p is None:  # <w_s, w_s - w_j> shares the one product with the distances
+        gram = ws @ values.T
+        g = sqs - gram
+    else:
+        both = torch.cat([ws, p]) @ values.T  # one GEMM for the distances' and the numerators' products
+        gram, g = both[: s.numel()], both[s.numel():]
+        g = (p * ws).sum(dim=1, keepdim=True) - g
+    base = sqs + sq[None, :]
+    d2 = gram.mul_(-2.0).add_(base)
+    is_close = d2 <= base.mul_(close)
+    g.div_(d2.clamp_min_(0.0).sqrt_())
+    if bound is None:
+        ci, cj = is_close.nonzero(as_tuple=True)
+        overflow = None
+    else:
+        # unused slots (-1) point at the first row's own column, which is set to +inf below anyway
+        ci, cj = torch.nonzero_static(is_close, size=bound, fill_value=-1).unbind(1)
+        unused = ci < 0
+        ci, cj = ci.masked_fill(unused, 0), torch.where(unused, s[0], cj)
+        overflow = is_close.sum() > bound
+    pp = ws if p is None else p
+    diff = ws[ci] - values[cj]
+    nrm = diff.norm(dim=1)
+    g[ci, cj] = torch.where(nrm > 0, (pp[ci] * diff).sum(dim=1) / nrm.clamp_min(1e-300), 0.0)
+    g[torch.arange(s.numel(), device=s.device), s] = math.inf
+    return g, overflow
+
+
+def _star_topk_twin(values: torch.Tensor, sq: torch.Tensor, k: int, outputs: Optional[torch.Tensor],
+                    rows: torch.Tensor, chunk: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """star_topk in torch: per chunk of rows the scores by GEMMs, then ``torch.topk(k + 1)`` instead of sorting
+    whole rows. The k+1-th tells whether the k smallest are one set: where it equals the k-th (a tie across the
+    boundary, where the lowest indices must win) or a chunk had more close pairs than its bound, those rows are
+    redone at the end with the whole stable sort. Within the k the pairs are ordered by (score, index). One host
+    sync per call (which rows to redo), however many chunks."""
+    r, n = rows.shape[0], values.shape[0]
+    close = STAR_CLOSE_REL.get(values.dtype, 1e-6)
+    scores = torch.full((r, k), math.inf, dtype=values.dtype, device=values.device)
+    index = torch.full((r, k), -1, dtype=torch.int64, device=values.device)
+    kk = min(k, n)
+    step = chunk or _star_twin_chunk(n, r, values)
+    whole_rows = kk + 1 > n  # k >= n: nothing to select, sort the rows
+    redo = torch.zeros(r, dtype=torch.bool, device=values.device)
+    for lo in range(0, r, step):
+        s = rows[lo : lo + step]
+        p = None if outputs is None else outputs[lo : lo + step]
+        g, overflow = _star_scores_rows(values, sq, s, p, close, None if whole_rows else 2 * s.numel() + 64)
+        if whole_rows:
+            top, at = torch.sort(g, dim=1, stable=True)
+            top, at = top[:, :kk], at[:, :kk]
+        else:
+            top, at = torch.topk(g, kk + 1, dim=1, largest=False, sorted=False)
+            at, by_index = at.sort(dim=1)  # then a stable sort by score: ties lowest index first
+            top, by_score = top.gather(1, by_index).sort(dim=1, stable=True)
+            at = at.gather(1, by_score)
+            after, top, at = top[:, kk], top[:, :kk], at[:, :kk]
+            # ties at +-inf need no redo: their indices are all reported as -1
+            redo[lo : lo + step] = (~(after > top[:, -1]) & ~torch.isinf(top[:, -1])) | overflow
+        scores[lo : lo + step, :kk] = top
+        index[lo : lo + step, :kk] = torch.where(torch.isinf(top), -1, at)
+    again = redo.nonzero().squeeze(1)
+    for lo in range(0, again.numel(), step):
+        i = again[lo : lo + step]
+        g, _ = _star_scores_rows(values, sq, rows[i], None if outputs is None else outputs[i], close, None)
+        top, at = torch.sort(g, dim=1, stable=True)
+        scores[i, :kk] = top[:, :kk]
+        index[i, :kk] = torch.where(torch.isinf(top[:, :kk]), -1, at[:, :kk])
+    return scores, index
+
+
 def star_topk(
     values: torch.Tensor, k: int, outputs: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None,
-    *, backend: str = "auto", chunk: int = 1024,
+    *, backend: str = "auto", chunk: Optional[int] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` smallest star scores of every output over all values, never the r×|V| matrix.
 
@@ -749,7 +840,8 @@ def star_topk(
     first on ties); identical values score 0; +inf and −1 past the n − 1 others. Distances come from
     ‖w_s‖² + ‖w_j‖² − 2<w_s, w_j> except for pairs closer than ``STAR_CLOSE_REL`` (explicit
     differences). These are the constraints of the margin-optimal outputs (seed 000, Def. 3.2.1)
-    and the per-value margins of given outputs. The torch twin streams over rows in chunks of ``chunk``.
+    and the per-value margins of given outputs. The torch twin streams over rows in chunks of ``chunk`` (default:
+    as many as ``STAR_TWIN_BYTES`` of scores hold), see :func:`_star_topk_twin`.
     """
     _matrix("values", values)
     n, d = values.shape
@@ -762,35 +854,17 @@ def star_topk(
             raise TypeError("rows must be a 1-D int64 tensor of value indices")
         if rows.device != values.device:
             raise ValueError(f"rows is on {rows.device} but values is on {values.device}")
-        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n):
-            raise ValueError(f"rows must lie in [0, {n}) (indices of values)")
+        if rows.numel():
+            low, high = torch.stack(torch.aminmax(rows)).tolist()  # one read back from the device
+            if low < 0 or high >= n:
+                raise ValueError(f"rows must lie in [0, {n}) (indices of values)")
     if outputs is not None:
         _matrix("outputs", outputs, rows=rows.shape[0], cols=d)
         _same("values", values, outputs=outputs)
     r = rows.shape[0]
     sq = (values * values).sum(dim=1)
     if not _use_kernel(backend, "star_topk", values, outputs):
-        close = STAR_CLOSE_REL.get(values.dtype, 1e-6)
-        scores = torch.full((r, k), math.inf, dtype=values.dtype, device=values.device)
-        index = torch.full((r, k), -1, dtype=torch.int64, device=values.device)
-        kk = min(k, n)
-        for lo in range(0, r, chunk):
-            s = rows[lo : lo + chunk]
-            ws = values[s]
-            p = ws if outputs is None else outputs[lo : lo + chunk]
-            sqs = sq[s, None]
-            d2 = sqs + sq[None, :] - 2.0 * (ws @ values.T)
-            num = (p * ws).sum(dim=1, keepdim=True) - p @ values.T
-            g = num / d2.clamp_min(0.0).sqrt()
-            ci, cj = (d2 <= close * (sqs + sq[None, :])).nonzero(as_tuple=True)
-            diff = ws[ci] - values[cj]
-            nrm = diff.norm(dim=1)
-            g[ci, cj] = torch.where(nrm > 0, (p[ci] * diff).sum(dim=1) / nrm.clamp_min(1e-300), 0.0)
-            g[torch.arange(s.numel(), device=s.device), s] = math.inf
-            g, order = torch.sort(g, dim=1, stable=True)
-            scores[lo : lo + chunk, :kk] = g[:, :kk]
-            index[lo : lo + chunk, :kk] = torch.where(torch.isinf(g[:, :kk]), -1, order[:, :kk])
-        return scores, index
+        return _star_topk_twin(values, sq, k, outputs, rows, chunk)
     values, outputs, rows = _rowmajor(values), _rowmajor(outputs), rows.contiguous()
     scores = torch.empty(r, k, dtype=values.dtype, device=values.device)
     index = torch.empty(r, k, dtype=torch.int64, device=values.device)

@@ -74,6 +74,63 @@ def test_star_topk_twin_streams_in_chunks_and_defines_scores():
     assert torch.allclose(full[0], g.sort(dim=1).values[:, :39], atol=1e-12)
 
 
+def _tied_scores(W, P, rows, k):
+    """The definition on small-integer values (every score an exact float, so equal pairs tie exactly): scores of
+    every pair from explicit differences, the k smallest per row by a stable sort (ties: lowest index first)."""
+    diff = W[rows][:, None, :] - W[None, :, :]
+    nrm = diff.norm(dim=2)
+    g = torch.where(nrm > 0, (P[:, None, :] * diff).sum(2) / nrm.clamp_min(1e-300), torch.zeros_like(nrm))
+    g[torch.arange(rows.numel()), rows] = float("inf")
+    top, at = g.sort(dim=1, stable=True)
+    kk = min(k, W.shape[0])
+    scores = torch.full((rows.numel(), k), float("inf"), dtype=W.dtype)
+    index = torch.full((rows.numel(), k), -1, dtype=torch.int64)
+    scores[:, :kk], index[:, :kk] = top[:, :kk], torch.where(torch.isinf(top[:, :kk]), -1, at[:, :kk])
+    return scores, index
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 70), d=st.integers(1, 4), k=st.integers(1, 80), r=st.integers(0, 50),
+       own_outputs=st.booleans(), chunk=st.sampled_from([None, 1, 5]), seed=st.integers(0, 2**16))
+def test_star_topk_twin_ties_take_the_lowest_index(n, d, k, r, own_outputs, chunk, seed):
+    """Values in {-1, 0, 1}^d: many identical values and equal scores, so the k-th and k+1-th scores often tie
+    (the twin's top-k then redoes those rows by a stable sort); within the k, equal scores come lowest index first."""
+    gen = torch.Generator().manual_seed(seed)
+    W = torch.randint(-1, 2, (n, d), generator=gen).double()
+    rows = torch.randint(n, (r,), generator=gen) if r else None
+    rr = torch.arange(n) if rows is None else rows
+    P = None if own_outputs else torch.randint(-2, 3, (rr.numel(), d), generator=gen).double()
+    scores, index = _ops.star_topk(W, k, P, rows, backend="torch", chunk=chunk)
+    ref_scores, ref_index = _tied_scores(W, W[rr] if P is None else P, rr, k)
+    assert torch.equal(scores, ref_scores) and torch.equal(index, ref_index)
+
+
+def test_star_topk_twin_redoes_chunks_with_many_close_pairs():
+    """100 copies of one value: each row of a chunk has ~100 close pairs, past the twin's bound on close pairs
+    found without a host sync, so the chunk is redone exactly (the copies score 0, lowest index first)."""
+    gen = torch.Generator().manual_seed(0)
+    W = torch.cat([torch.ones(100, 6), torch.randint(-1, 2, (40, 6), generator=gen)]).double()
+    for chunk in (None, 4):
+        scores, index = _ops.star_topk(W, 120, backend="torch", chunk=chunk)
+        ref_scores, ref_index = _tied_scores(W, W, torch.arange(140), 120)
+        assert torch.equal(index, ref_index) and torch.equal(scores, ref_scores)
+        assert torch.equal(index[0, :99], torch.arange(1, 100)) and (scores[:100, :99] == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(2, 200), d=st.integers(1, 4), k=st.integers(1, 60), own_outputs=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_star_topk_kernel_and_twin_agree_on_exact_ties(device, n, d, k, own_outputs, seed):
+    """On small-integer values both compute every score exactly, so ties are exact and the indices must agree."""
+    gen = torch.Generator().manual_seed(seed)
+    W = torch.randint(-1, 2, (n, d), generator=gen).double().to(device)
+    P = None if own_outputs else torch.randint(-2, 3, (n, d), generator=gen).double().to(device)
+    kernel = _ops.star_topk(W, k, P, backend="kernels")
+    twin = _ops.star_topk(W, k, P, backend="torch")
+    assert torch.equal(kernel[0], twin[0]) and torch.equal(kernel[1], twin[1])
+
+
 def test_star_topk_rejects_bad_input():
     W = torch.randn(5, 3)
     with pytest.raises(ValueError, match="k must"):
