@@ -39,8 +39,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import _ops
-from .decoder import (OUTPUTS, JLDecoder, M_GROWTH, check_decodable, code_margins, decoder_failures, jl_decoder,
-                      output_embeddings)
+from .decoder import OUTPUTS, JLDecoder, check_decodable, code_margins, output_embeddings, search_m
 from .encoder import GatedEncoder, assemble, augment, encoder_codes, gadget_width, sample_gate
 from .memory import check_fits, estimate_build
 from .mlp import FactMLP
@@ -325,13 +324,7 @@ class FactBuilder:
         self._out_embed, rho = output_embeddings(self._values, self.outputs)
         self.rho = check_decodable(float(rho), self.outputs)
         used = torch.arange(self._values.shape[0], device=self._values.device)
-        tried = [m]
-        while True:
-            decoder = jl_decoder(self._out_embed, m, self._generator)
-            if decoder_failures(decoder, self._values, used, self.backend) == 0 or m >= 64 * self._values.shape[1]:
-                break
-            m = max(m + 1, int(m * M_GROWTH + 0.999))
-            tried.append(m)
+        decoder, tried, _ = search_m(m, self._out_embed, self._values, used, self._generator, self.backend)
         self._decoder: JLDecoder = decoder
         self._m_search = "given" if len(tried) == 1 else "grown: " + " -> ".join(map(str, tried))
 
