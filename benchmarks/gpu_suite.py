@@ -8,7 +8,9 @@
 What it runs (all on --device, default cuda):
   tests      pytest -m cuda in a subprocess; its summary line, exit status and the end of its output
   kernels    every compiled kernel against its torch twin (bench.py's races; on CUDA they include
-             decode of 65,536 x 65,536 at d = 256) and the fused max-over-heads scores
+             decode of 65,536 x 65,536 at d = 256) and the fused max-over-heads scores; then star_topk at U*'s
+             pass widths (STAR_TOPK_RACES: 4,096 and 16,384 x 128, 65,536 x 256 on a quarter of the rows) with
+             the share of indices kernel and twin agree on
   construct  d = 128, F = |V| = 4,096: outputs="values" with the Cholesky solve (bench.py's race), then
              outputs="values" and the default construct (margin-optimal outputs) with their own defaults, each
              beside one Cholesky of 4,096, with its phases and one profiled call: launches, stream syncs,
@@ -50,8 +52,8 @@ import factkernels
 from factkernels import _ops
 from factkernels.embeddings import random_fact_set
 
-from bench import (bench_attention, bench_construct, bench_kernels, cholesky_seconds, device_info, gemm_rate, sync,
-                   timeit)
+from bench import (bench_attention, bench_construct, bench_kernels, cholesky_seconds, device_info, gemm_rate, race,
+                   sync, timeit)
 from gd_batch import race as race_gd_searches
 from gd_batch import step_costs as gd_step_costs
 from gd_batch import loss_kernel_race as gd_loss_kernel_race
@@ -142,6 +144,35 @@ def bench_build(device: torch.device, d: int, num_facts: int, **options) -> dict
     for kernel in row["profile"].get("top_device_kernels", []):
         print(f"  {kernel['total_ms']:9.3f} ms {kernel['calls']:6d}x  {kernel['name'][:100]}", flush=True)
     return row
+
+
+# star_topk races at U*'s pass widths: (|V|, d, k, rows scored). 65,536 x 256 scores a quarter of the rows against
+# all values (a whole pass of the kernel took 1.1 s on an H200: six timed calls of each k would take 15 s).
+STAR_TOPK_RACES = ((4096, 128, 96, 4096), (4096, 128, 192, 4096), (16384, 128, 96, 16384),
+                   (65536, 256, 192, 16384), (65536, 256, 384, 16384))
+STAR_TOPK_QUICK_RACES = ((512, 32, 24, 512), (1024, 32, 48, 256))
+
+
+def bench_star_topk(device: torch.device, races, rate: float) -> list[dict]:
+    """star_topk's kernel against its twin (GEMMs, then torch.topk) as U*'s streaming pass runs it: unit values,
+    given outputs (two products: 4 r |V| d FLOPs, the GEMM-rate limit), ``rows`` of them scored against all.
+    Each row also says how far the two agree: the share of equal indices and the largest score difference."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for nv, d, k, r in races:
+        v = torch.nn.functional.normalize(torch.randn(nv, d, generator=gen), dim=1).to(device)
+        p = torch.nn.functional.normalize(torch.randn(r, d, generator=gen), dim=1).to(device)
+        rows = torch.arange(r, device=device)
+        row = race("star_topk", {"nv": nv, "d": d, "k": k, "rows": r}, device,
+                   lambda: _ops.star_topk(v, k, p, rows, backend="kernels"),
+                   lambda: _ops.star_topk(v, k, p, rows, backend="torch"), flops=4 * r * nv * d, rate=rate)
+        (kv, ki), (tv, ti) = (_ops.star_topk(v, k, p, rows, backend=b) for b in ("kernels", "torch"))
+        row.update(index_agreement=(ki == ti).double().mean().item(),
+                   max_score_difference=(kv - tv).abs().max().item(), full_pass_rows=nv,
+                   auto_runs_kernel=_ops.auto_runs_kernel("star_topk", device.type))
+        out.append(row)
+        del v, p, rows, kv, ki, tv, ti
+    return out
 
 
 def bench_scale(device: torch.device, d: int, num_facts: int, refuse_facts: int, rate: float) -> dict:
@@ -337,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         section("tests", lambda: run_cuda_tests(args.tests_timeout))
     rate = gemm_rate(device)
     report["gemm_float32_flops_per_s"] = rate
-    section("kernels", lambda: bench_kernels(device, args.quick, rate))
+    section("kernels", lambda: bench_kernels(device, args.quick, rate) + bench_star_topk(
+        device, STAR_TOPK_QUICK_RACES if args.quick else STAR_TOPK_RACES, rate))
     section("attention", lambda: bench_attention(device, args.quick, rate))
     d, num_facts = (32, 256) if args.quick else (128, 4096)
     section("construct", lambda: {

@@ -202,7 +202,8 @@ def _indices(name: str, t: torch.Tensor, ref: torch.Tensor, size: int, what: str
 # they run their twins (decode's twin streams in chunks, so it never holds n x |V| scores either). Their CPU
 # kernels stay (1.5-4.3x their twins). gate_features (0.73-1.02x / 1.13-1.14x) won on one GPU only and runs
 # its twin under "auto". CUDA "auto" runs the three that won (hadamard_gram 1.10-1.13x / 1.16-1.29x,
-# softmax_cross_entropy 1.83x / 2.08x, star_topk on the H100: 3.70-3.93x, its twin sorts whole rows of scores)
+# softmax_cross_entropy 1.83x / 2.08x, star_topk on the H100: 3.70-3.93x against a twin that sorted whole rows of
+# scores; the twin now selects with torch.topk, and gpu_suite's kernels section races the two at U*'s pass widths)
 # and max_head_scores (0.50-0.87x / 0.55-0.99x, but h times less memory than the twin's per-head scores).
 # backend="kernels" runs every compiled kernel on its devices.
 # corral_minor and corral_solve (U*'s per-row minimum-norm-point steps and whole solves) have no CUDA kernel: on a

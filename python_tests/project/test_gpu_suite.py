@@ -96,3 +96,15 @@ def test_construct_section_profiles_both_builds_on_the_cpu(tmp_path, monkeypatch
         assert build["profile"]["aten_ops"] > 0 and "total" in build["profile"]["phases_ms"]
     # U* (the default build's outputs) runs ops the values build does not
     assert section["default"]["profile"]["aten_ops"] > section["values"]["profile"]["aten_ops"]
+
+
+def test_star_topk_race_times_both_and_checks_they_agree(monkeypatch):
+    """The kernels section's star_topk rows (U*'s pass widths on a GPU), here tiny on the CPU: both timed
+    beside the GEMM-rate limit, and the kernel's and the twin's lists compared."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    suite = importlib.import_module("gpu_suite")
+    rows = suite.bench_star_topk(torch.device("cpu"), ((300, 16, 20, 300), (400, 8, 40, 50)), rate=1e10)
+    assert [(r["nv"], r["k"], r["rows"]) for r in rows] == [(300, 20, 300), (400, 40, 50)]
+    for row in rows:
+        assert row["kernel_ms"] > 0 and row["torch_ms"] > 0 and row["limit_ms"] == pytest.approx(4 * row["rows"] * row["nv"] * row["d"] / 1e7)
+        assert row["index_agreement"] > 0.99 and row["max_score_difference"] < 1e-4
