@@ -131,6 +131,20 @@ def test_star_topk_kernel_and_twin_agree_on_exact_ties(device, n, d, k, own_outp
     assert torch.equal(kernel[0], twin[0]) and torch.equal(kernel[1], twin[1])
 
 
+def test_star_topk_twin_chunks_fit_its_memory_budget(monkeypatch):
+    """Rows per chunk: three float (rows, |V|) temporaries and a mask within STAR_TWIN_BYTES, on a GPU within a
+    quarter of its free memory too (here a stand-in GPU with 2 GiB free)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 << 30, 80 << 30))
+    gpu = SimpleNamespace(device=torch.device("cuda", 0), element_size=lambda: 4)
+    assert _ops._star_twin_chunk(65536, 65536, gpu) == (512 << 20) // (65536 * 13)
+    cpu = torch.zeros(1, dtype=torch.float64)
+    assert _ops._star_twin_chunk(4096, 100, cpu) == 100  # every row fits
+    assert _ops._star_twin_chunk(4096, 10**6, cpu) == _ops.STAR_TWIN_BYTES["cpu"] // (4096 * 25)
+    assert _ops._star_twin_chunk(10**9, 5, cpu) == 1
+
+
 def test_star_topk_rejects_bad_input():
     W = torch.randn(5, 3)
     with pytest.raises(ValueError, match="k must"):
