@@ -7,13 +7,14 @@
 # JSON keeps every section that finished before it. SUITE_ARGS go to gpu_suite.py (e.g. --only tests,kernels).
 # First run (H200, 2026-11-26): build 19 s, CUDA tests 37 s, the whole suite 374 s (gd_batch 217 s of it).
 # Second (H100, 2026-11-26, --only tests,kernels,attention): 34 CUDA tests in 40 s, done 74 s after the build began.
-# Section times to expect on an H100 (session 24's estimates from the H200's 2026-11-26 run and the rows added since):
+# Section times to expect on an H100 (session 24's estimates from the H200's 2026-11-26 runs and the rows added since):
 #   tests ~45 s (40-52 s before) | kernels ~20 s (6 s, plus the star_topk races up to 65,536 x 256) | attention 2 s
 #   construct ~10 s (3 s, plus the profiled values and default builds) | scale ~110 s (106 s on the H200)
-#   ustar ~90 s, at most ~--ustar-seconds (150) + one row: 4,096 x 128 rows ~4 s each (5), 16,384 x 128 active_set
-#   and dense ~10-20 s each, 65,536 x 256 auto / kernels / torch ~12 / ? / ~25 s (--no-ustar-large drops them:
-#   ustar ~40 s)
-# so tests,construct,ustar,scale ~255 s, plus the build (~20 s) and the GEMM rate (~2 s).
+#   ustar ~70 s, at most --ustar-seconds (150) plus one row: five 4,096 x 128 rows ~5 s each (profiled), 16,384 x 128
+#   active_set and dense ~5 s each, 65,536 x 256 auto / kernels / torch ~13 / ? / ~10 s (--no-ustar-large drops
+#   them: ustar ~35 s)
+# so tests,kernels,construct,ustar ~150 s and with scale ~260 s, plus the build (~20 s) and the GEMM rate (~2 s).
+# Keep --tests-timeout (SUITE_ARGS, the last one wins) well under SUITE_SECONDS: a hung test must not eat the call.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 OUT="${OUT:?set OUT to the folder for the logs and the JSON}"
