@@ -156,16 +156,18 @@ STAR_TOPK_QUICK_RACES = ((512, 32, 24, 512), (1024, 32, 48, 256))
 def bench_star_topk(device: torch.device, races, rate: float) -> list[dict]:
     """star_topk's kernel against its twin (GEMMs, then torch.topk) as U*'s streaming pass runs it: unit values,
     given outputs (two products: 4 r |V| d FLOPs, the GEMM-rate limit), ``rows`` of them scored against all.
-    Each row also says how far the two agree: the share of equal indices and the largest score difference."""
+    Each row also says how far the two agree (the share of equal indices, the largest score difference) and has
+    one profiled call of the twin (:func:`profile_call`)."""
     gen = torch.Generator().manual_seed(0)
     out = []
     for nv, d, k, r in races:
         v = torch.nn.functional.normalize(torch.randn(nv, d, generator=gen), dim=1).to(device)
         p = torch.nn.functional.normalize(torch.randn(r, d, generator=gen), dim=1).to(device)
         rows = torch.arange(r, device=device)
+        twin = lambda: _ops.star_topk(v, k, p, rows, backend="torch")  # noqa: E731
         row = race("star_topk", {"nv": nv, "d": d, "k": k, "rows": r}, device,
-                   lambda: _ops.star_topk(v, k, p, rows, backend="kernels"),
-                   lambda: _ops.star_topk(v, k, p, rows, backend="torch"), flops=4 * r * nv * d, rate=rate)
+                   lambda: _ops.star_topk(v, k, p, rows, backend="kernels"), twin, flops=4 * r * nv * d, rate=rate)
+        row["twin_profile"] = profile_call(twin, device)  # where the twin's time goes: GEMMs, topk, elementwise
         (kv, ki), (tv, ti) = (_ops.star_topk(v, k, p, rows, backend=b) for b in ("kernels", "torch"))
         row.update(index_agreement=(ki == ti).double().mean().item(),
                    max_score_difference=(kv - tv).abs().max().item(), full_pass_rows=nv,
