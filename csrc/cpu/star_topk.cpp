@@ -92,11 +92,135 @@ template <typename T> void merge(T* av, int64_t* ai, const T* bv, const int64_t*
   std::copy(ti, ti + k, ai);
 }
 
+// Whether (s, j) enters a heap whose root is (root_s, root_j) (the k smallest pairs in (score, j) order).
+template <typename T> FK_INLINE bool ranks_below(T s, int64_t j, T root_s, int64_t root_j) {
+  return s < root_s || (s == root_s && j < root_j);
+}
+
+// Bytes of the per-thread lists the symmetric pass may hold (beyond them it streams every pair twice).
+constexpr int64_t kSymmetricListBytes = int64_t(256) << 20;
+
+// Whether every value scores its own star (p = w, rows 0..n-1 in order): the symmetric pass applies.
+template <typename T> bool symmetric_case(const StarTopkArgs<T>& a) {
+  if (a.p != nullptr || a.r != a.n || a.n <= 16 * kNR<T>) return false;
+  if (int64_t(num_threads()) * a.n * a.k * int64_t(sizeof(T) + sizeof(int64_t)) > kSymmetricListBytes) return false;
+  for (int64_t i = 0; i < a.n; ++i)
+    if (a.self[i] != i) return false;
+  return true;
+}
+
+// star_topk of every value against all the others with p_i = w_i, each pair's Gram entry computed once: row
+// block I streams tiles J >= I; <w_i, w_j> gives row i its score (sq_i - g) / |w_i - w_j| and, for J > I, row j
+// its score (sq_j - g) / |w_j - w_i|, the same bits the two-sided pass computes (the dot product's terms and
+// sq_i + sq_j commute), into that thread's own lists, merged in (score, j) order at the end: the same lists.
+template <typename T> void star_topk_symmetric(const StarTopkArgs<T>& a) {
+  const int64_t n = a.n, d = a.d, k = a.k;
+  constexpr int NR = kNR<T>;
+  constexpr int64_t B = 16 * NR;  // values per block: the rows of a task and the values of a packed tile
+  const int64_t nb = ceil_div(n, B);
+  const int threads = num_threads();
+  const T inf = std::numeric_limits<T>::infinity();
+  std::fill(a.vals, a.vals + n * k, inf);
+  std::fill(a.idx, a.idx + n * k, int64_t(-1));
+  std::vector<T> col_v(size_t(threads) * n * k, inf);  // per thread: the scores rows got as columns
+  std::vector<int64_t> col_i(size_t(threads) * n * k, -1);
+  const Buffer<T> scratch = alloc_buffer<T>(threads * B * std::max<int64_t>(d, 1));
+  const T close = kCloseRel<T>;
+  parallel_tasks(nb, [&](int64_t I, int tid, auto isa) FK_LAMBDA_INLINE {
+    T* vp = scratch.get() + tid * B * d;
+    T* cv = col_v.data() + size_t(tid) * n * k;
+    int64_t* ci = col_i.data() + size_t(tid) * n * k;
+    alignas(64) T c1[kMR * NR];  // <w_i, w_j>
+    alignas(64) T sc[NR];
+    alignas(64) T dist[NR];
+    const int64_t i_begin = I * B, i_end = std::min(n, i_begin + B);
+    for (int64_t J = I; J < nb; ++J) {
+      const int64_t v0 = J * B, nvt = std::min(B, n - v0), np = ceil_div(nvt, NR);
+      for (int64_t q = 0; q < np; ++q)
+        pack_panel(a.w + (v0 + q * NR) * a.ldw, a.ldw, 1, std::min<int64_t>(NR, nvt - q * NR), d, vp + q * NR * d);
+      for (int64_t i0 = i_begin; i0 < i_end; i0 += kMR) {
+        const int64_t rows = std::min<int64_t>(kMR, i_end - i0);
+        const T* wr[kMR];
+        for (int ii = 0; ii < kMR; ++ii) wr[ii] = a.w + (i0 + std::min<int64_t>(ii, rows - 1)) * a.ldw;
+        for (int64_t q = 0; q < np; ++q) {
+          const int64_t j0 = v0 + q * NR, cols = std::min<int64_t>(NR, n - j0);
+          micro_kernel(isa, d, wr, vp + q * NR * d, c1, NR, cols);
+          const T* sqj = a.sq + j0;
+          for (int64_t ii = 0; ii < rows; ++ii) {
+            const int64_t i = i0 + ii;
+            const T sqs = a.sq[i];
+            const T* g = c1 + ii * NR;
+            // |w_i - w_j| once for both orders, NaN where the exact path takes over (close pairs, i itself)
+            for (int64_t jj = 0; jj < cols; ++jj) {
+              const T d2 = sqs + sqj[jj] - T(2) * g[jj];
+              dist[jj] = std::sqrt(d2);
+            }
+            for (int64_t jj = 0; jj < cols; ++jj) {
+              const T d2 = sqs + sqj[jj] - T(2) * g[jj];
+              dist[jj] = d2 > close * (sqs + sqj[jj]) ? dist[jj] : std::numeric_limits<T>::quiet_NaN();
+            }
+            // row i, as the two-sided pass scores it
+            for (int64_t jj = 0; jj < cols; ++jj) sc[jj] = (sqs - g[jj]) / dist[jj];
+            T* v = a.vals + i * k;
+            int64_t* ix = a.idx + i * k;
+            T thr = v[0];  // j grows along the row: a tie with the root never enters
+            for (int64_t jj = 0; jj < cols; ++jj) {
+              T x = sc[jj];
+              if (x >= thr) continue;
+              const int64_t j = j0 + jj;
+              if (x != x) {
+                if (j == i) continue;
+                x = exact_score(isa, wr[ii], wr[ii], a.w + j * a.ldw, d);
+                if (!(x < thr)) continue;
+              }
+              heap_replace_top(v, ix, k, x, j);
+              thr = v[0];
+            }
+            if (J == I) continue;  // the diagonal block scores both orders as rows
+            // rows j of block J, column i: <w_j, w_i> and sq_j + sq_i as their own rows would compute them
+            for (int64_t jj = 0; jj < cols; ++jj) sc[jj] = (sqj[jj] - g[jj]) / dist[jj];
+            for (int64_t jj = 0; jj < cols; ++jj) {
+              const int64_t j = j0 + jj;
+              T* vj = cv + j * k;
+              int64_t* ij = ci + j * k;
+              T x = sc[jj];
+              if (x != x) {
+                const T* wj = a.w + j * a.ldw;
+                x = exact_score(isa, wj, wj, wr[ii], d);
+              }
+              if (ranks_below(x, i, vj[0], ij[0])) heap_replace_top(vj, ij, k, x, i);
+            }
+          }
+        }
+      }
+    }
+  }, n * n * d / 2);
+  // each row's own heap takes the pairs the threads collected for it, then sorts
+  parallel_tasks(ceil_div(n, B), [&](int64_t t, int, auto) FK_LAMBDA_INLINE {
+    std::vector<std::pair<T, int64_t>> pairs;
+    for (int64_t i = t * B, end = std::min(n, (t + 1) * B); i < end; ++i) {
+      T* v = a.vals + i * k;
+      int64_t* ix = a.idx + i * k;
+      for (int th = 0; th < threads; ++th)
+        for (int64_t e = 0; e < k; ++e) {
+          const size_t at = (size_t(th) * n + i) * k + e;
+          if (col_i[at] >= 0 && ranks_below(col_v[at], col_i[at], v[0], ix[0]))
+            heap_replace_top(v, ix, k, col_v[at], col_i[at]);
+        }
+      heap_to_sorted(v, ix, k, pairs);
+    }
+  }, n * k * threads * 8);
+}
+
 }  // namespace
 
 template <typename T> void star_topk(const StarTopkArgs<T>& a) {
   const int64_t r = a.r, n = a.n, d = a.d, k = a.k;
   if (r <= 0 || k <= 0) return;
+  if (symmetric_case(a)) {
+    star_topk_symmetric(a);
+    return;
+  }
   constexpr int NR = kNR<T>;
   constexpr int64_t kVTile = 16 * NR;  // values packed per tile: kVTile x d stays in L2
   const int64_t nrb = ceil_div(r, kRowBlock);

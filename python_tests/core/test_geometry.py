@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from factkernels import _ops
 from factkernels import geometry as geo
 from factkernels.embeddings import anisotropic, spherical
 from factkernels.ustar import decodability
@@ -131,3 +132,19 @@ def test_value_margins_equal_the_output_margins_of_u_equal_v(dtype, backend):
     inside = torch.tensor([[1.0, 0.0], [0.4, 0.4], [0.0, 1.0]], dtype=dtype)  # v_1 inside the others' hull
     margins = geo.checked_value_margins(inside, backend=backend)
     assert margins[1] < 0 < margins[0] and torch.equal(margins, geo.checked_output_margins(inside, inside))
+
+
+@pytest.mark.skipif(not _ops.HAS_EXTENSION, reason="compiled extension not built")
+@pytest.mark.parametrize("n, d, k, dtype", [(4096, 128, 4, torch.float32), (1000, 33, 7, torch.float32),
+                                            (777, 16, 3, torch.float64)])
+def test_the_symmetric_value_pass_gives_the_two_sided_lists_bit_for_bit(n, d, k, dtype):
+    """Every value against all others with p = w (the value-margin pass): each pair's Gram entry is computed once
+    and scores both rows; the lists equal those of the two-sided pass (rows in two halves) exactly, equal and
+    nearly equal values (the exact path) included."""
+    V = spherical(n, d, generator=torch.Generator().manual_seed(n)).to(dtype)
+    V[5], V[n - 100] = V[17], V[2] * (1 + 1e-7)
+    scaled = V / V.norm(dim=1).max()
+    scores, index = _ops.star_topk(scaled, k, backend="kernels")
+    halves = [_ops.star_topk(scaled, k, rows=torch.arange(a, b), backend="kernels") for a, b in ((0, n // 2), (n // 2, n))]
+    assert torch.equal(scores, torch.cat([h[0] for h in halves])) and torch.equal(index, torch.cat([h[1] for h in halves]))
+    assert index[5, 0] == 17 and index[17, 0] == 5 and bool((index != torch.arange(n)[:, None]).all())
