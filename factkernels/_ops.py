@@ -754,9 +754,9 @@ def _star_twin_chunk(n: int, r: int, values: torch.Tensor) -> int:
 def _star_scores_rows(values: torch.Tensor, sq: torch.Tensor, s: torch.Tensor, p: Optional[torch.Tensor],
                       close: float, bound: Optional[int]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Star scores of outputs ``p`` (c, d) (None: p = w_s) at values ``s`` (c,) against every value: (c, n),
-    +inf at j = s. Pairs closer than ``close`` take the explicit difference; with ``bound`` at most that many
+    +inf at j = s. Pairs closer than ``close`` take the explicit difference; with ``bound`` the first bound + 1
     close pairs are found without a host sync (``torch.nonzero_static``), and the second result (a device bool)
-    says whether there were more (the scores are then wrong where the rest are)."""
+    says whether there were more than the bound (the scores may then be wrong where the rest are)."""
     ws = values[s]
     sqs = sq[s, None]
     if p is None:  # <w_s, w_s - w_j> shares the one product with the distances
@@ -774,11 +774,13 @@ def _star_scores_rows(values: torch.Tensor, sq: torch.Tensor, s: torch.Tensor, p
         ci, cj = is_close.nonzero(as_tuple=True)
         overflow = None
     else:
+        # one slot more than the bound: filled means there were more (counting the mask would convert all of it)
+        found = torch.nonzero_static(is_close, size=bound + 1, fill_value=-1)
+        overflow = found[-1, 0] >= 0
+        ci, cj = found.unbind(1)
         # unused slots (-1) point at the first row's own column, which is set to +inf below anyway
-        ci, cj = torch.nonzero_static(is_close, size=bound, fill_value=-1).unbind(1)
         unused = ci < 0
         ci, cj = ci.masked_fill(unused, 0), torch.where(unused, s[0], cj)
-        overflow = is_close.sum() > bound
     pp = ws if p is None else p
     diff = ws[ci] - values[cj]
     nrm = diff.norm(dim=1)
