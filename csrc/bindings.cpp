@@ -220,16 +220,19 @@ PYBIND11_MODULE(_C, m) {
            int64_t k, uintptr_t start, uintptr_t warm_cols, uintptr_t warm_lam, int64_t kw, double tol,
            int64_t max_iter, int64_t n_init, int64_t n_add, double eps_w, double ridge, double zero_norm2,
            uintptr_t u, uintptr_t lo, uintptr_t hi, uintptr_t out_cols, uintptr_t out_lam, int64_t kc,
-           uintptr_t dup) {
+           uintptr_t dup, uintptr_t work, int64_t slots, uintptr_t stream) {
           const int dev = device_index(device);
           CorralSolveArgs a{cptr<double>(w), n, d, cptr<int64_t>(rows), cptr<int64_t>(cand), r, k,
                             cptr<double>(start), cptr<int64_t>(warm_cols), cptr<double>(warm_lam), kw, tol,
                             max_iter, n_init, n_add, eps_w, ridge, zero_norm2, mptr<double>(u), mptr<double>(lo),
                             mptr<double>(hi), mptr<int64_t>(out_cols), mptr<double>(out_lam), kc,
-                            mptr<uint8_t>(dup)};
+                            mptr<uint8_t>(dup), mptr<double>(work), slots};
           py::gil_scoped_release nogil;
-          FK_LAUNCH_CPU(corral_solve, a, dev, 0);
+          FK_LAUNCH(corral_solve, a, dev, stream);
         });
+
+  // Doubles of the CUDA corral_solve's workspace for `slots` warps (kernels.h).
+  m.def("corral_solve_work", [](int64_t d, int64_t k, int64_t slots) { return corral_solve_work(d, k, slots); });
 
   m.def("softmax_xent",
         [](const std::string& device, const std::string& dtype, uintptr_t s, int64_t lds, uintptr_t target,

@@ -190,6 +190,8 @@ struct CorralMinorArgs {
 //   stall, or max_iter major cycles. Out: u (r, d) the unit direction of the best margin seen, lo (r,) that
 //   margin, hi (r,) the smallest hull-point norm (inf if none), out_cols / out_lam (r, kc) the final corral
 //   (positions into cand, -1 padding, and weights), dup (r,) 1 where a candidate duplicates the row's value.
+//   CUDA only (the CPU kernel ignores them): work, corral_solve_work(d, k, slots) doubles on the device, a row
+//   counter then one scratch slice per warp; slots warps run, each solving rows until none is left.
 struct CorralSolveArgs {
   const double* w;
   int64_t n, d;
@@ -210,7 +212,23 @@ struct CorralSolveArgs {
   double* out_lam;
   int64_t kc;
   uint8_t* dup;
+  double* work;
+  int64_t slots;
 };
+
+// The CUDA corral_solve's workspace, in doubles: a header (the row counter), then per warp its candidate star
+// (k x d), certificates (k), the corral's Gram matrix and factor ((d + 1)^2 each), five slot vectors, the point
+// and the best direction (d each), the slots' candidates (d + 1 ints) and the candidates' flags (k bytes),
+// rounded up to 256 bytes.
+constexpr int64_t kCorralSolveHeader = 32;
+inline int64_t corral_solve_scratch(int64_t d, int64_t k) {
+  const int64_t mmax = d + 1;
+  const int64_t doubles = k * d + k + 2 * mmax * mmax + 6 * mmax + 2 * d + (k + 7) / 8;
+  return (doubles + 31) / 32 * 32;
+}
+inline int64_t corral_solve_work(int64_t d, int64_t k, int64_t slots) {
+  return kCorralSolveHeader + slots * corral_solve_scratch(d, k);
+}
 
 namespace cpu {
 void corral_minor(const CorralMinorArgs& a);
@@ -238,6 +256,7 @@ template <typename T> void gate_features(const GateFeaturesArgs<T>& a, uintptr_t
 template <typename T> void hadamard_gram(const HadamardGramArgs<T>& a, uintptr_t stream);
 template <typename T> void max_head_scores(const MaxHeadScoresArgs<T>& a, uintptr_t stream);
 template <typename T> void star_topk(const StarTopkArgs<T>& a, uintptr_t stream);
+void corral_solve(const CorralSolveArgs& a, uintptr_t stream);  // one warp per row (U*'s active-set rounds)
 int device_count();
 // Makes `device` current for its lifetime, then restores the caller's device.
 class DeviceGuard {

@@ -206,15 +206,16 @@ def _indices(name: str, t: torch.Tensor, ref: torch.Tensor, size: int, what: str
 # scores; the twin now selects with torch.topk, and gpu_suite's kernels section races the two at U*'s pass widths)
 # and max_head_scores (0.50-0.87x / 0.55-0.99x, but h times less memory than the twin's per-head scores).
 # backend="kernels" runs every compiled kernel on its devices.
-# corral_minor and corral_solve (U*'s per-row minimum-norm-point steps and whole solves) have no CUDA kernel: on a
-# GPU the batched torch solver runs with fixed shapes and no host round trip, which per-row work could not keep.
+# corral_minor (U*'s per-row minimum-norm-point steps) has no CUDA kernel: on a GPU the batched torch steps run
+# with fixed shapes and no host round trip. corral_solve (whole solves, U*'s active-set rounds) has one, a warp
+# per row and one launch per round, which "auto" does not run until it has beaten the batched torch solver on a GPU.
 KERNEL_OPS = ("gate_features", "hadamard_gram", "gadget_matvec", "gadget_rmatvec", "gated_forward", "decode",
               "softmax_cross_entropy", "max_head_scores", "star_topk", "exact_star_scores", "corral_minor",
               "corral_solve")
 # exact_star_scores (a gather of scattered rows per pair, the float64 re-check of streamed candidates) has no CUDA
 # kernel either: its twin is a few batched torch ops there.
 CPU_ONLY_KERNELS = frozenset({"gadget_matvec", "gadget_rmatvec", "gated_forward", "decode", "exact_star_scores",
-                              "corral_minor", "corral_solve"})
+                              "corral_minor"})
 CUDA_AUTO_KERNELS = frozenset({"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk"})
 
 
@@ -926,6 +927,10 @@ def exact_star_scores(W: torch.Tensor, U: torch.Tensor, rows: torch.Tensor, cols
 CORRAL_EPS_W = 1e-13
 # Ridge of the corral systems (relative to entries of size O(1)).
 CORRAL_RIDGE = 1e-11
+# The CUDA corral_solve runs up to this many warps (rows at once) per multiprocessor, their scratch (about 8 (K d +
+# 2 d^2) bytes each: 0.5 MB at d = 128, 2 MB at d = 256) within this many bytes.
+CORRAL_SOLVE_WARPS_PER_SM = 32
+CORRAL_SOLVE_WORK_BYTES = 1 << 32
 
 
 def affine_min_norm(Q: torch.Tensor, m: torch.Tensor, refine: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1036,7 +1041,8 @@ def corral_minor(Q: torch.Tensor, lam: torch.Tensor, occ: torch.Tensor, frozen: 
 def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start: torch.Tensor,
                  corral: Optional[tuple[torch.Tensor, torch.Tensor]] = None, *, tol: float, max_iter: int,
                  n_init: int, n_add: int, zero_norm2: float):
-    """Minimum-norm points of candidate stars, one whole solve per row (the CPU kernel of U*'s active-set rounds).
+    """Minimum-norm points of candidate stars, one whole solve per row (the kernel of U*'s active-set rounds: a
+    C++ task per row on a CPU, a warp per row on a GPU).
 
     W: (n, d) float64 centred values; rows: (r,) int64 the rows' values; cand: (r, K) int64 candidate values,
     -1 padding: row t's star is ``x_c = (w_{rows[t]} - w_{cand[t, c]}) / ||.||``; start: (r, d) float64 start
@@ -1047,10 +1053,10 @@ def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start:
     direction with the best margin seen and that margin, the smallest hull-point norm, the final corral
     (positions into cand, occupied first) and whether a candidate duplicates the row's value.  Its torch twin
     is the batched solver itself (:func:`factkernels.corral.solve_rows` on :func:`factkernels.corral.candidate_star`,
-    which a GPU and ``backend="torch"`` run); the tests compare the two.
+    which ``backend="torch"`` runs); the tests compare the three.
     """
     if not uses_kernel("kernels", "corral_solve", W):
-        raise RuntimeError("corral_solve has no kernel here (no extension, or not a CPU float64 tensor)")
+        raise RuntimeError("corral_solve has no kernel here (no extension, or not a float64 tensor)")
     _matrix("W", W)
     n, d = W.shape
     if W.dtype != torch.float64 or start.dtype != torch.float64:
@@ -1059,9 +1065,17 @@ def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start:
         raise ValueError("rows must be (r,) and cand (r, K) int64 tensors")
     r, K = cand.shape
     _matrix("start", start, rows=r, cols=d)
-    _indices("rows", rows, start, n, "values")
-    if cand.numel() and (int(cand.min()) < -1 or int(cand.max()) >= n):
-        raise ValueError(f"cand entries must lie in [-1, {n})")
+    others = (rows, cand, start) + (tuple(corral) if corral is not None else ())
+    if any(t.device != W.device for t in others):
+        raise ValueError(f"rows, cand, start and corral must be on W's device ({W.device})")
+    cuda = W.device.type == "cuda"
+    if not cuda:  # on a GPU each range check is a read back (a host sync per round): the callers build the
+        # indices in range, and the CUDA kernel treats a candidate outside [0, n) as padding
+        _indices("rows", rows, start, n, "values")
+        if cand.numel() and (int(cand.min()) < -1 or int(cand.max()) >= n):
+            raise ValueError(f"cand entries must lie in [-1, {n})")
+    elif rows.shape != (r,):
+        raise ValueError(f"rows must have shape ({r},), got {tuple(rows.shape)}")
     cols, lam, kw = None, None, 0
     if corral is not None and corral[0].shape[1] > 0:
         cols, lam = corral[0].contiguous(), corral[1].contiguous()
@@ -1070,11 +1084,20 @@ def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start:
             raise ValueError(f"corral must be ((r, kw) int64, (r, kw) float64) with r = {r}")
     W, rows, cand, start = W.contiguous(), rows.contiguous(), cand.contiguous(), start.contiguous()
     kc = max(1, min(K, d + 1))
-    U = torch.empty(r, d, dtype=torch.float64)
-    lo, hi = torch.empty(r, dtype=torch.float64), torch.empty(r, dtype=torch.float64)
-    out_cols, out_lam = torch.empty(r, kc, dtype=torch.int64), torch.empty(r, kc, dtype=torch.float64)
-    dup = torch.empty(r, dtype=torch.bool)
-    _C.corral_solve("cpu", _ptr(W), n, d, _ptr(rows), _ptr(cand), r, K, _ptr(start), _ptr(cols), _ptr(lam), kw,
-                    float(tol), int(max_iter), int(n_init), int(n_add), CORRAL_EPS_W, CORRAL_RIDGE, float(zero_norm2),
-                    _ptr(U), _ptr(lo), _ptr(hi), _ptr(out_cols), _ptr(out_lam), kc, _ptr(dup))
+    dev = W.device
+    U = torch.empty(r, d, dtype=torch.float64, device=dev)
+    lo, hi = torch.empty(r, dtype=torch.float64, device=dev), torch.empty(r, dtype=torch.float64, device=dev)
+    out_cols = torch.empty(r, kc, dtype=torch.int64, device=dev)
+    out_lam = torch.empty(r, kc, dtype=torch.float64, device=dev)
+    dup = torch.empty(r, dtype=torch.bool, device=dev)
+    work, slots = None, 0
+    if cuda and r:  # a scratch slice per warp (its star, Gram and factor), as many warps as fill the GPU and the budget
+        per_warp = 8 * (_C.corral_solve_work(d, K, 1) - _C.corral_solve_work(d, K, 0))
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        slots = max(1, min(r, CORRAL_SOLVE_WARPS_PER_SM * sms, CORRAL_SOLVE_WORK_BYTES // per_warp))
+        work = torch.empty(_C.corral_solve_work(d, K, slots), dtype=torch.float64, device=dev)
+    _C.corral_solve(_launch_args(W)[0], _ptr(W), n, d, _ptr(rows), _ptr(cand), r, K, _ptr(start), _ptr(cols),
+                    _ptr(lam), kw, float(tol), int(max_iter), int(n_init), int(n_add), CORRAL_EPS_W, CORRAL_RIDGE,
+                    float(zero_norm2), _ptr(U), _ptr(lo), _ptr(hi), _ptr(out_cols), _ptr(out_lam), kc, _ptr(dup),
+                    _ptr(work), slots, _stream(W))
     return U, lo, hi, (out_cols, out_lam), dup

@@ -16,6 +16,7 @@ points, typically 20-50 for random values).  One iteration
    corral is affinely independent) and moves towards it, dropping the points
    whose weight reaches zero (:func:`factkernels._ops.corral_minor`: on a CPU
    a C++ kernel, one row per task, that updates the factor as points leave).
+   (:func:`solve_candidates` can instead solve each row whole in a kernel: a C++ task or a CUDA warp per row.)
 
 The first iterations clip negative weights (one factorisation each); the later
 ones use Wolfe's line search (monotone decrease, finite termination).  The
@@ -442,15 +443,17 @@ def solve_rows(
     return _finish(best_u, best_lo, best_hi, dup_row, out_idx, out_lam)
 
 
-def _finish(U: Tensor, lo: Tensor, hi: Tensor, dup_row: Tensor, cols: Tensor, lam: Tensor):
+def _finish(U: Tensor, lo: Tensor, hi: Tensor, dup_row: Tensor, cols: Tensor, lam: Tensor, trim: bool = True):
     """A solve's outputs as :func:`solve_rows` returns them: margins clamped to cosines, duplicated values at
-    margin 0, the corral's occupied slots first, trimmed to the largest corral."""
+    margin 0, the corral's occupied slots first, trimmed to the largest corral unless not ``trim`` (its width is
+    a read back from the device)."""
     lo = lo.clamp(-1.0, 1.0)  # margins are cosines; drop rounding excess
     zero = torch.zeros_like(lo)  # a duplicated value has margin 0 for every output
     lo = torch.where(dup_row, torch.minimum(lo, zero), lo)
     hi = torch.where(dup_row, zero, hi)
     order = torch.argsort((cols < 0).to(torch.int8), dim=1, stable=True)
-    order = order[:, : max(1, int((cols >= 0).sum(dim=1).max()))]
+    if trim:
+        order = order[:, : max(1, int((cols >= 0).sum(dim=1).max()))]
     return U, lo, hi, (cols.gather(1, order), lam.gather(1, order))
 
 
@@ -469,14 +472,15 @@ def solve_candidates(
     backend: str = "auto",
 ) -> Tuple[Tensor, Tensor, Tensor, Tuple[Tensor, Tensor], Tensor]:
     """:func:`solve_rows` on the candidate star of ``rows`` (r,) towards ``cand`` (r, K) value indices (-1
-    padding), plus (r,) whether a candidate duplicates the row's value.  On a CPU with the extension one C++
-    task solves each row whole (:func:`factkernels._ops.corral_solve`: its star, corral and factor in the
-    task's scratch, a few hundred small torch ops fewer per chunk); elsewhere the batched torch solver runs
-    (``n_fast`` clipped iterations first; the kernel runs Wolfe's line search throughout)."""
+    padding), plus (r,) whether a candidate duplicates the row's value.  Where the kernel runs, each row is solved
+    whole (:func:`factkernels._ops.corral_solve`: on a CPU a C++ task per row, on a GPU a warp per row and one
+    launch for all rows, the star, corral and factor in per-row scratch), a few hundred small torch ops fewer per
+    chunk; elsewhere the batched torch solver runs (``n_fast`` clipped iterations first; the kernel runs Wolfe's
+    line search throughout). On ``SYNC_FREE_DEVICES`` the kernel's corral comes back untrimmed (d + 1 wide)."""
     if _ops.uses_kernel(backend, "corral_solve", W):
         U, lo, hi, (cols, lam), dup = _ops.corral_solve(W, rows, cand, P, corral, tol=tol, max_iter=max_iter,
                                                          n_init=n_init, n_add=n_add, zero_norm2=ZERO_NORM2)
-        return (*_finish(U, lo, hi, dup, cols, lam), dup)
+        return (*_finish(U, lo, hi, dup, cols, lam, trim=W.device.type not in SYNC_FREE_DEVICES), dup)
     st = candidate_star(W, rows, cand)
     U, lo, hi, out = solve_rows(st, W, P, tol=tol, max_iter=max_iter, n_init=n_init, n_add=n_add, n_fast=n_fast,
                                 corral=corral, backend=backend)

@@ -28,11 +28,12 @@ never reported better than its certificate.
 Active-set (cutting-plane) method for large ``n``
 -------------------------------------------------
 The dense solve touches all ``n^2`` pairs every iteration.  Where the rounds
-below run in C++, and elsewhere for ``n > _DENSE_MAX`` (``method="auto"``), each
+below run in a kernel (C++ or CUDA), and elsewhere for ``n > _DENSE_MAX`` (``method="auto"``), each
 value instead keeps a list of *active constraints* (value indices).  One round
 solves every value's problem restricted to its active list (explicit star
 vectors of the candidates, warm-started from the previous round's corral): on a
-CPU with the extension one C++ task per value (:func:`factkernels._ops.corral_solve`),
+CPU with the extension one C++ task per value (:func:`factkernels._ops.corral_solve`; on a GPU
+with ``backend="kernels"`` its CUDA kernel, a warp per value, one launch per round),
 elsewhere the same batched solver; then one streaming pass over ``V`` (:func:`factkernels._ops.star_topk`: tiles,
 running top-k, no ``n x n`` matrix, in the input precision) finds every
 value's most violated constraints; they are re-scored in float64 from
@@ -73,8 +74,8 @@ __all__ = ["decodability", "margin_optimal_outputs"]
 _WORK_BYTES = {"sync_free": {"pairs": 1 << 33, "candidates": 1 << 33, "corrals": 1 << 33},
                "cpu": {"pairs": 1 << 25, "candidates": 1 << 24, "corrals": 1 << 27}}
 # Up to this many values "auto" solves densely (every value against all others per iteration) where the rounds'
-# corral solves run in torch; above it, and at every size where they run in C++ (_ops.corral_solve: 1.7-2.8x
-# less CPU time than dense from 256 x 16 to 4,096 x 128, one thread), by active-set cutting planes.
+# corral solves run in torch; above it, and at every size where they run in a kernel (_ops.corral_solve: in C++
+# 1.7-2.8x less CPU time than dense from 256 x 16 to 4,096 x 128, one thread), by active-set cutting planes.
 _DENSE_MAX = 4096
 _METHODS = ("auto", "dense", "active_set")
 # Constraints per value, in units of d, that the active-set method's first streaming pass ranks and that
@@ -170,7 +171,9 @@ def _solve_active_set(
     active = active.to(torch.int32)  # value indices < n: int32 halves the lists (n x K, K ~ 400 at d = 256)
     rows = torch.arange(n, device=dev)
     budget = max(_work_bytes(dev, "candidates"), 8 * n * d)
-    kernel = _ops.uses_kernel(backend, "corral_solve", W)  # the rounds' corral solves in C++, one task per row
+    kernel = _ops.uses_kernel(backend, "corral_solve", W)  # the rounds' corral solves whole, a task (warp) per row
+    # the float64 re-check has no CUDA kernel (a gather per pair: its twin is a few batched ops there)
+    recheck = "auto" if dev.type == "cuda" and backend == "kernels" else backend
     passes = 1
     # each value's corral (value indices, -1 for none, occupied first) and weights: the next round's active list
     # is this corral followed by the constraints of the last pass, and starts from this optimum (feasible there).
@@ -185,8 +188,8 @@ def _solve_active_set(
     while rows.numel() > 0:
         K = active.shape[1]
         # rows per chunk: the candidate star (K + 1 vectors per row) and the corral solver's buffers (X, the
-        # Gram Q and its factorisation copies, k <= kc slots per row) within the budget; the C++ solve holds
-        # those in per-task scratch, a chunk only its outputs (U, the corral's slots and weights)
+        # Gram Q and its factorisation copies, k <= kc slots per row) within the budget; the kernel holds
+        # those in per-task (per-warp) scratch, a chunk only its outputs (U, the corral's slots and weights)
         kc = min(K, d + 1 + n_add)
         if kernel:  # its inputs and outputs: the list (as int64), the start, U and the corral's slots and weights
             step = max(1, min(rows.numel(), _work_bytes(dev, "candidates") // (8 * (K + 2 * d + 2 * kc + 4))))
@@ -213,13 +216,13 @@ def _solve_active_set(
         _, cand = _ops.star_topk(Wk, n_pass, U[rows], rows, backend=backend)
         passes += 1
         Ur = U[rows].double()  # the returned directions' margins: unit in float64 (a float32 row's norm is 1 +- 6e-8)
-        g = _ops.exact_star_scores(W, Ur.div_(Ur.norm(dim=1, keepdim=True)), rows, cand, backend=backend)
+        g = _ops.exact_star_scores(W, Ur.div_(Ur.norm(dim=1, keepdim=True)), rows, cand, backend=recheck)
         del Ur
         lo[rows] = g.min(dim=1).values
         new = (cand >= 0) & ~_members(cand.to(torch.int32), corral_val[rows])
         done = ~(new & (g < hi[rows, None] * (1.0 - tol))).any(dim=1) | dup | stalled
         done |= hi[rows] <= math.sqrt(ZERO_NORM2)
-        keep = ~(done | (passes > max_iter))
+        keep = (~(done | (passes > max_iter))).nonzero().squeeze(1)  # one read back, not one per mask below
         rows, new, cand = rows[keep], new[keep], cand[keep]
         if rows.numel() == 0:
             break
@@ -292,7 +295,7 @@ def margin_optimal_outputs(
         return_radii: also return the per-value radii.
         method: "dense" (every pair each iteration), "active_set" (cutting
             planes with streaming passes, ``O(n d)`` extra memory beyond the
-            active lists) or "auto" (the active set where its rounds run in C++, else dense up to
+            active lists) or "auto" (the active set where its rounds run in a kernel, else dense up to
             4,096 values).
         backend: "auto", "kernels" or "torch" for the streaming passes and the corral steps (see
             ``factkernels._ops``).

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from factkernels import _ops, corral, geometry, ustar
+from helpers import DEVICES
 
 needs_kernel = pytest.mark.skipif(not _ops.HAS_EXTENSION, reason="compiled extension not built")
 
@@ -206,6 +207,84 @@ def test_solve_kernel_certifies_against_the_exact_solve():
     _, lo, hi, _, _ = corral.solve_candidates(W, rows, cand, W.clone(), backend="kernels", **_SOLVE)
     _, lo0, _ = ustar._margin_optimal(V, 1e-9, 200, method="dense", backend="torch")
     assert torch.allclose(lo, lo0, atol=1e-9) and bool((hi - lo <= 1e-8).all())
+
+
+def _positive_weight_sets(cols: torch.Tensor, lam: torch.Tensor) -> list:
+    """Each row's corral members (positions into cand) whose weight is not ~0, as a set."""
+    return [set(c[w > 1e-9].tolist()) for c, w in zip(cols.cpu(), lam.cpu())]
+
+
+needs_cuda_kernel = pytest.mark.skipif(not (torch.cuda.is_available() and _ops.build_info()["cuda"]),
+                                       reason="needs a GPU and the CUDA kernels")
+
+
+@pytest.mark.cuda
+@needs_cuda_kernel
+@pytest.mark.parametrize("few_warps", [False, True])
+@pytest.mark.parametrize("kind,n,d,K", [("sphere", 300, 16, 40), ("sphere", 500, 24, 60), ("duplicates", 120, 6, 20),
+                                        ("collinear", 160, 5, 30), ("simplex_ties", 90, 8, 25), ("lattice", 150, 3, 30),
+                                        ("sphere", 400, 130, 150)])
+def test_cuda_solve_kernel_matches_cpu_kernel(kind, n, d, K, few_warps, monkeypatch):
+    """The CUDA kernel (a warp per row) against the C++ one on identical inputs, cold and warm: the same duplicates,
+    margins, hull norms and outputs where the optimum is positive (elsewhere the direction at a ~0 hull point is
+    rounding noise in both), the same corrals on generic values (a lattice's optimum can have several supports), a
+    simplex corral everywhere. ``few_warps``: one warp takes every row in turn (its scratch reused)."""
+    W, rows, cand, P = _candidate_problem(kind, n, d, K, seed=n + d)
+    kw = dict(tol=1e-9, max_iter=200, n_init=8, n_add=4, zero_norm2=corral.ZERO_NORM2)
+    sub = cand[:, : K - 8]
+    _, _, _, warm, _ = _ops.corral_solve(W, rows, sub, P, **kw)
+    if few_warps:
+        monkeypatch.setattr(_ops, "CORRAL_SOLVE_WORK_BYTES", 1)
+    for start in (None, warm):
+        Uc, lc, hc, (cc, wc), dc = _ops.corral_solve(W, rows, cand, P, start, **kw)
+        cuda_start = None if start is None else tuple(t.cuda() for t in start)
+        out = _ops.corral_solve(W.cuda(), rows.cuda(), cand.cuda(), P.cuda(), cuda_start, **kw)
+        Ug, lg, hg = (t.cpu() for t in out[:3])
+        cg, wg = (t.cpu() for t in out[3])
+        dg = out[4].cpu()
+        assert torch.equal(dg, dc)
+        pos = (lc > 1e-6) & ~dc
+        assert int(pos.sum()) > 0
+        assert torch.allclose(lg[pos], lc[pos], atol=1e-9, rtol=0) and bool((lg[~pos] <= 1e-6).all())
+        assert torch.allclose(hg[pos], hc[pos], atol=1e-9, rtol=0)
+        assert torch.allclose(Ug[pos], Uc[pos], atol=1e-9, rtol=0)
+        assert torch.allclose(Ug.norm(dim=1), torch.ones(rows.numel(), dtype=torch.float64), atol=1e-12)
+        assert torch.equal(torch.isinf(hg), torch.isinf(hc))
+        if kind == "sphere":
+            assert _positive_weight_sets(cg, wg) == _positive_weight_sets(cc, wc)
+            assert torch.allclose(wg, wc, atol=1e-9) and torch.equal(cg, cc)
+        assert bool(((cg >= -1) & (cg < K)).all()) and bool((wg[cg < 0] == 0).all()) and bool((wg >= 0).all())
+        live = (cg >= 0).any(dim=1)
+        assert torch.allclose(wg[live].sum(dim=1), torch.ones(int(live.sum()), dtype=torch.float64), atol=1e-12)
+
+
+@needs_kernel
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind,n,d", [("sphere", 300, 16), ("duplicates", 120, 6), ("collinear", 160, 5),
+                                      ("simplex_ties", 90, 8), ("lattice", 60, 3), ("sphere", 600, 40)])
+def test_ustar_with_the_solve_kernel_matches_the_dense_solver(kind, n, d, device, monkeypatch):
+    """U* with backend="kernels" (its active-set rounds through corral_solve: the C++ kernel, or the CUDA one on a
+    GPU) against the dense batched torch solver on the CPU: the same rho, radii and outputs where rho_i > 0,
+    certified gaps, and every radius the margin its output achieves."""
+    if device == "cuda" and not _ops.build_info()["cuda"]:
+        pytest.skip("the extension was built without CUDA kernels")
+    V = _values(kind, n, d, seed=n + d)
+    devices = []
+    solve = _ops.corral_solve
+    monkeypatch.setattr(_ops, "corral_solve", lambda W, *a, **k: devices.append(W.device.type) or solve(W, *a, **k))
+    U0, r0, a0 = ustar.margin_optimal_outputs(V, method="dense", backend="torch", return_radii=True)
+    Uk, rk, ak = ustar.margin_optimal_outputs(V.to(device), backend="kernels", return_radii=True)
+    assert devices and set(devices) == {device}  # the rounds ran the device's kernel
+    Uk, ak = Uk.cpu(), ak.cpu()
+    pos = a0 > 1e-6
+    assert rk == pytest.approx(r0, abs=1e-9) if r0 > 1e-6 else rk <= 0.0
+    assert torch.allclose(ak[pos], a0[pos], atol=1e-9, rtol=0) and bool((ak[~pos] <= 1e-6).all())
+    assert torch.allclose(Uk[pos], U0[pos], atol=1e-6, rtol=0)
+    assert torch.allclose(geometry.output_margins(V, Uk), ak, atol=1e-9)
+    _, lo, hi = ustar._margin_optimal(V.to(device), 1e-9, 200, backend="kernels")
+    lo, hi = lo.cpu(), hi.cpu()
+    ok = lo > 1e-6
+    assert bool(((hi[ok] ** 2 - lo[ok] * hi[ok]) / hi[ok] ** 2 <= 1e-9 + 1e-12).all())
 
 
 @needs_kernel

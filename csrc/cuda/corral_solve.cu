@@ -1,0 +1,450 @@
+// Whole minimum-norm-point solves of U*'s candidate stars on a GPU, one WARP per row: the port of
+// csrc/cpu/corral_solve.cpp (Wolfe's method, several additions per major cycle, the corral's Cholesky factor
+// bordered on add and downdated on drop, the same pivot test, minor cycle and termination rules), so that an
+// active-set round of factkernels/ustar.py is one launch instead of the batched torch solver's thousands of
+// small ops. Warps take rows from a counter until none is left; each keeps its row's candidate star
+// (transposed, d x K: a lane per candidate reads it coalesced), the corral's Gram matrix and factor
+// (mmax x mmax, mmax = d + 1) and work vectors in its own slice of a global workspace; corral members are
+// indices into the star (no copies).
+//
+// Warp-synchronous code: lane-strided loops, every decision computed from warp reductions (a butterfly gives
+// all lanes the same bits) so control flow is warp-uniform. Element s of a slot vector (lam, z, res, y, wv) and
+// element c of p, u is read and written only by lane s % 32 (c % 32) inside loops; where a lane reads what
+// another lane wrote, a __syncwarp() comes first (the triangular solves' pivots and the rotations go through
+// shuffles instead).
+#include <math.h>
+
+#include "cuda/common.cuh"
+
+namespace factkernels {
+namespace cuda {
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kWarpsPerBlock = 4;
+// As the CPU kernel: the squared pivot below which a second or later point of one addition counts as affinely
+// dependent on the corral.
+constexpr double kDependentPivot2 = 1e-9;
+enum : uint8_t { kValid = 1, kInCorral = 2 };  // per-candidate flags
+
+// std::max / std::min semantics (the first argument when unordered), as the CPU kernel's.
+__device__ __forceinline__ double max_of(double a, double b) { return a < b ? b : a; }
+__device__ __forceinline__ double min_of(double a, double b) { return b < a ? b : a; }
+
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+
+__device__ __forceinline__ double warp_min(double v) {  // v never NaN here
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmin(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
+
+// The smallest (v, i) in lexicographic order over the warp (the lowest index on ties, as the CPU's sort
+// comparator and torch's min); (inf, -1) stands for none.
+__device__ __forceinline__ void warp_argmin(double& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const double ov = __shfl_xor_sync(kFull, v, o);
+    const int oi = __shfl_xor_sync(kFull, i, o);
+    if (ov < v || (ov == v && oi < i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+// dst[c] = src[c + (c >= p)] for c < n (drops entry p; dst may be src): each 32-wide chunk is read, then written.
+template <typename T> __device__ __forceinline__ void copy_dropping(T* dst, const T* src, int n, int p, int lane) {
+  for (int base = 0; base < n; base += 32) {
+    const int c = base + lane;
+    T v{};
+    if (c < n) v = src[c + (c >= p ? 1 : 0)];
+    __syncwarp();
+    if (c < n) dst[c] = v;
+    __syncwarp();
+  }
+}
+
+// One warp's solver over its scratch slice (see corral_solve_scratch in kernels.h for the layout).
+struct RowSolver {
+  const CorralSolveArgs& a;
+  const int lane;
+  const int d, K, mmax;  // mmax = d + 1: an affinely independent corral in R^d
+  double *X, *g, *Q, *L, *lam, *z, *res, *y, *wv, *p, *u;
+  int* S;           // corral slot -> candidate
+  uint8_t* flags;   // kValid | kInCorral per candidate
+  int m = 0;        // corral size (the same in every lane)
+
+  __device__ RowSolver(const CorralSolveArgs& args, int lane_, double* work)
+      : a(args), lane(lane_), d(static_cast<int>(args.d)), K(static_cast<int>(args.k)),
+        mmax(static_cast<int>(args.d) + 1) {
+    double* w = work;
+    X = w;  // transposed star: x_k[c] = X[c * K + k]
+    w += static_cast<int64_t>(K) * d;
+    g = w;
+    w += K;
+    Q = w;
+    w += static_cast<int64_t>(mmax) * mmax;
+    L = w;
+    w += static_cast<int64_t>(mmax) * mmax;
+    lam = w;
+    z = lam + mmax;
+    res = z + mmax;
+    y = res + mmax;
+    wv = y + mmax;
+    w += 5 * mmax;
+    p = w;
+    u = w + d;
+    w += 2 * d;
+    S = reinterpret_cast<int*>(w);
+    w += mmax;
+    flags = reinterpret_cast<uint8_t*>(w);
+  }
+
+  __device__ __forceinline__ double xs(int k, int c) const { return X[static_cast<int64_t>(c) * K + k]; }
+
+  // x <- L^{-1} x (n x n, rows of L: a warp dot product per row; x[i] is written by its owner lane).
+  __device__ void forward_solve(int n, double* x) {
+    __syncwarp();
+    for (int i = 0; i < n; ++i) {
+      const double* li = L + static_cast<int64_t>(i) * mmax;
+      double part = 0.0;
+      for (int c = lane; c < i; c += 32) part += li[c] * x[c];
+      const double s = warp_sum(part);
+      if (lane == (i & 31)) x[i] = (x[i] - s) / li[i];
+    }
+  }
+
+  // x <- (L L^T)^{-1} x: forward, then L^T by rows of L (x_i final, broadcast, then out of the rows above).
+  __device__ void cholesky_solve(int n, double* x) {
+    forward_solve(n, x);
+    for (int i = n - 1; i >= 0; --i) {
+      const double* li = L + static_cast<int64_t>(i) * mmax;
+      double xi = 0.0;
+      if (lane == (i & 31)) {
+        xi = x[i] / li[i];
+        x[i] = xi;
+      }
+      xi = __shfl_sync(kFull, xi, i & 31);
+      for (int c = lane; c < i; c += 32) x[c] -= li[c] * xi;
+    }
+  }
+
+  // Removes row and column pos from the m x m system whose factor is L (rotations into the trailing block,
+  // then everything below and right of pos moves up and left by one). z: scratch.
+  __device__ void cholesky_delete(int pos) {
+    const int t = m - pos - 1;
+    __syncwarp();
+    for (int i = lane; i < t; i += 32) z[i] = L[static_cast<int64_t>(pos + 1 + i) * mmax + pos];
+    for (int k = 0; k < t; ++k) {
+      double c = 0.0, s = 0.0;
+      if (lane == (k & 31)) {  // the owner of w_k (z[k]); the diagonal is untouched by the rotations before
+        double* lk = L + static_cast<int64_t>(pos + 1 + k) * mmax + (pos + 1);
+        const double aa = lk[k], b = z[k];
+        const double r = sqrt(aa * aa + b * b);
+        c = r / aa;
+        s = b / aa;
+        lk[k] = r;
+      }
+      c = __shfl_sync(kFull, c, k & 31);
+      s = __shfl_sync(kFull, s, k & 31);
+      for (int i = lane; i < t; i += 32) {  // i = lane mod 32: the owner of z[i]
+        if (i <= k) continue;
+        double* li = L + static_cast<int64_t>(pos + 1 + i) * mmax + (pos + 1);
+        li[k] = (li[k] + s * z[i]) / c;
+        z[i] = c * z[i] - s * li[k];
+      }
+    }
+    __syncwarp();
+    for (int i = pos; i < m - 1; ++i)
+      copy_dropping(L + static_cast<int64_t>(i) * mmax, L + static_cast<int64_t>(i + 1) * mmax, i + 1, pos, lane);
+  }
+
+  // Borders the corral with candidate k if its pivot exceeds min_pivot2; weight 0.
+  __device__ bool add(int k, double min_pivot2) {
+    if (m >= mmax) return false;
+    __syncwarp();
+    for (int s = lane; s < m; s += 32) {  // q_s = <x_{S[s]}, x_k>
+      const int ks = S[s];
+      double acc = 0.0;
+      for (int c = 0; c < d; ++c) acc += xs(ks, c) * xs(k, c);
+      wv[s] = acc;
+      res[s] = acc + 1.0;
+    }
+    double part = 0.0;
+    for (int c = lane; c < d; c += 32) {
+      const double v = xs(k, c);
+      part += v * v;
+    }
+    const double qkk = warp_sum(part);
+    forward_solve(m, res);
+    part = 0.0;
+    for (int s = lane; s < m; s += 32) part += res[s] * res[s];
+    const double piv2 = qkk + 1.0 + a.ridge - warp_sum(part);
+    if (!(piv2 > min_pivot2)) return false;
+    double* lm = L + static_cast<int64_t>(m) * mmax;
+    for (int s = lane; s < m; s += 32) {
+      lm[s] = res[s];
+      Q[static_cast<int64_t>(m) * mmax + s] = wv[s];
+      Q[static_cast<int64_t>(s) * mmax + m] = wv[s];
+    }
+    if (lane == 0) {
+      lm[m] = sqrt(piv2);
+      Q[static_cast<int64_t>(m) * mmax + m] = qkk;
+      lam[m] = 0.0;
+      S[m] = k;
+      flags[k] |= kInCorral;
+    }
+    ++m;
+    __syncwarp();
+    return true;
+  }
+
+  // Drops corral member i (factor by rotations; Gram, slots and weights shift down).
+  __device__ void remove(int i) {
+    cholesky_delete(i);
+    for (int r = 0; r < m - 1; ++r)  // row r <- row r + (r >= i), column i dropped; source rows are never above
+      copy_dropping(Q + static_cast<int64_t>(r) * mmax, Q + static_cast<int64_t>(r + (r >= i ? 1 : 0)) * mmax, m - 1,
+                    i, lane);
+    if (lane == 0) flags[S[i]] &= static_cast<uint8_t>(~kInCorral);
+    __syncwarp();
+    copy_dropping(S, S, m - 1, i, lane);
+    copy_dropping(lam, lam, m - 1, i, lane);
+    --m;
+  }
+
+  // Wolfe's minor cycle: affine minimum-norm weights y of the corral ((Q + 1 1^T + ridge I) z = 1, one
+  // refinement against the system without ridge, y = z / sum z); while some y_i <= eps_w, move towards y until
+  // the first weight reaches 0 and drop it (and every weight left at 0). Ends at y > 0 on the corral.
+  __device__ void minor() {
+    for (int step = 0, steps = m + 2; step < steps && m > 0; ++step) {
+      __syncwarp();
+      for (int i = lane; i < m; i += 32) z[i] = 1.0;
+      cholesky_solve(m, z);
+      double part = 0.0;
+      for (int j = lane; j < m; j += 32) part += z[j];
+      const double zsum = warp_sum(part);
+      __syncwarp();  // every lane reads all of z
+      for (int i = lane; i < m; i += 32) {  // Q is symmetric: column i, read across lanes
+        double acc = 0.0;
+        for (int j = 0; j < m; ++j) acc += Q[static_cast<int64_t>(j) * mmax + i] * z[j];
+        res[i] = 1.0 - zsum - acc;
+      }
+      cholesky_solve(m, res);
+      part = 0.0;
+      for (int i = lane; i < m; i += 32) {
+        z[i] += res[i];
+        part += z[i];
+      }
+      const double zs = warp_sum(part);
+      if (!(isfinite(zs) && zs > 0.0)) return;  // keeps the weights, as the twin
+      double best = INFINITY;
+      int first = -1;
+      for (int i = lane; i < m; i += 32) {
+        y[i] = z[i] / zs;
+        if (y[i] > a.eps_w) continue;
+        const double ratio = lam[i] / max_of(lam[i] - y[i], 1e-300);
+        if (ratio < best) {
+          best = ratio;
+          first = i;
+        }
+      }
+      warp_argmin(best, first);  // the first slot on ties
+      if (first < 0) {
+        for (int i = lane; i < m; i += 32) lam[i] = y[i];
+        __syncwarp();
+        return;
+      }
+      const double theta = min_of(max_of(best, 0.0), 1.0);
+      part = 0.0;
+      for (int i = lane; i < m; i += 32) {
+        const double l = lam[i] + theta * (y[i] - lam[i]);
+        const bool drop = (y[i] <= a.eps_w && l <= a.eps_w) || i == first;
+        wv[i] = drop ? -1.0 : max_of(l, 0.0);  // -1 marks a dropped point
+        if (!drop) part += wv[i];
+      }
+      const double sum = warp_sum(part);
+      for (int i = lane; i < m; i += 32) lam[i] = wv[i] < 0.0 ? -1.0 : (sum > 0.0 ? wv[i] / sum : wv[i]);
+      __syncwarp();  // every lane reads each lam[i] below (remove ends in step)
+      for (int i = m - 1; i >= 0; --i)  // last first: the positions below stay valid
+        if (lam[i] < 0.0) remove(i);
+    }
+  }
+
+  __device__ void solve(int64_t row) {
+    const int64_t n = a.n;
+    const double* wi = a.w + a.rows[row] * static_cast<int64_t>(d);
+    const int64_t* cand = a.cand + row * static_cast<int64_t>(K);
+    __syncwarp();  // the previous row's reads of this scratch are done
+    // the candidate star, a lane per candidate, exact differences (a zero one is a duplicated value: no valid
+    // direction); a candidate outside [0, n) is padding (on a GPU the indices are not range-checked up front)
+    bool dup = false;
+    for (int k = lane; k < K; k += 32) {
+      const int64_t j = cand[k];
+      uint8_t f = 0;
+      if (j < 0 || j >= n) {
+        for (int c = 0; c < d; ++c) X[static_cast<int64_t>(c) * K + k] = 0.0;
+      } else {
+        const double* wj = a.w + j * d;
+        double nn = 0.0;
+        for (int c = 0; c < d; ++c) {
+          const double t = wi[c] - wj[c];
+          X[static_cast<int64_t>(c) * K + k] = t;
+          nn += t * t;
+        }
+        const double nrm = sqrt(nn);
+        if (nrm > 0.0) {
+          const double inv = 1.0 / nrm;
+          for (int c = 0; c < d; ++c) X[static_cast<int64_t>(c) * K + k] *= inv;
+          f = kValid;
+        } else {
+          dup = true;
+        }
+      }
+      flags[k] = f;
+    }
+    dup = __any_sync(kFull, dup);
+    __syncwarp();
+    // the warm corral (positions into cand), bordered point by point; its weights restart the line search
+    m = 0;
+    double wsum = 0.0;
+    for (int64_t t = 0; t < a.kw; ++t) {
+      const int64_t kk = a.warm_cols ? a.warm_cols[row * a.kw + t] : -1;
+      if (kk < 0 || kk >= K) continue;
+      const int k = static_cast<int>(kk);
+      if (!(flags[k] & kValid) || (flags[k] & kInCorral)) continue;
+      if (add(k, kDependentPivot2)) {
+        const double lw = max_of(a.warm_lam[row * a.kw + t], 0.0);
+        if (lane == ((m - 1) & 31)) lam[m - 1] = lw;
+        wsum += lw;
+      }
+    }
+    if (m > 0) {
+      for (int s = lane; s < m; s += 32) lam[s] = wsum > 0.0 ? lam[s] / wsum : 1.0 / static_cast<double>(m);
+      minor();
+    }
+    const double* start = a.start + row * static_cast<int64_t>(d);
+    double best_lo = -INFINITY, best_hi = INFINITY, prev_pp = INFINITY;
+    {
+      double part = 0.0;
+      for (int c = lane; c < d; c += 32) part += start[c] * start[c];
+      const double sn = sqrt(warp_sum(part));
+      for (int c = lane; c < d; c += 32) u[c] = start[c] / max_of(sn, 1e-300);
+    }
+    for (int64_t it = 0;; ++it) {
+      // the point: the corral's hull point, or the start direction before the first addition
+      const bool hull = m > 0;
+      __syncwarp();  // lam and S were written by their owners
+      if (hull) {
+        for (int c = lane; c < d; c += 32) {
+          double acc = 0.0;
+          for (int s = 0; s < m; ++s) acc += lam[s] * xs(S[s], c);
+          p[c] = acc;
+        }
+      } else {
+        for (int c = lane; c < d; c += 32) p[c] = start[c];
+      }
+      __syncwarp();  // every lane reads all of p
+      // certificate against every candidate: g_k = <x_k, p>, a lane per candidate
+      double gl = INFINITY;
+      for (int k = lane; k < K; k += 32) {
+        double acc = 0.0;
+        for (int c = 0; c < d; ++c) acc += xs(k, c) * p[c];
+        g[k] = acc;
+        if ((flags[k] & kValid) && acc < gl) gl = acc;
+      }
+      const double gmin = warp_min(gl);
+      double part = 0.0;
+      for (int c = lane; c < d; c += 32) part += p[c] * p[c];
+      const double pp = warp_sum(part), pn = sqrt(pp);
+      double lo = pn > 0.0 ? gmin / pn : -INFINITY;
+      if (!isfinite(gmin)) lo = 1.0;  // no other value
+      if (lo > best_lo) {
+        best_lo = lo;
+        if (pn > 0.0)
+          for (int c = lane; c < d; c += 32) u[c] = p[c] / pn;
+      }
+      if (hull) {
+        best_hi = min_of(best_hi, pn);
+        // certified, at 0, or stalled (a Wolfe major cycle lowers ||p|| unless rounding stops it)
+        if (pp - gmin <= a.tol * pp || pp <= a.zero_norm2 || !isfinite(gmin) || pp >= prev_pp * (1.0 - 1e-14)) break;
+        prev_pp = pp;
+      }
+      if (it >= a.max_iter) break;
+      // additions: the most violating candidates outside the corral in (g, index) order, the first one without
+      // the pivot test; each pick is the warp's smallest (g, k) after the previous pick
+      const int64_t want = hull ? a.n_add : a.n_init;
+      const double thr = hull ? pp * (1.0 - 0.5 * a.tol) : INFINITY;
+      const int before = m;
+      double prev_g = -INFINITY;
+      int prev_k = -1;
+      for (int64_t t = 0; t < want && m < mmax; ++t) {
+        double bv = INFINITY;
+        int bk = -1;
+        for (int k = lane; k < K; k += 32) {
+          const double gk = g[k];
+          if (flags[k] != kValid || !(gk < thr)) continue;  // invalid, in the corral, or not violating
+          if (gk < prev_g || (gk == prev_g && k <= prev_k)) continue;  // picked already
+          if (gk < bv) {  // ascending k within a lane: the lowest index on ties
+            bv = gk;
+            bk = k;
+          }
+        }
+        warp_argmin(bv, bk);
+        if (bk < 0) break;
+        add(bk, m == before ? 0.0 : kDependentPivot2);
+        prev_g = bv;
+        prev_k = bk;
+      }
+      if (m == before) break;  // nothing to add: the point stays (its certificate is what it is)
+      if (!hull && lane == 0) lam[0] = 1.0;  // a cold start begins at the most violating point
+      minor();
+      if (m == 0) break;
+    }
+    __syncwarp();
+    for (int c = lane; c < d; c += 32) a.u[row * d + c] = u[c];
+    if (lane == 0) {
+      a.lo[row] = best_lo;
+      a.hi[row] = best_hi;
+      a.dup[row] = dup ? 1 : 0;
+    }
+    for (int64_t s = lane; s < a.kc; s += 32) {
+      a.out_cols[row * a.kc + s] = s < m ? S[s] : -1;
+      a.out_lam[row * a.kc + s] = s < m ? lam[s] : 0.0;
+    }
+  }
+};
+
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) corral_solve_kernel(const __grid_constant__ CorralSolveArgs a, int64_t scratch) {
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (warp >= a.slots) return;  // whole warps
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  RowSolver s(a, lane, a.work + kCorralSolveHeader + warp * scratch);
+  unsigned long long* next_row = reinterpret_cast<unsigned long long*>(a.work);
+  for (;;) {  // rows differ in their work: each warp takes the next one when it is done
+    unsigned long long row = 0;
+    if (lane == 0) row = atomicAdd(next_row, 1ull);
+    row = __shfl_sync(kFull, row, 0);
+    if (row >= static_cast<unsigned long long>(a.r)) break;
+    s.solve(static_cast<int64_t>(row));
+  }
+}
+
+}  // namespace
+
+void corral_solve(const CorralSolveArgs& a, uintptr_t stream) {
+  if (a.r <= 0) return;
+  if (a.slots <= 0 || a.work == nullptr) throw std::invalid_argument("corral_solve: no workspace");
+  const cudaStream_t st = as_stream(stream);
+  check(cudaMemsetAsync(a.work, 0, sizeof(unsigned long long), st), "corral_solve (row counter)");
+  corral_solve_kernel<<<static_cast<unsigned>(ceil_div(a.slots, kWarpsPerBlock)), kWarpsPerBlock * 32, 0, st>>>(
+      a, corral_solve_scratch(a.d, a.k));
+  check_launch("corral_solve");
+}
+
+}  // namespace cuda
+}  // namespace factkernels
