@@ -2,10 +2,11 @@
 // csrc/cpu/corral_solve.cpp (Wolfe's method, several additions per major cycle, the corral's Cholesky factor
 // bordered on add and downdated on drop, the same pivot test, minor cycle and termination rules), so that an
 // active-set round of factkernels/ustar.py is one launch instead of the batched torch solver's thousands of
-// small ops. Warps take rows from a counter until none is left; each keeps its row's candidate star
-// (transposed, d x K: a lane per candidate reads it coalesced), the corral's Gram matrix and factor
-// (mmax x mmax, mmax = d + 1) and work vectors in its own slice of a global workspace; corral members are
-// indices into the star (no copies).
+// small ops. Warps take rows from a counter until none is left; each keeps its row's candidate star (K x d,
+// row-major as on the CPU), the corral's Gram matrix and factor (mmax x mmax, mmax = d + 1) and work vectors in
+// its own slice of a global workspace; corral members are indices into the star (no copies). A star row is read
+// whole by the warp (the hull point, a border's norm: coalesced) or by one lane (a certificate, a border's
+// products: consecutive elements of one row in consecutive steps, so each sector serves four through L1).
 //
 // Warp-synchronous code: lane-strided loops, every decision computed from warp reductions (a butterfly gives
 // all lanes the same bits) so control flow is warp-uniform. Element s of a slot vector (lam, z, res, y, wv) and
@@ -83,7 +84,7 @@ struct RowSolver {
       : a(args), lane(lane_), d(static_cast<int>(args.d)), K(static_cast<int>(args.k)),
         mmax(static_cast<int>(args.d) + 1) {
     double* w = work;
-    X = w;  // transposed star: x_k[c] = X[c * K + k]
+    X = w;  // the star: x_k[c] = X[k * d + c]
     w += static_cast<int64_t>(K) * d;
     g = w;
     w += K;
@@ -105,7 +106,7 @@ struct RowSolver {
     flags = reinterpret_cast<uint8_t*>(w);
   }
 
-  __device__ __forceinline__ double xs(int k, int c) const { return X[static_cast<int64_t>(c) * K + k]; }
+  __device__ __forceinline__ double xs(int k, int c) const { return X[static_cast<int64_t>(k) * d + c]; }
 
   // x <- L^{-1} x (n x n, rows of L: a warp dot product per row; x[i] is written by its owner lane).
   __device__ void forward_solve(int n, double* x) {
@@ -285,21 +286,22 @@ struct RowSolver {
     bool dup = false;
     for (int k = lane; k < K; k += 32) {
       const int64_t j = cand[k];
+      double* x = X + static_cast<int64_t>(k) * d;
       uint8_t f = 0;
       if (j < 0 || j >= n) {
-        for (int c = 0; c < d; ++c) X[static_cast<int64_t>(c) * K + k] = 0.0;
+        for (int c = 0; c < d; ++c) x[c] = 0.0;
       } else {
         const double* wj = a.w + j * d;
         double nn = 0.0;
         for (int c = 0; c < d; ++c) {
           const double t = wi[c] - wj[c];
-          X[static_cast<int64_t>(c) * K + k] = t;
+          x[c] = t;
           nn += t * t;
         }
         const double nrm = sqrt(nn);
         if (nrm > 0.0) {
           const double inv = 1.0 / nrm;
-          for (int c = 0; c < d; ++c) X[static_cast<int64_t>(c) * K + k] *= inv;
+          for (int c = 0; c < d; ++c) x[c] *= inv;
           f = kValid;
         } else {
           dup = true;
