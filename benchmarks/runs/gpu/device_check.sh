@@ -15,6 +15,8 @@
 #   them: ustar ~35 s)
 # so tests,kernels,construct,ustar ~150 s and with scale ~260 s, plus the build (~20 s) and the GEMM rate (~2 s).
 # Keep --tests-timeout (SUITE_ARGS, the last one wins) well under SUITE_SECONDS: a hung test must not eat the call.
+# A 5-minute call: OUT=$OUT SUITE_SECONDS=250 SUITE_ARGS="--only tests,kernels,construct,ustar --tests-timeout 100"
+#   (~150 s of suite); with scale (~260 s) it needs SUITE_SECONDS=300 and a 6-minute call, or --no-ustar-large.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 OUT="${OUT:?set OUT to the folder for the logs and the JSON}"
