@@ -205,7 +205,8 @@ def construct(
         used = torch.zeros(V.shape[0], dtype=torch.bool, device=device).index_fill_(0, facts, True)
         host = _read_scalars([rho, used.sum(), *problems], device)
         problems = _settle_problems(host[2:], K, V, f)
-        used = torch.nonzero_static(used, size=int(host[1])).flatten()  # torch.unique(facts), its size read above
+        # torch.unique(facts) with its size read above: a stable sort puts the used values first, in order
+        used = torch.argsort(used.logical_not().to(torch.uint8), stable=True)[: int(host[1])]
         decoder, m_search = choose_m(m, out_embed, values, used, check_decodable(host[0], outputs), generator, backend)
     clock.lap("m_search")
     targets = decoder.codes[facts]  # (F, m)
