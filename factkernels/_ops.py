@@ -760,15 +760,14 @@ def _star_scores_rows(values: torch.Tensor, sq: torch.Tensor, s: torch.Tensor, p
     says whether there were more than the bound (the scores may then be wrong where the rest are)."""
     ws = values[s]
     sqs = sq[s, None]
+    base = sqs + sq[None, :]
     if p is None:  # <w_s, w_s - w_j> shares the one product with the distances
         gram = ws @ values.T
         g = sqs - gram
-    else:
-        both = torch.cat([ws, p]) @ values.T  # one GEMM for the distances' and the numerators' products
-        gram, g = both[: s.numel()], both[s.numel():]
-        g = (p * ws).sum(dim=1, keepdim=True) - g
-    base = sqs + sq[None, :]
-    d2 = gram.mul_(-2.0).add_(base)
+        d2 = gram.mul_(-2.0).add_(base)
+    else:  # the distances' product adds the norms in the GEMM's epilogue
+        d2 = torch.addmm(base, ws, values.T, alpha=-2.0)
+        g = (p * ws).sum(dim=1, keepdim=True) - p @ values.T
     is_close = d2 <= base.mul_(close)
     g.div_(d2.clamp_min_(0.0).sqrt_())
     if bound is None:
