@@ -18,10 +18,11 @@ What it runs (all on --device, default cuda):
   scale      outputs="values", solver="auto" at d = 1,024, F = |V| = 2^18 (--scale-facts), each phase beside
              its GEMM-rate limit; then F = 2^20 through the memory guard only: refused at once with its
              estimate, or "fits" (not built: it would take far longer than a lent call)
-  ustar      margin_optimal_outputs (U*), USTAR_ROWS: |V| = 4,096, d = 128 (auto, dense, active_set; backend
-             kernels and torch), 16,384 x 128 (active_set, dense) and, unless --no-ustar-large, 65,536 x 256
-             (auto, kernels, torch): time, rho, streaming passes and one pass's time, and (below each row's
-             threshold) kernel launches, host syncs, copies and the top device kernels (ustar_launches.py)
+  ustar      margin_optimal_outputs (U*), USTAR_ROWS: |V| = 4,096, d = 128 (auto, dense, active_set; the active
+             set with backend kernels: CUDA corral_solve and star_topk, and torch: their twins), 16,384 x 128
+             (active_set, dense) and, unless --no-ustar-large, 65,536 x 256 (backend auto, kernels, torch): time,
+             rho, streaming passes and one pass's time, and (below each row's threshold) kernel launches, host
+             syncs, copies and the top device kernels (ustar_launches.py)
   gd_batch   GD cost searches with every seed (and, for the GD MLP, the sizes ahead) as one batch vs one
              model at a time (gd_batch.py's race at its CPU setting, d = 16, F = 64, 3 seeds, one run each),
              and the cost of one step of 1, 3, 9, 21 GD MLPs as one batch (and of 1 and 3 at F = 256 ... 2,048),
@@ -283,7 +284,7 @@ def bench_largest_f(device: torch.device, d: int, start: int, max_seconds: float
 # 400k operators in 11 s, took ~70 s more profiled).
 USTAR_ROWS = (
     (4096, 128, "auto", "auto", 20.0), (4096, 128, "dense", "auto", 20.0), (4096, 128, "active_set", "auto", 20.0),
-    (4096, 128, "auto", "kernels", 20.0), (4096, 128, "auto", "torch", 20.0),
+    (4096, 128, "active_set", "kernels", 20.0), (4096, 128, "active_set", "torch", 20.0),
     (16384, 128, "active_set", "auto", 1.0), (16384, 128, "dense", "auto", 1.0))
 # 65,536 x 256 (~10 s a call on an H200): time, passes and pass_seconds; profiled only below 5 s
 USTAR_LARGE_ROWS = ((65536, 256, "auto", "auto", 0.0), (65536, 256, "auto", "kernels", 5.0),
