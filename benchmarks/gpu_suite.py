@@ -154,6 +154,20 @@ STAR_TOPK_RACES = ((4096, 128, 96, 4096), (4096, 128, 192, 4096), (16384, 128, 9
 STAR_TOPK_QUICK_RACES = ((512, 32, 24, 512), (1024, 32, 48, 256))
 
 
+def twin_by_budget(twin, device: torch.device, budgets=(1 << 28, 1 << 30, 1 << 32)) -> dict:
+    """The star_topk twin's time with each working-memory budget per chunk (``_ops.STAR_TWIN_BYTES``), in ms."""
+    key = device.type if device.type in _ops.STAR_TWIN_BYTES else "cpu"
+    default = _ops.STAR_TWIN_BYTES[key]
+    times = {}
+    try:
+        for budget in budgets:
+            _ops.STAR_TWIN_BYTES[key] = budget
+            times[budget >> 20] = timeit(twin, device, repeats=3) * 1e3
+    finally:
+        _ops.STAR_TWIN_BYTES[key] = default
+    return times
+
+
 def bench_star_topk(device: torch.device, races, rate: float) -> list[dict]:
     """star_topk's kernel against its twin (GEMMs, then torch.topk) as U*'s streaming pass runs it: unit values,
     given outputs (two products: 4 r |V| d FLOPs, the GEMM-rate limit), ``rows`` of them scored against all.
@@ -169,6 +183,8 @@ def bench_star_topk(device: torch.device, races, rate: float) -> list[dict]:
         row = race("star_topk", {"nv": nv, "d": d, "k": k, "rows": r}, device,
                    lambda: _ops.star_topk(v, k, p, rows, backend="kernels"), twin, flops=4 * r * nv * d, rate=rate)
         row["twin_profile"] = profile_call(twin, device)  # where the twin's time goes: GEMMs, topk, elementwise
+        if (nv, d, k, r) == max(races):  # the twin's chunk budget, for tuning STAR_TWIN_BYTES (one race)
+            row["twin_ms_by_budget_mib"] = twin_by_budget(twin, device)
         (kv, ki), (tv, ti) = (_ops.star_topk(v, k, p, rows, backend=b) for b in ("kernels", "torch"))
         row.update(index_agreement=(ki == ti).double().mean().item(),
                    max_score_difference=(kv - tv).abs().max().item(), full_pass_rows=nv,
