@@ -11,7 +11,8 @@ values (seed 0), in float32:
   seconds          one call, unprofiled, after a warm-up call at a small size; cpu_seconds the process's CPU
                    seconds in it (steadier than wall seconds on a shared machine), loadavg_1min the load after it
   passes           calls of the streaming star-score pass (``_ops.star_topk``, kernel or twin) and the
-                   same in full-pass equivalents (rows scored / |V|)
+                   same in full-pass equivalents (rows scored / |V|); seconds_in_passes_measured the seconds the
+                   call spent in them (synchronized around each)
   pass_seconds     one full streaming pass at the call's width; seconds_in_passes = seconds / pass_seconds
                    (the CPU target: <= 8 at |V| = 16,384, d = 128), cpu_seconds_in_passes the same in CPU seconds
   aten_ops         aten operators the call runs (every operator, and those called from Python), from
@@ -65,10 +66,11 @@ def _sync(device: torch.device) -> None:
 
 class PassCounter:
     """Counts the streaming passes of U* (calls of ``_ops.star_topk``, the one door to the kernel and its
-    twin) and the rows they score, while installed as a context manager."""
+    twin) and the rows they score, while installed as a context manager, and the seconds spent in them (the
+    device synchronized before and after each: a few syncs more per call)."""
 
     def __init__(self) -> None:
-        self.calls, self.rows, self.width = 0, 0, 1
+        self.calls, self.rows, self.width, self.seconds = 0, 0, 1, 0.0
 
     def __enter__(self) -> "PassCounter":
         self._real = _ops.star_topk
@@ -77,7 +79,12 @@ class PassCounter:
             self.calls += 1
             self.rows += values.shape[0] if rows is None else rows.numel()
             self.width = k  # that of the last pass
-            return self._real(values, k, outputs, rows, **kwargs)
+            _sync(values.device)
+            begin = time.perf_counter()
+            found = self._real(values, k, outputs, rows, **kwargs)
+            _sync(values.device)
+            self.seconds += time.perf_counter() - begin
+            return found
 
         _ops.star_topk = counted
         return self
@@ -155,7 +162,7 @@ def measure(device: torch.device, n: int, d: int, *, method: str = "auto", count
         seconds, cpu_seconds = time.perf_counter() - begin, time.process_time() - begin_cpu
     row = {"n": n, "d": d, "method": method, "backend": backend, "seconds": seconds, "cpu_seconds": cpu_seconds,
            "rho": rho, "loadavg_1min": os.getloadavg()[0],
-           "passes": passes.calls, "full_pass_equivalents": passes.rows / n}
+           "passes": passes.calls, "full_pass_equivalents": passes.rows / n, "seconds_in_passes_measured": passes.seconds}
     # the unit of the CPU target "<= 8 score passes": one full streaming pass at the width the solver uses. On a
     # shared machine the CPU seconds (this process's, all its threads) are the steadier ratio.
     begin, begin_cpu = time.perf_counter(), time.process_time()

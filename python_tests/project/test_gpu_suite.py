@@ -55,6 +55,7 @@ def test_ustar_section_runs_on_the_cpu(tmp_path, monkeypatch):
     assert [(r["n"], r["d"], r["method"], r["backend"]) for r in rows] == [
         (512, 32, "auto", "auto"), (1024, 64, "auto", "auto"), (1024, 64, "active_set", "kernels")]
     assert rows[2]["passes"] > 0 and rows[2]["pass_seconds"] > 0
+    assert 0 < rows[2]["seconds_in_passes_measured"] < rows[2]["seconds"]
     for row in rows:
         assert row["rho"] > 0 and row["work_ops"] > 0 and row["host_syncs"] > 0
         assert 0 < row["sync_free_path"]["host_syncs"] and row["sync_free_path"]["work_ops"] > 0
