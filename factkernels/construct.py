@@ -203,7 +203,7 @@ def construct(
         decoder, m_search = jl_decoder(out_embed, m, generator), "given"
     else:  # the search is decided on the host: it reads rho (with the input checks) and each trial's decode back
         used = torch.zeros(V.shape[0], dtype=torch.bool, device=device).index_fill_(0, facts, True)
-        host = _read_scalars([rho, used.sum(), *problems], device)
+        host = _read_scalars([rho, used.sum(), *problems])
         problems = _settle_problems(host[2:], K, V, f)
         # torch.unique(facts) with its size read above: a stable sort puts the used values first, in order
         used = torch.argsort(used.logical_not().to(torch.uint8), stable=True)[: int(host[1])]
@@ -238,11 +238,11 @@ def construct(
         return encoder, mlp, margins
 
     encoder, mlp, margins = build(deferred=chosen == "cholesky")
-    rho, accepted, residual, failed, min_margin, problems = _read_back(rho, encoder.solve, margins, problems, device)
+    rho, accepted, residual, failed, min_margin, problems = _read_back(rho, encoder.solve, margins, problems)
     _settle_problems(problems, K, V, f)
     if not accepted:  # the float32 factorization failed or missed the residual: refine, or redo in float64
         encoder, mlp, margins = build(gate=(encoder.gate_weight, encoder.gate_bias))
-        _, _, residual, failed, min_margin, _ = _read_back(torch.zeros(()), encoder.solve, margins, [], device)
+        _, _, residual, failed, min_margin, _ = _read_back(torch.zeros(()), encoder.solve, margins, [])
     encoder.solve.residual, encoder.solve.accepted = residual, None
     check_decodable(rho, outputs)
 
@@ -265,24 +265,34 @@ def construct(
     return mlp
 
 
-def _read_scalars(scalars: list, device: torch.device) -> list:
-    """0-dim tensors (or numbers) read back in one transfer from ``device``, as float64 numbers."""
-    return torch.stack([torch.as_tensor(x).to(device=device, dtype=torch.float64) for x in scalars]).tolist()
+def _read_scalars(scalars: list) -> list:
+    """0-dim tensors or numbers as Python floats, the tensors of each device read back in one transfer (a
+    host tensor is not sent to the device first: a copy from pageable memory would synchronize the stream)."""
+    out = [x if not isinstance(x, torch.Tensor) else None for x in scalars]
+    devices: dict = {}
+    for i, x in enumerate(scalars):
+        if isinstance(x, torch.Tensor):
+            devices.setdefault(x.device, []).append(i)
+    for positions in devices.values():
+        values = torch.stack([scalars[i].detach().to(torch.float64) for i in positions]).tolist()
+        for i, value in zip(positions, values):
+            out[i] = value
+    return [float(x) for x in out]
 
 
 def _settle_problems(problems, K, V, f) -> list:
     """Raise the first input problem (``problems``: the (k,) device flags of the input checks, or them read
     back), naming its argument; returns [] (nothing left to read). Flag 4, when present, is given outputs
     with a NaN/Inf entry or an all-zero row."""
-    flags = _read_scalars(list(problems), K.device) if isinstance(problems, torch.Tensor) else list(problems)
+    flags = _read_scalars(list(problems)) if isinstance(problems, torch.Tensor) else list(problems)
     raise_input_problems(flags[:4], K, V, f)
     if len(flags) > 4 and flags[4]:
         raise ValueError("outputs contains NaN or Inf entries or an all-zero row (every output needs a direction)")
     return []
 
 
-def _read_back(rho: torch.Tensor, solve, margins: Optional[torch.Tensor], problems,
-               device: torch.device) -> tuple[float, bool, float, int, float, list]:
+def _read_back(rho: torch.Tensor, solve, margins: Optional[torch.Tensor],
+               problems) -> tuple[float, bool, float, int, float, list]:
     """The build's one read back from the device: (rho, whether the solve was accepted, its relative
     residual, failed facts, min margin, the input checks' flags); failed and min margin are 0 and nan without
     verification. problems: the input checks' device flags not read yet, or []."""
@@ -290,7 +300,7 @@ def _read_back(rho: torch.Tensor, solve, margins: Optional[torch.Tensor], proble
     scalars = [rho, accepted, solve.residual]
     if margins is not None:
         scalars += [(margins <= 0).sum(), margins.min()]
-    out = _read_scalars(scalars + list(problems), device)
+    out = _read_scalars(scalars + list(problems))
     flags = out[len(scalars):]
     if margins is None:
         out[3:3] = [0, float("nan")]

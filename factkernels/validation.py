@@ -99,8 +99,10 @@ def _row_keys(t: torch.Tensor) -> torch.Tensor:
     bits = (t + 0.0).view(torch.int32 if t.element_size() == 4 else torch.int64)  # + 0.0 turns -0.0 into 0.0
     shifts = torch.arange(0, 8 * t.element_size(), _CHUNK_BITS, device=t.device, dtype=bits.dtype)
     num_chunks = t.shape[1] * shifts.numel()
-    weights = torch.randint(1 << _WEIGHT_BITS, (num_chunks, 2), generator=torch.Generator().manual_seed(0),
-                            dtype=torch.float64).to(t.device)
+    # drawn where they are used: a host draw copied to a GPU would synchronize the stream (the keys need not
+    # agree across devices)
+    weights = torch.randint(1 << _WEIGHT_BITS, (num_chunks, 2), generator=torch.Generator(t.device).manual_seed(0),
+                            dtype=torch.float64, device=t.device)
     columns = _COLUMNS_PER_BLOCK // shifts.numel()
     rows = max(1, (1 << 22) // min(num_chunks, _COLUMNS_PER_BLOCK))  # temporaries of ~32 MB
     hashes = torch.zeros(t.shape[0], 2, dtype=torch.int64, device=t.device)
