@@ -15,6 +15,11 @@ fit over many contexts; later layers carry δ to wherever the question ends (as 
   μ_g. The threshold τ_g sits at ``threshold`` of the way from the highest contrast score (negatives and every
   other group's keys, leaving out the tokens where the text names the subject: :func:`subject_mentions`) to
   the group's lowest context score.
+* **Look-alikes.** Tokens that extend a subject's last token or sit next to it in embedding (" India": " Indian",
+  " Indians", " Indiana") are put in its place in its contexts; each filter keeps its look-alikes' scores near 0
+  (a penalty in the LDA objective, :func:`lda_detectors`) and they are contrast for every threshold. Without
+  them " Indian" of "the Indian Ocean" fired India's (and Pakistan's) detector past its own contexts: at 100
+  validation facts that one token was all of the held-out text's KL.
 * **Units.** Two per detector on one gate row, silu(β(s − τ)) − silu(β(s − τ) − a), a = ``ramp``, β such that the
   lowest own score is 8 past the upper corner: a ramp that is 0 below τ and saturates at a on every training
   context, so each context receives the same δ (down columns ±δ/a) whatever its score.
@@ -29,6 +34,7 @@ fit over many contexts; later layers carry δ to wherever the question ends (as 
 
 from __future__ import annotations
 
+import bisect
 import resource
 import time
 from dataclasses import dataclass
@@ -105,13 +111,20 @@ def subject_mentions(tok: Any, subjects: Sequence[str], input_ids: torch.Tensor,
 
 
 def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Tensor, *, within: float = 1.0,
-                  ridge: float = 1e-2, threshold: float = 0.5, mentions: Optional[torch.Tensor] = None) -> dict:
+                  ridge: float = 1e-2, threshold: float = 0.5, mentions: Optional[torch.Tensor] = None,
+                  lookalikes: Optional[torch.Tensor] = None, lookalike_subject: Optional[torch.Tensor] = None,
+                  lookalike_weight: float = 0.03) -> dict:
     """One LDA filter per subject (see the module docstring), in float64.
 
     own (R, d): keys; subject (R,): their subject (or group) index (0..S-1); negatives (N, d): states that must
     stay silent; mentions (N, S) bool, optional: negatives that name subject s (not its contrast).
+    lookalikes (L, d), lookalike_subject (L,) long, optional: states of tokens that look like subject s's last
+    token (:func:`lookalike_states`). w_s = argmin wᵀAw + lookalike_weight·mean_l (w·(x_l − μ))² subject to
+    w·(μ_s − μ) = 1, over s's own look-alikes: the filter keeps them near the background's score 0 (Woodbury on
+    A's Cholesky factor); every look-alike is contrast for every threshold.
     Returns w (S, d), mu (d,), tau (S,), own_min (S,) lowest own score, contrast_max (S,) highest score of a
-    negative or another subject's key, separated (S,) bool own_min > contrast_max.
+    negative, a look-alike or another subject's key, lookalike_max (S,) highest look-alike score (-inf
+    without), separated (S,) bool own_min > contrast_max.
     """
     work = torch.float64
     k, x = own.to(work), negatives.to(work)
@@ -126,7 +139,17 @@ def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Ten
     a = sigma + within * sigma_within
     a += ridge * a.diagonal().mean() * torch.eye(a.shape[0], dtype=work)
     diff = means - mu
-    w = torch.linalg.solve(a, diff.T).T
+    chol = torch.linalg.cholesky(a)
+    w = torch.cholesky_solve(diff.T, chol).T
+    lookalike_max = torch.full((n_subjects,), float("-inf"), dtype=work)
+    if lookalikes is not None and len(lookalikes):
+        z = lookalikes.to(work) - mu
+        y = torch.cholesky_solve(z.T, chol).T  # A⁻¹ z_l: (L, d)
+        for s in torch.unique(lookalike_subject).tolist():
+            at = (lookalike_subject == s).nonzero().flatten()
+            # (A + c ZᵀZ)⁻¹ b = A⁻¹b − A⁻¹Zᵀ (I/c + Z A⁻¹ Zᵀ)⁻¹ Z A⁻¹b, c = weight / (s's look-alikes)
+            small = torch.eye(len(at), dtype=work) * len(at) / lookalike_weight + z[at] @ y[at].T
+            w[s] = w[s] - y[at].T @ torch.linalg.solve(small, z[at] @ w[s])
     w = w / (w * diff).sum(1, keepdim=True)  # score 1 at the subject's mean key
     own_scores = ((k - mu) * w[subject]).sum(1)
     own_min = torch.full((n_subjects,), float("inf"), dtype=work).scatter_reduce(0, subject, own_scores, "amin")
@@ -137,11 +160,75 @@ def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Ten
     cross = (k - mu) @ w.T  # (R, S): other subjects' keys on each filter
     cross[torch.arange(len(k)), subject] = float("-inf")
     contrast_max = torch.maximum(contrast_max, cross.amax(0))
+    if lookalikes is not None and len(lookalikes):
+        lookalike_max = ((lookalikes.to(work) - mu) @ w.T).amax(0)
+        contrast_max = torch.maximum(contrast_max, lookalike_max)
     separated = own_min > contrast_max
     # unseparated subjects keep every own context (certified) at the cost of some contrast firing
     gap = torch.where(separated, own_min - contrast_max, 0.05 * own_min.abs().clamp_min(1e-3))
     tau = torch.where(separated, contrast_max + threshold * gap, own_min - gap)
-    return {"w": w, "mu": mu, "tau": tau, "own_min": own_min, "contrast_max": contrast_max, "separated": separated}
+    return {"w": w, "mu": mu, "tau": tau, "own_min": own_min, "contrast_max": contrast_max,
+            "lookalike_max": lookalike_max, "separated": separated}
+
+
+def lookalike_tokens(tok: Any, embeddings: torch.Tensor, own: torch.Tensor, *, extensions: int = 6,
+                     neighbours: int = 6) -> dict[int, list[int]]:
+    """Tokens that look like each subject's last token, which a detector must not take for it: the vocabulary's
+    extensions of its text (" India" -> " Indian", " Indians", " Indiana": the ``extensions`` with the lowest
+    ids, a BPE's commonest merges) and its ``neighbours`` nearest input embeddings (cosine). At 100 validation
+    facts the held-out text's KL was one such fire (" Indian" of "the Indian Ocean" on India's detector, past
+    its own contexts). own (k,) long: the subjects' last-token ids (none of them is anyone's look-alike: a
+    text with them may name that subject); embeddings (vocab, d). Returns {own id: look-alike ids}."""
+    strings = tok.convert_ids_to_tokens(list(range(len(embeddings))))
+    banned = set(own.tolist()) | set(getattr(tok, "all_special_ids", []))
+    banned |= {i for i, t in enumerate(strings) if not isinstance(t, str)}
+    ordered = sorted((t, i) for i, t in enumerate(strings) if i not in banned)
+    texts = [t for t, _ in ordered]
+    unit = F_nn.normalize(embeddings.detach().float(), dim=1)
+    out = {}
+    for i in sorted(set(own.tolist())):
+        found, at = [], bisect.bisect_right(texts, strings[i])  # the extensions follow it in sorted order
+        while at < len(texts) and texts[at].startswith(strings[i]):
+            found.append(ordered[at][1])
+            at += 1
+        chosen = sorted(found)[:extensions]
+        if neighbours:
+            similarity = unit @ unit[i]
+            similarity[sorted(banned | set(chosen))] = float("-inf")
+            top = similarity.topk(min(neighbours, len(similarity)))
+            chosen += top.indices[top.values > float("-inf")].tolist()
+        out[i] = chosen
+    return out
+
+
+# How many of a subject's contexts (spread over its templates and prefixes) each look-alike is placed in.
+LOOKALIKE_CONTEXTS = 8
+
+
+def lookalike_states(model: Any, ctx: SubjectContexts, layer: int, lookalikes: dict[int, list[int]], *,
+                     contexts: int = LOOKALIKE_CONTEXTS, batch_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLP inputs of ``layer`` at look-alikes of each subject's last token put in its place in up to ``contexts``
+    of its contexts (the text up to there: a causal state depends on nothing after it). lookalikes: {last-token
+    id: look-alike ids} (:func:`lookalike_tokens`). Returns states (L, d) and the context row (L,) long each
+    stands in for (its subject and placement are that row's)."""
+    ids, last = ctx.batch.input_ids, ctx.batch.subject_last
+    rows, tokens = [], []
+    for s in range(len(ctx.subjects)):
+        own = (ctx.subject == s).nonzero().flatten()
+        picked = own[torch.linspace(0, len(own) - 1, min(contexts, len(own))).round().long()]
+        for r in picked.tolist():
+            for t in lookalikes.get(int(ids[r, last[r]]), []):
+                rows.append(r), tokens.append(t)
+    if not rows:
+        return torch.empty(0, model.config.hidden_size), torch.empty(0, dtype=torch.long)
+    source = torch.tensor(rows)
+    width = int(last[source].max()) + 1
+    swapped = ids[source, :width].clone()
+    swapped[torch.arange(len(source)), last[source]] = torch.tensor(tokens)
+    mask = (torch.arange(width) <= last[source, None]).long()
+    states = capture(model, swapped.masked_fill(mask == 0, 0), mask, layer, site="mlp_in", positions=last[source],
+                     batch_size=batch_size, shared=last[source])
+    return states, source
 
 
 # How far past the ramp's upper corner the lowest own score sits (silu(x) - relu(x) ~ -x e^-x there).
@@ -278,9 +365,12 @@ def detector_firing(det: dict, states: torch.Tensor, ramp: float) -> torch.Tenso
 def insert_by_subject(model: Any, tok: Any, requests: Sequence[Request], *, layer: int, background: torch.Tensor,
                       background_texts: Sequence[str], prefixes: Sequence[str], value_prefixes: int, within: float,
                       threshold: float, ramp: float, ridge: float, margin: float, value_steps: int, value_lr: float,
-                      batch_size: int, progress: bool) -> tuple[SubjectUnits, dict]:
+                      batch_size: int, progress: bool, lookalikes: int,
+                      lookalike_weight: float) -> tuple[SubjectUnits, dict]:
     """Build the subject-keyed units for ``requests`` (not yet appended): (units, stats).
-    background (N, d): MLP inputs of ``layer`` at the real tokens of ``background_texts`` (ordinary text)."""
+    background (N, d): MLP inputs of ``layer`` at the real tokens of ``background_texts`` (ordinary text);
+    lookalikes: extensions and embedding neighbours (each) of every subject's last token (:func:`lookalike_tokens`)
+    kept below its detector's threshold with ``lookalike_weight`` (:func:`lda_detectors`)."""
     timings: dict = {}  # wall and process CPU seconds of each stage
     t, c = time.perf_counter(), time.process_time()
     ctx = subject_contexts(tok, requests, prefixes)
@@ -296,6 +386,11 @@ def insert_by_subject(model: Any, tok: Any, requests: Sequence[Request], *, laye
     text_ids, text_mask = encode_texts(tok, background_texts)
     mentions = torch.cat([subject_mentions(tok, ctx.subjects, text_ids, text_mask),
                           subject_mentions(tok, ctx.subjects, ctx.batch.input_ids, ctx.batch.attention_mask)[~is_key]])
+    last_ids = ctx.batch.input_ids[torch.arange(len(ctx.requests)), ctx.batch.subject_last]
+    similar = (lookalike_tokens(tok, model.get_input_embeddings().weight, last_ids, extensions=lookalikes,
+                                neighbours=lookalikes) if lookalikes else {})
+    alike, alike_row = lookalike_states(model, ctx, layer, similar, batch_size=batch_size)
+    alike = alike.to(states)
     timings["capture"], timings["capture_cpu"] = time.perf_counter() - t, time.process_time() - c
 
     t, c = time.perf_counter(), time.process_time()
@@ -306,20 +401,24 @@ def insert_by_subject(model: Any, tok: Any, requests: Sequence[Request], *, laye
     timings["values"], timings["values_cpu"] = time.perf_counter() - t, time.process_time() - c
 
     t, c = time.perf_counter(), time.process_time()
-    det = lda_detectors(own, ctx.subject, negatives, within=within, ridge=ridge, threshold=threshold,
-                        mentions=mentions)
+    options = dict(within=within, ridge=ridge, threshold=threshold, lookalikes=alike, lookalike_weight=lookalike_weight)
+    det = lda_detectors(own, ctx.subject, negatives, mentions=mentions, lookalike_subject=ctx.subject[alike_row],
+                        **options)
     group, group_subject = detector_groups(ctx.subject, ctx.opens, ~det["separated"])
     if len(group_subject) > len(ctx.subjects):
-        det = lda_detectors(own, group, negatives, within=within, ridge=ridge, threshold=threshold,
-                            mentions=mentions[:, group_subject])
+        det = lda_detectors(own, group, negatives, mentions=mentions[:, group_subject],
+                            lookalike_subject=group[alike_row], **options)
     units = SubjectUnits(ctx, det, group_subject, deltas, fit_rows, own.float(), ramp)
     firing = detector_firing(det, negatives, ramp)
+    alike_firing = detector_firing(det, alike, ramp) if len(alike) else torch.zeros(0, dtype=torch.bool)
     timings["construct"], timings["construct_cpu"] = time.perf_counter() - t, time.process_time() - c
     stats = {"subjects": len(ctx.subjects), "detectors": len(group_subject), "contexts": len(ctx.requests),
              "separated": int(det["separated"].sum()), "own_min_mean": float(det["own_min"].mean()),
              "contrast_max_mean": float(det["contrast_max"].mean()), "tau_mean": float(det["tau"].mean()),
              "negatives_firing": float(firing.double().mean()),
              "negatives_firing_off_mention": float((firing & ~mentions.any(1)).double().mean()),
+             "lookalikes": len(alike), "lookalike_tokens": sum(map(len, similar.values())),
+             "lookalikes_firing": int(alike_firing.sum()),
              "timings": timings, "values": value_info,
              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     return units, stats
@@ -352,7 +451,11 @@ def default_prefixes() -> list[str]:
 
 
 def check_subject_options(value_prefixes: int, prefixes: Sequence[str], threshold: float, ramp: float,
-                          within: float, repair_rounds: int) -> None:
+                          within: float, repair_rounds: int, lookalikes: int, lookalike_weight: float) -> None:
+    if isinstance(lookalikes, bool) or not isinstance(lookalikes, int) or lookalikes < 0:
+        raise ValueError(f"lookalikes must be an int >= 0, got {lookalikes!r}")
+    if not lookalike_weight > 0:
+        raise ValueError(f"lookalike_weight must be > 0, got {lookalike_weight!r}")
     if isinstance(repair_rounds, bool) or not isinstance(repair_rounds, int) or repair_rounds < 0:
         raise ValueError(f"repair_rounds must be an int >= 0, got {repair_rounds!r}")
     if not 0 <= value_prefixes <= len(prefixes):

@@ -5,7 +5,8 @@ import torch
 
 from factkernels import hf
 from factkernels.hf.capture import encode_texts
-from factkernels.hf.subject_keys import detector_groups, lda_detectors, ramp_units, subject_contexts, subject_mentions
+from factkernels.hf.subject_keys import (detector_groups, lda_detectors, lookalike_states, lookalike_tokens, ramp_units,
+                                        subject_contexts, subject_mentions)
 from helpers import TINY_TEXTS
 
 
@@ -65,6 +66,73 @@ def test_a_mention_of_the_subject_is_not_contrast():
         assert float(mlp(negatives[-1:]).norm()) > 0.1
 
 
+def test_lookalikes_are_extensions_and_embedding_neighbours(tiny_llama):
+    """" a" -> the words that extend it with the lowest ids, then the nearest input embeddings; never a subject's
+    own last token or a special token."""
+    model, tok = tiny_llama
+    vocab = tok.get_vocab()
+    own = torch.tensor([vocab["a"], vocab["dune"], vocab["a"]])
+    emb = model.get_input_embeddings().weight
+    got = lookalike_tokens(tok, emb, own, extensions=3, neighbours=2)
+    assert sorted(got) == sorted({vocab["a"], vocab["dune"]})
+    extending = sorted(i for w, i in vocab.items() if w.startswith("a") and w != "a")
+    assert got[vocab["a"]][:3] == extending[:3]
+    banned = {vocab["a"], vocab["dune"], *tok.all_special_ids, *extending[:3]}
+    cos = torch.nn.functional.normalize(emb.detach(), dim=1) @ torch.nn.functional.normalize(emb[vocab["a"]].detach(), dim=0)
+    nearest = [i for i in cos.argsort(descending=True).tolist() if i not in banned][:2]
+    assert got[vocab["a"]][3:] == nearest
+    assert not set(got[vocab["dune"]]) & {vocab["a"], vocab["dune"], *tok.all_special_ids}
+    assert lookalike_tokens(tok, emb, own, extensions=0, neighbours=0) == {vocab["a"]: [], vocab["dune"]: []}
+
+
+def test_a_lookalike_stays_below_the_threshold_and_own_keys_above():
+    """A state that shares the subject's direction but differs along another (a look-alike token in the subject's
+    place) passes the plain filter's threshold; with it as a look-alike the filter turns away from it: its score
+    sits below τ, every own key above, and the ramp units give it nothing while the own keys get δ."""
+    gen = torch.Generator().manual_seed(0)
+    d = 8
+    centres = 6.0 * torch.eye(d)[:2]
+    subject = torch.arange(2).repeat_interleave(6)
+    own = centres[subject] + 0.3 * torch.randn(12, d, generator=gen)
+    negatives = torch.randn(300, d, generator=gen)
+    alike = centres[:1] + 2.0 * torch.eye(d)[2:3] + 0.1 * torch.randn(4, d, generator=gen)  # near subject 0's keys
+    plain = lda_detectors(own, subject, negatives)
+    plain_scores = (alike.double() - plain["mu"]) @ plain["w"][0]
+    assert bool((plain_scores > plain["tau"][0]).all())
+    det = lda_detectors(own, subject, negatives, lookalikes=alike, lookalike_subject=torch.zeros(4, dtype=torch.long),
+                        lookalike_weight=0.3)  # larger weights turn the filter onto the background's spread
+    scores = (alike.double() - det["mu"]) @ det["w"][0]
+    assert bool((scores < det["tau"][0]).all()) and float(det["lookalike_max"][0]) == pytest.approx(float(scores.max()))
+    assert det["separated"].all() and bool((det["tau"] < det["own_min"]).all())
+    deltas = torch.randn(2, d, generator=gen)
+    mlp = ramp_units(det, deltas)
+    with torch.no_grad():
+        assert float(mlp(alike).norm(dim=1).max()) < 1e-3 * float(deltas.norm(dim=1).min())
+        assert torch.allclose(mlp(own), deltas[subject], atol=1e-3 * float(deltas.norm(dim=1).max()))
+
+
+def test_lookalike_states_are_the_contexts_with_the_last_token_swapped(tiny_llama):
+    """Each look-alike sits in the subject's last place of its contexts, and its state is that of the swapped text
+    (nothing after it)."""
+    from factkernels.hf.capture import capture
+
+    model, tok = tiny_llama
+    vocab = tok.get_vocab()
+    requests = hf.parse_requests([{"prompt": "the author of {} is", "subject": "war and peace", "target_new": "tolstoy"},
+                                  {"prompt": "who wrote {} ? it was", "subject": "emma", "target_new": "austen"}])
+    ctx = subject_contexts(tok, requests, ["the old house by the river"])
+    swaps = {vocab["peace"]: [vocab["water"], vocab["tree"]], vocab["emma"]: [vocab["anna"]]}
+    states, row = lookalike_states(model, ctx, 1, swaps, contexts=2)
+    assert row.tolist() == [0, 0, 1, 1, 2, 3]  # two contexts each: every look-alike in both
+    swapped = [("peace", "water"), ("peace", "tree")] * 2 + [("emma", "anna")] * 2
+    for (word, alike), r, state in zip(swapped, row.tolist(), states):
+        prompt = ctx.requests[r].prompt.replace("{}", ctx.requests[r].subject)
+        text = prompt[:prompt.index(word)] + alike  # the text up to the subject's last word, swapped
+        ids = torch.tensor([tok(text)["input_ids"]])
+        expect = capture(model, ids, torch.ones_like(ids), 1, site="mlp_in")[-1]
+        assert torch.allclose(state, expect, atol=1e-5), text
+
+
 def test_every_context_gets_its_subjects_delta_once(tiny_llama):
     """dune opens one prompt and sits inside the other; whether its detector is split or not, each of its contexts
     receives its δ exactly once, and ordinary text that does not name a subject stays silent."""
@@ -85,6 +153,7 @@ def test_every_context_gets_its_subjects_delta_once(tiny_llama):
         assert rep.hidden_added == 2 * rep.construction["detectors"]
         assert rep.value_error < 1e-3
         assert rep.construction["negatives_firing_off_mention"] == 0.0
+        assert rep.construction["lookalikes"] > 0 and rep.construction["lookalikes_firing"] == 0
     finally:
         ins.remove()
 
