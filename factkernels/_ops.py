@@ -926,9 +926,10 @@ def exact_star_scores(W: torch.Tensor, U: torch.Tensor, rows: torch.Tensor, cols
 CORRAL_EPS_W = 1e-13
 # Ridge of the corral systems (relative to entries of size O(1)).
 CORRAL_RIDGE = 1e-11
-# The CUDA corral_solve runs up to this many warps (rows at once) per multiprocessor, their scratch (about 8 (K d +
-# 2 d^2) bytes each: 0.5 MB at d = 128, 2 MB at d = 256) within this many bytes.
-CORRAL_SOLVE_WARPS_PER_SM = 32
+# The CUDA corral_solve runs up to this many warps (rows at once) per multiprocessor (as many as fit: 128 registers
+# a thread, blocks of 4 warps), their scratch (about 8 (K d + 2 d^2) bytes each: 0.5 MB at d = 128, 2 MB at
+# d = 256) within this many bytes.
+CORRAL_SOLVE_WARPS_PER_SM = 16
 CORRAL_SOLVE_WORK_BYTES = 1 << 32
 
 

@@ -75,7 +75,7 @@ struct RowSolver {
   const CorralSolveArgs& a;
   const int lane;
   const int d, K, mmax;  // mmax = d + 1: an affinely independent corral in R^d
-  double *X, *g, *Q, *L, *lam, *z, *res, *y, *wv, *p, *u;
+  double *X, *g, *Q, *L, *lam, *z, *res, *y, *wv, *p, *u, *qg;
   int* S;           // corral slot -> candidate
   uint8_t* flags;   // kValid | kInCorral per candidate
   int m = 0;        // corral size (the same in every lane)
@@ -101,6 +101,8 @@ struct RowSolver {
     p = w;
     u = w + d;
     w += 2 * d;
+    qg = w;  // a group of additions' products with the corral: kCorralSolveGroup x mmax
+    w += static_cast<int64_t>(kCorralSolveGroup) * mmax;
     S = reinterpret_cast<int*>(w);
     w += mmax;
     flags = reinterpret_cast<uint8_t*>(w);
@@ -180,14 +182,19 @@ struct RowSolver {
       copy_dropping(L + static_cast<int64_t>(i) * mmax, L + static_cast<int64_t>(i + 1) * mmax, i + 1, pos, lane);
   }
 
-  // Borders the corral with candidate k if its pivot exceeds min_pivot2; weight 0.
-  __device__ bool add(int k, double min_pivot2) {
+  // Borders the corral with candidate k if its pivot exceeds min_pivot2; weight 0. q0: k's products with the
+  // first m0 members, when already known (written by their owner lanes).
+  __device__ bool add(int k, double min_pivot2, const double* q0 = nullptr, int m0 = 0) {
     if (m >= mmax) return false;
     __syncwarp();
     for (int s = lane; s < m; s += 32) {  // q_s = <x_{S[s]}, x_k>
-      const int ks = S[s];
       double acc = 0.0;
-      for (int c = 0; c < d; ++c) acc += xs(ks, c) * xs(k, c);
+      if (s < m0) {
+        acc = q0[s];
+      } else {
+        const int ks = S[s];
+        for (int c = 0; c < d; ++c) acc += xs(ks, c) * xs(k, c);
+      }
       wv[s] = acc;
       res[s] = acc + 1.0;
     }
@@ -393,29 +400,65 @@ struct RowSolver {
       }
       if (it >= a.max_iter) break;
       // additions: the most violating candidates outside the corral in (g, index) order, the first one without
-      // the pivot test; each pick is the warp's smallest (g, k) after the previous pick
+      // the pivot test; each pick is the warp's smallest (g, k) after the previous pick. They are picked and added
+      // in groups: the group's products with the corral as it stands take one pass over the members' rows.
       const int64_t want = hull ? a.n_add : a.n_init;
       const double thr = hull ? pp * (1.0 - 0.5 * a.tol) : INFINITY;
       const int before = m;
       double prev_g = -INFINITY;
       int prev_k = -1;
-      for (int64_t t = 0; t < want && m < mmax; ++t) {
-        double bv = INFINITY;
-        int bk = -1;
-        for (int k = lane; k < K; k += 32) {
-          const double gk = g[k];
-          if (flags[k] != kValid || !(gk < thr)) continue;  // invalid, in the corral, or not violating
-          if (gk < prev_g || (gk == prev_g && k <= prev_k)) continue;  // picked already
-          if (gk < bv) {  // ascending k within a lane: the lowest index on ties
-            bv = gk;
-            bk = k;
+      bool more = true;
+      for (int64_t t = 0; more && t < want && m < mmax;) {
+        int pick[kCorralSolveGroup];
+        int picked = 0;
+#pragma unroll
+        for (int v = 0; v < kCorralSolveGroup; ++v) {
+          pick[v] = -1;
+          if (picked == v && more && t < want) {
+            double bv = INFINITY;
+            int bk = -1;
+            for (int k = lane; k < K; k += 32) {
+              const double gk = g[k];
+              if (flags[k] != kValid || !(gk < thr)) continue;  // invalid, in the corral, or not violating
+              if (gk < prev_g || (gk == prev_g && k <= prev_k)) continue;  // picked already
+              if (gk < bv) {  // ascending k within a lane: the lowest index on ties
+                bv = gk;
+                bk = k;
+              }
+            }
+            warp_argmin(bv, bk);
+            if (bk < 0) {
+              more = false;
+            } else {
+              pick[v] = bk;
+              prev_g = bv;
+              prev_k = bk;
+              ++picked;
+              ++t;
+            }
           }
         }
-        warp_argmin(bv, bk);
-        if (bk < 0) break;
-        add(bk, m == before ? 0.0 : kDependentPivot2);
-        prev_g = bv;
-        prev_k = bk;
+        if (picked == 0) break;
+        const int m0 = m;
+        for (int s = lane; s < m0; s += 32) {  // qg[v][s] = <x_{S[s]}, x_{pick[v]}>, a lane per member
+          const double* xm = X + static_cast<int64_t>(S[s]) * d;
+          double acc[kCorralSolveGroup];
+#pragma unroll
+          for (int v = 0; v < kCorralSolveGroup; ++v) acc[v] = 0.0;
+          for (int c = 0; c < d; ++c) {
+            const double xc = xm[c];
+#pragma unroll
+            for (int v = 0; v < kCorralSolveGroup; ++v)
+              if (v < picked) acc[v] += xc * xs(pick[v], c);
+          }
+#pragma unroll
+          for (int v = 0; v < kCorralSolveGroup; ++v)
+            if (v < picked) qg[static_cast<int64_t>(v) * mmax + s] = acc[v];
+        }
+#pragma unroll
+        for (int v = 0; v < kCorralSolveGroup; ++v)
+          if (v < picked && m < mmax)
+            add(pick[v], m == before ? 0.0 : kDependentPivot2, qg + static_cast<int64_t>(v) * mmax, m0);
       }
       if (m == before) break;  // nothing to add: the point stays (its certificate is what it is)
       if (!hull && lane == 0) lam[0] = 1.0;  // a cold start begins at the most violating point
