@@ -8,12 +8,12 @@
 # First run (H200, 2026-11-26): build 19 s, CUDA tests 37 s, the whole suite 374 s (gd_batch 217 s of it).
 # Second (H100, 2026-11-26, --only tests,kernels,attention): 34 CUDA tests in 40 s, done 74 s after the build began.
 # Section times to expect on an H100 (session 24's estimates from the H200's 2026-11-26 runs and the rows added since):
-#   tests ~45 s (40-52 s before) | kernels ~20 s (6 s, plus the star_topk races up to 65,536 x 256) | attention 2 s
+#   tests ~45 s (40-52 s before) | kernels ~25 s (6 s, plus the star_topk races up to 65,536 x 256) | attention 2 s
 #   construct ~10 s (3 s, plus the profiled values and default builds) | scale ~110 s (106 s on the H200)
 #   ustar ~70 s, at most --ustar-seconds (150) plus one row: five 4,096 x 128 rows ~5 s each (profiled), 16,384 x 128
 #   active_set and dense ~5 s each, 65,536 x 256 auto / kernels / torch ~13 / ? / ~10 s (--no-ustar-large drops
 #   them: ustar ~35 s)
-# so tests,kernels,construct,ustar ~150 s and with scale ~260 s, plus the build (~20 s) and the GEMM rate (~2 s).
+# so tests,kernels,construct,ustar ~155 s and with scale ~265 s, plus the build (~20 s) and the GEMM rate (~2 s).
 # Keep --tests-timeout (SUITE_ARGS, the last one wins) well under SUITE_SECONDS: a hung test must not eat the call.
 # A 5-minute call: OUT=$OUT SUITE_SECONDS=250 SUITE_ARGS="--only tests,kernels,construct,ustar --tests-timeout 100"
 #   (~150 s of suite); with scale (~260 s) it needs SUITE_SECONDS=300 and a 6-minute call, or --no-ustar-large.
