@@ -283,7 +283,7 @@ def solve_cg(
     bnorm = bb.sqrt().clamp_min(1e-30)
     bar = progress_bar(total=max_iter, desc="cg", enabled=progress, leave=False)
     it = 0
-    rel = (rr.sqrt() / bnorm).max()
+    rel = float((rr.sqrt() / bnorm).max())  # the iteration's one read back from the device
     while it < max_iter and rel > tol:
         coef, out_bias = op.transpose_matmul(p)
         ap = _ops.gadget_matvec(op.gate_features, op.keys_aug, coef, backend=op.backend) + out_bias
@@ -295,9 +295,9 @@ def solve_cg(
         p = z + p * (rz_new / rz.clamp_min(1e-300))
         rz = rz_new
         it += 1
-        rel = (rr.sqrt() / bnorm).max()
+        rel = float((rr.sqrt() / bnorm).max())
         bar.update(1)
-        bar.set_postfix(residual=f"{float(rel):.1e}")
+        bar.set_postfix(residual=f"{rel:.1e}")
     bar.close()
     residual = relative_residual(op, alpha, targets)
     if residual > tol * 10:

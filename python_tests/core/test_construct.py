@@ -228,6 +228,16 @@ def test_values_build_reads_back_once_the_input_checks_included():
     assert mlp.report.failed == 0 and counter.reads == ["tolist"] * 3
 
 
+def test_the_cg_build_reads_back_once_per_iteration():
+    """The matrix-free solve decides when to stop on the host: one read per iteration (its residual), the
+    initial one, the final residual and the report's transfer; the progress bar shows the value already read."""
+    K, V, f = random_fact_set(600, 600, 32, seed=0)
+    with HostReadCounter() as counter:
+        mlp = construct(K, V, f, 64, outputs="values", solver="cg", progress=False)
+    assert mlp.report.failed == 0 and mlp.report.cg_iterations > 10
+    assert counter.count == mlp.report.cg_iterations + 3 and counter.reads[-1] == "tolist"
+
+
 @pytest.mark.parametrize("problem", ["nan_key", "inf_value", "fact_range", "negative_fact", "equal_values",
                                      "equal_keys", "nan_outputs", "zero_output"])
 @pytest.mark.parametrize("m", [64, None])
