@@ -222,17 +222,20 @@ def _solve_active_set(
         new = (cand >= 0) & ~_members(cand.to(torch.int32), corral_val[rows])
         done = ~(new & (g < hi[rows, None] * (1.0 - tol))).any(dim=1) | dup | stalled
         done |= hi[rows] <= math.sqrt(ZERO_NORM2)
-        keep = (~(done | (passes > max_iter))).nonzero().squeeze(1)  # one read back, not one per mask below
-        rows, new, cand = rows[keep], new[keep], cand[keep]
-        if rows.numel() == 0:
+        keep = ~(done | (passes > max_iter))
+        # the values left and the widths of their next lists: one host read per round
+        n_keep, width, n_new = torch.stack([keep.sum(), torch.where(keep, (corral_val[rows] >= 0).sum(dim=1), 0).max(),
+                                            torch.where(keep, new.sum(dim=1), 0).max()]).tolist()
+        if n_keep == 0:
             break
+        keep = torch.nonzero_static(keep, size=n_keep).squeeze(1)  # (its size known: no second read)
+        rows, new, cand = rows[keep], new[keep], cand[keep]
         # the next active lists: the corral, then every streamed constraint outside it (valid ones first; the
         # violated ones and those the moving u_i meets next: with only the violated ones taken, 13x more values
         # needed a third round at |V| = 4,096, d = 128), trimmed to the widest row
         add = torch.where(new, cand, torch.full_like(cand, -1)).to(torch.int32)
         add = add.gather(1, torch.argsort((~new).to(torch.int8), dim=1, stable=True))
-        width, n_new = torch.stack([(corral_val[rows] >= 0).sum(dim=1).max(), new.sum(dim=1).max()]).tolist()
-        width = max(1, width)  # (one host read for both widths)
+        width = max(1, width)
         active = torch.cat([corral_val[rows, :width], add[:, :n_new]], dim=1)
     lo.clamp_(-1.0, 1.0)
     return U, lo, hi, passes
