@@ -302,3 +302,5 @@ def test_solve_kernel_bad_arguments():
         _ops.corral_solve(W, rows + 1000, cand, P, **kw)
     with pytest.raises(ValueError, match="start"):
         _ops.corral_solve(W, rows, cand, P[:3], **kw)
+    with pytest.raises(ValueError, match="W's device"):
+        _ops.corral_solve(W, rows, cand.to("meta"), P, **kw)
