@@ -185,10 +185,10 @@ def construct(
     # and the dense solver): every phase queues its work, and the report reads its numbers (the input
     # checks' among them) in one transfer.
     clock = _PhaseClock(device)
-    if isinstance(outputs, str) and outputs == "margin_optimal":  # U* reads V's margins: V must be sound first
-        problems = _settle_problems(problems, K, V, f)
-
     alpha = float(whiten)
+    if alpha > 0 or (isinstance(outputs, str) and outputs == "margin_optimal"):
+        # the whitening's eigendecomposition and U* read back anyway, and need sound inputs: settle them first
+        problems = _settle_problems(problems, K, V, f)
     if alpha > 0:
         keys, key_transform = geometry.whiten(K, alpha)
         values, value_transform = geometry.whiten(V, alpha)

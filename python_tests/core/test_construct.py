@@ -240,8 +240,8 @@ def test_the_cg_build_reads_back_once_per_iteration():
 
 @pytest.mark.parametrize("problem", ["nan_key", "inf_value", "fact_range", "negative_fact", "equal_values",
                                      "equal_keys", "nan_outputs", "zero_output"])
-@pytest.mark.parametrize("m", [64, None])
-def test_input_problems_read_with_the_build_raise_the_checks_errors(problem, m):
+@pytest.mark.parametrize("m, whiten", [(64, 0.0), (None, 0.0), (64, 0.5)])
+def test_input_problems_read_with_the_build_raise_the_checks_errors(problem, m, whiten):
     K, V, f = random_fact_set(120, 80, 16, seed=1)
     outputs = "values"
     if problem == "nan_key":
@@ -262,7 +262,7 @@ def test_input_problems_read_with_the_build_raise_the_checks_errors(problem, m):
                 "equal_keys": "K has duplicate rows 2 and 40", "nan_outputs": "outputs contains NaN",
                 "zero_output": "all-zero row"}[problem]
     with pytest.raises(ValueError, match=expected):
-        construct(K, V, f, m=m, outputs=outputs, solver="cholesky", progress=False)
+        construct(K, V, f, m=m, outputs=outputs, solver="cholesky", whiten=whiten, progress=False)
 
 
 def test_a_deferred_solve_that_misses_the_residual_is_redone_on_the_host(monkeypatch):
