@@ -21,11 +21,12 @@ from .capture import (PromptBatch, capture, capture_keys, encode_requests, encod
 from .causal_trace import TraceResult, causal_trace, traced_layer
 from .editors import EditResult, edit
 from .evaluate import Reference, evaluate, fact_margins, record_reference
-from .insert import Insertion, InsertionReport, insert_facts
+from .insert import insert_facts
 from .layout import mlp_layers, mlp_module
 from .loading import PACKAGED_MODELS, load, packaged_gguf
 from .requests import BOOK_PROMPTS, Request, RequestSet, book_requests, make_request, parse_requests
 from .statistics import key_second_moments
+from .units import Insertion, InsertionReport
 
 __all__ = [
     "load", "packaged_gguf", "PACKAGED_MODELS",

@@ -27,9 +27,8 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from .capture import (encode_requests, encode_texts, final_hidden, length_sorted_chunks, logits_at, model_device,
-                      pad_id, pad_right)
-from .insert import batch_margins
+from .capture import (PromptBatch, encode_requests, encode_texts, final_hidden, length_sorted_chunks, logits_at,
+                      model_device, pad_id, pad_right, shared_head_forwards)
 from .requests import Request, parse_requests
 
 
@@ -99,6 +98,48 @@ def fact_margins(model: Any, tok: Any, requests: Sequence[Request], *, batch_siz
     if not requests:
         return torch.empty(0)
     return batch_margins(model, encode_requests(tok, requests, with_target=True), batch_size)
+
+
+def token_margin(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """logits (n, vocab), tokens (n,) -> (n,) target logit minus best other."""
+    own = logits.gather(1, tokens[:, None]).squeeze(1)
+    return own - logits.scatter(1, tokens[:, None], float("-inf")).amax(1)
+
+
+def fact_min(values: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
+    """Per request (n,): the minimum of ``values`` over its target tokens (``rows`` says whose)."""
+    return torch.full((n,), float("inf"), device=values.device).scatter_reduce(0, rows, values, "amin")
+
+
+@torch.no_grad()
+def batch_margins(model: Any, batch: PromptBatch, batch_size: int, shared: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Teacher-forced target margins of every row of ``batch``, in slices: per request, the min over its
+    target tokens of (target logit − best other logit); > 0 iff greedy decoding produces the whole
+    target. Logits only at the target positions. (n,)
+    shared: (n,) long, leading tokens of each row that other rows repeat (before the subject): each distinct
+    head runs once and the rows continue from its keys and values, as generation does
+    (:func:`~factkernels.hf.capture.shared_head_forwards`)."""
+    out = torch.empty(len(batch))
+    batch = batch.scored_tokens()
+
+    def put(chunk: torch.Tensor, hidden: torch.Tensor, begin: torch.Tensor) -> None:
+        sub = batch.rows(chunk)
+        rows, positions, tokens = sub.target_positions()
+        logits = logits_at(model, hidden, rows, positions - begin[rows])
+        out[chunk] = fact_min(token_margin(logits, tokens.to(logits.device)), rows.to(logits.device), len(sub)).cpu()
+
+    if shared is None:
+        for chunk in length_sorted_chunks(batch.attention_mask.sum(1), batch_size):
+            sub = batch.rows(chunk)
+            put(chunk, final_hidden(model, sub.input_ids, sub.attention_mask), torch.zeros(len(chunk), dtype=torch.long))
+        return out
+    if bool((shared > batch.prompt_last).any()):
+        raise ValueError("shared heads must end before each row's last prompt token (the first target logit)")
+    for kind, (rows, begin, *output) in shared_head_forwards(model, batch.input_ids, batch.attention_mask, shared,
+                                                              batch_size):
+        if kind == "rows":
+            put(rows, output[0].last_hidden_state, begin)
+    return out
 
 
 def _exp_or_inf(log_value: float) -> float:

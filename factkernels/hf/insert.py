@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import resource
 import time
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F_nn
@@ -41,14 +40,14 @@ from ..progress import progress_bar
 from ..encoder import assemble, build_shared_gate
 from ..mlp import FactMLP
 from ..validation import check_positive_int
-from .capture import (PromptBatch, block_outputs, capture, encode_requests, encode_texts, final_hidden,
-                      hidden_with_delta, length_sorted_chunks, logits_at, model_device, shared_head_forwards,
-                      tail_matches)
+from .capture import (PromptBatch, block_outputs, capture, encode_requests, encode_texts, hidden_with_delta,
+                      length_sorted_chunks, logits_at, model_device, tail_matches)
 from .checkpoint import ChunkCheckpoint, fingerprint
+from .evaluate import batch_margins, fact_min, token_margin
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
-from .subject_keys import check_subject_options, default_prefixes, insert_by_subject, refit_uncertified
-from .units import AppendedUnits, append_units
+from .subject_keys import check_subject_options, default_prefixes, insert_subject_keyed
+from .units import Insertion, InsertionReport, append_units, removed_on_failure
 
 GATES = ("detector", "generic")
 KEYS = ("request", "subject")
@@ -83,17 +82,6 @@ def key_positions(batch: PromptBatch, position: str) -> KeySet:
             rows.append(i), positions.append(start + t), tokens.append(token)
     row = torch.tensor(rows)
     return KeySet(row, torch.tensor(positions), row.clone(), torch.tensor(tokens))
-
-
-def _token_margin(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """logits (n, vocab), tokens (n,) -> (n,) target logit minus best other."""
-    own = logits.gather(1, tokens[:, None]).squeeze(1)
-    return own - logits.scatter(1, tokens[:, None], float("-inf")).amax(1)
-
-
-def _fact_min(values: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
-    """Per request (n,): the minimum of ``values`` over its target tokens (``rows`` says whose)."""
-    return torch.full((n,), float("inf"), device=values.device).scatter_reduce(0, rows, values, "amin")
 
 
 def head_path(model: Any, layer: int, keys: KeySet) -> bool:
@@ -185,8 +173,8 @@ def _optimise(model: Any, batch: PromptBatch, layer: int, keys: KeySet, *, margi
             opt.zero_grad()
             if head_only:
                 with torch.no_grad():
-                    per_key = _token_margin(lm_head(norm(residual + delta)), tokens)
-                fact_margin = _fact_min(per_key, keys.fact.to(device), len(batch))
+                    per_key = token_margin(lm_head(norm(residual + delta)), tokens)
+                fact_margin = fact_min(per_key, keys.fact.to(device), len(batch))
                 # the gradient only through the keys still below the margin (most are done after a few steps)
                 active = (per_key < margin).nonzero().flatten()
                 logits = lm_head(norm(residual[active] + delta[active]))
@@ -243,7 +231,7 @@ def _full_model_step(model: Any, layer: int, batch: PromptBatch, keys: KeySet, d
         t_rows, t_pos, t_tokens = sub.target_positions()
         t_rows, t_tokens = t_rows.to(device), t_tokens.to(device)
         logits = logits_at(model, hidden, t_rows, t_pos)
-        m = _fact_min(_token_margin(logits.detach(), t_tokens), t_rows, len(sub))
+        m = fact_min(token_margin(logits.detach(), t_tokens), t_rows, len(sub))
         margins[part.to(device)] = m
         below = (m < margin)[t_rows]
         loss = (F_nn.cross_entropy(logits, t_tokens, reduction="none") * below).sum()
@@ -374,57 +362,6 @@ def generic_mlp(keys: torch.Tensor, deltas: torch.Tensor, background: torch.Tens
     return mlp, {"solve_residual": encoder.solve.residual}
 
 
-@dataclass
-class InsertionReport:
-    """What :func:`insert_facts` did and measured. Margins are logits (target − best other), min over
-    each fact's target tokens; a fact is stored iff its margin is > 0 in the edited model."""
-
-    layer: int
-    gate: str
-    position: str
-    num_facts: int
-    num_keys: int
-    hidden_added: int
-    params_added: int
-    efficacy: float
-    min_margin: float
-    margins: list
-    value_error: float  # max over keys of ‖mlp_new(k) − δ‖, over the mean ‖δ‖ (some keys need δ = 0)
-    delta_norm_mean: float
-    background_output_ratio: float  # mean ‖mlp_new(x)‖ / mean ‖mlp_old(x)‖ on the background text's tokens
-    timings: dict
-    peak_rss_mb: float
-    construction: dict = field(default_factory=dict)
-    values: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@contextmanager
-def _removed_on_failure(units: AppendedUnits) -> Iterator[None]:
-    """Units appended but not yet certified are taken out again if anything fails (an interrupt included): a
-    failed insertion leaves the model as it was."""
-    try:
-        yield
-    except BaseException:
-        units.remove()
-        raise
-
-
-@dataclass
-class Insertion:
-    """Facts inserted by :func:`insert_facts`: ``.report``, ``.mlp`` (the constructed units), ``.remove()``."""
-
-    report: InsertionReport
-    mlp: FactMLP
-    units: AppendedUnits
-
-    def remove(self) -> None:
-        """Delete exactly the appended units: the model is bit-for-bit the original again."""
-        self.units.remove()
-
-
 def default_layer(model: Any, position: str = "target") -> int:
     """The insertion layer :func:`insert_facts` uses by default: two thirds of the depth for target keys, a
     third for subject keys (ROME's depth)."""
@@ -505,7 +442,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     if keys == "subject":
         t, c = time.perf_counter(), time.process_time()
         states = background_states(model, tok, background, layer)
-        return _insert_by_subject(model, tok, parsed, layer=layer, background=states, background_texts=background,
+        return insert_subject_keyed(model, tok, parsed, layer=layer, background=states, background_texts=background,
                                   background_seconds=(time.perf_counter() - t, time.process_time() - c),
                                   start_cpu=start_cpu,
                                   prefixes=prefixes, value_prefixes=value_prefixes, within=within,
@@ -549,7 +486,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
 
     units = append_units(model, layer, fact_mlp.swiglu_weights())
     t = time.perf_counter()
-    with _removed_on_failure(units), torch.no_grad():
+    with removed_on_failure(units), torch.no_grad():
         margins = batch_margins(model, batch, batch_size)
     timings["verify"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - start_time + restored
@@ -565,68 +502,6 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     return Insertion(report, fact_mlp, units)
 
 
-def _insert_by_subject(model: Any, tok: Any, requests: list[Request], *, layer: int, start_time: float,
-                       start_cpu: float, background_seconds: tuple[float, float], repair_rounds: int,
-                       **options: Any) -> Insertion:
-    """keys="subject": build (:func:`~factkernels.hf.subject_keys.insert_by_subject`), append, certify every
-    context, and up to ``repair_rounds`` times refit the unanswered ones' subjects
-    (:func:`~factkernels.hf.subject_keys.refit_uncertified`) and certify again."""
-    built, stats = insert_by_subject(model, tok, requests, layer=layer, ridge=1e-2, **options)
-    ctx, batch_size, repairs = built.ctx, options["batch_size"], []
-    # wall and process CPU seconds of each stage (the CPU ones count every thread; on a shared machine the wall
-    # ones also count the others' load)
-    timings = {"background": background_seconds[0], "background_cpu": background_seconds[1], **stats.pop("timings"),
-               "verify": 0.0, "verify_cpu": 0.0, "repair": 0.0, "repair_cpu": 0.0}
-
-    def timed(stage: str, t: float, c: float) -> None:
-        timings[stage] += time.perf_counter() - t
-        timings[stage + "_cpu"] += time.process_time() - c
-
-    def certify() -> tuple[FactMLP, AppendedUnits, torch.Tensor]:
-        t, c = time.perf_counter(), time.process_time()
-        mlp = built.mlp()
-        appended = append_units(model, layer, mlp.swiglu_weights())
-        with _removed_on_failure(appended), torch.no_grad():
-            margins = batch_margins(model, ctx.batch, batch_size, shared=ctx.batch.subject_first)
-        timed("verify", t, c)
-        return mlp, appended, margins
-
-    fact_mlp, units, margins = certify()
-    while len(repairs) < repair_rounds and bool((margins <= 0).any()):
-        units.remove()  # δ is fit on the unedited model
-        t, c = time.perf_counter(), time.process_time()
-        kept, best = (built.deltas, built.fit_rows), (fact_mlp, margins)
-        repairs.append(refit_uncertified(model, built, margins, layer=layer, below=options["margin"],
-                                         **{k: options[k] for k in ("margin", "value_steps", "value_lr",
-                                                                    "batch_size", "progress")}))
-        timed("repair", t, c)
-        fact_mlp, units, margins = certify()
-        left = int((margins <= 0).sum())
-        repairs[-1].update(uncertified=left, kept=left < int((best[1] <= 0).sum()))
-        if not repairs[-1]["kept"]:  # no fewer unanswered: undone (the same units give the same model and margins)
-            units.remove()
-            (built.deltas, built.fit_rows), (fact_mlp, margins) = kept, best
-            units = append_units(model, layer, fact_mlp.swiglu_weights())
-            break
-    with _removed_on_failure(units), torch.no_grad():
-        background = options["background"]
-        background_ratio = float(fact_mlp(background).norm(dim=1).mean()
-                                 / mlp_module(model, layer)(background).norm(dim=1).mean())
-    timings.update(total=time.perf_counter() - start_time, total_cpu=time.process_time() - start_cpu)
-    contexts = 1 + int(ctx.prefix.max())
-    stats.update(uncertified=[[int(i) // contexts, int(i) % contexts] for i in (margins <= 0).nonzero().flatten()],
-                 value_contexts=len(built.fit_rows))
-    values, rss = {**stats.pop("values"), "repairs": repairs}, stats.pop("peak_rss_mb")
-    report = InsertionReport(
-        layer=layer, gate="lda-ramp", position="subject", num_facts=len(requests), num_keys=len(ctx.requests),
-        hidden_added=fact_mlp.hidden_size, params_added=fact_mlp.num_parameters,
-        efficacy=float((margins > 0).double().mean()), min_margin=float(margins.min()),
-        margins=[round(float(m), 4) for m in margins], value_error=built.value_error(fact_mlp),
-        delta_norm_mean=float(built.deltas.norm(dim=1).mean()), background_output_ratio=background_ratio,
-        timings=timings, peak_rss_mb=rss, construction=stats, values=values)
-    return Insertion(report, fact_mlp, units)
-
-
 @torch.no_grad()
 def capture_at_keys(model: Any, batch: PromptBatch, layer: int, keys: KeySet, batch_size: int,
                     site: Union[str, tuple[str, ...]] = "mlp_in") -> Union[torch.Tensor, tuple[torch.Tensor, ...]]:
@@ -637,34 +512,3 @@ def capture_at_keys(model: Any, batch: PromptBatch, layer: int, keys: KeySet, ba
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
     index = offsets[keys.row] + keys.position
     return out[index] if isinstance(site, str) else tuple(o[index] for o in out)
-
-
-@torch.no_grad()
-def batch_margins(model: Any, batch: PromptBatch, batch_size: int, shared: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Teacher-forced target margins of every row of ``batch``, in slices: per request, the min over its
-    target tokens of (target logit − best other logit); > 0 iff greedy decoding produces the whole
-    target. Logits only at the target positions. (n,)
-    shared: (n,) long, leading tokens of each row that other rows repeat (before the subject): each distinct
-    head runs once and the rows continue from its keys and values, as generation does
-    (:func:`~factkernels.hf.capture.shared_head_forwards`)."""
-    out = torch.empty(len(batch))
-    batch = batch.scored_tokens()
-
-    def put(chunk: torch.Tensor, hidden: torch.Tensor, begin: torch.Tensor) -> None:
-        sub = batch.rows(chunk)
-        rows, positions, tokens = sub.target_positions()
-        logits = logits_at(model, hidden, rows, positions - begin[rows])
-        out[chunk] = _fact_min(_token_margin(logits, tokens.to(logits.device)), rows.to(logits.device), len(sub)).cpu()
-
-    if shared is None:
-        for chunk in length_sorted_chunks(batch.attention_mask.sum(1), batch_size):
-            sub = batch.rows(chunk)
-            put(chunk, final_hidden(model, sub.input_ids, sub.attention_mask), torch.zeros(len(chunk), dtype=torch.long))
-        return out
-    if bool((shared > batch.prompt_last).any()):
-        raise ValueError("shared heads must end before each row's last prompt token (the first target logit)")
-    for kind, (rows, begin, *output) in shared_head_forwards(model, batch.input_ids, batch.attention_mask, shared,
-                                                              batch_size):
-        if kind == "rows":
-            put(rows, output[0].last_hidden_state, begin)
-    return out

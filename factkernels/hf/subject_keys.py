@@ -48,7 +48,10 @@ from ..progress import progress_bar
 from .capture import (PromptBatch, capture, encode_requests, encode_texts, hidden_with_delta, length_sorted_chunks,
                       logits_at, model_device, tail_from, tail_matches, tail_start)
 from .contexts import with_prefixes
+from .evaluate import batch_margins
+from .layout import mlp_module
 from .requests import Request
+from .units import AppendedUnits, Insertion, InsertionReport, append_units, removed_on_failure
 
 
 @dataclass
@@ -362,7 +365,7 @@ def detector_firing(det: dict, states: torch.Tensor, ramp: float) -> torch.Tenso
         return unit(states.float()).abs().amax(1) > 1e-3
 
 
-def insert_by_subject(model: Any, tok: Any, requests: Sequence[Request], *, layer: int, background: torch.Tensor,
+def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, layer: int, background: torch.Tensor,
                       background_texts: Sequence[str], prefixes: Sequence[str], value_prefixes: int, within: float,
                       threshold: float, ramp: float, ridge: float, margin: float, value_steps: int, value_lr: float,
                       batch_size: int, progress: bool, lookalikes: int,
@@ -466,3 +469,65 @@ def check_subject_options(value_prefixes: int, prefixes: Sequence[str], threshol
     if ramp <= 0 or within < 0:
         raise ValueError(f"ramp must be > 0 and within >= 0, got ramp={ramp}, within={within}")
 
+
+def insert_subject_keyed(model: Any, tok: Any, requests: list[Request], *, layer: int, start_time: float,
+                         start_cpu: float, background_seconds: tuple[float, float], repair_rounds: int,
+                         **options: Any) -> Insertion:
+    """``insert_facts(keys="subject")``: build (:func:`build_subject_units`), append, certify every context, and up
+    to ``repair_rounds`` times refit the unanswered ones' subjects (:func:`refit_uncertified`) and certify again.
+    options: :func:`build_subject_units`'s; start_time, start_cpu: when the call began (wall, process CPU);
+    background_seconds: (wall, CPU) of the background states."""
+    built, stats = build_subject_units(model, tok, requests, layer=layer, ridge=1e-2, **options)
+    ctx, batch_size, repairs = built.ctx, options["batch_size"], []
+    # wall and process CPU seconds of each stage (the CPU ones count every thread; on a shared machine the wall
+    # ones also count the others' load)
+    timings = {"background": background_seconds[0], "background_cpu": background_seconds[1], **stats.pop("timings"),
+               "verify": 0.0, "verify_cpu": 0.0, "repair": 0.0, "repair_cpu": 0.0}
+
+    def timed(stage: str, t: float, c: float) -> None:
+        timings[stage] += time.perf_counter() - t
+        timings[stage + "_cpu"] += time.process_time() - c
+
+    def certify() -> tuple[FactMLP, AppendedUnits, torch.Tensor]:
+        t, c = time.perf_counter(), time.process_time()
+        mlp = built.mlp()
+        appended = append_units(model, layer, mlp.swiglu_weights())
+        with removed_on_failure(appended), torch.no_grad():
+            margins = batch_margins(model, ctx.batch, batch_size, shared=ctx.batch.subject_first)
+        timed("verify", t, c)
+        return mlp, appended, margins
+
+    fact_mlp, units, margins = certify()
+    while len(repairs) < repair_rounds and bool((margins <= 0).any()):
+        units.remove()  # δ is fit on the unedited model
+        t, c = time.perf_counter(), time.process_time()
+        kept, best = (built.deltas, built.fit_rows), (fact_mlp, margins)
+        repairs.append(refit_uncertified(model, built, margins, layer=layer, below=options["margin"],
+                                         **{k: options[k] for k in ("margin", "value_steps", "value_lr",
+                                                                    "batch_size", "progress")}))
+        timed("repair", t, c)
+        fact_mlp, units, margins = certify()
+        left = int((margins <= 0).sum())
+        repairs[-1].update(uncertified=left, kept=left < int((best[1] <= 0).sum()))
+        if not repairs[-1]["kept"]:  # no fewer unanswered: undone (the same units give the same model and margins)
+            units.remove()
+            (built.deltas, built.fit_rows), (fact_mlp, margins) = kept, best
+            units = append_units(model, layer, fact_mlp.swiglu_weights())
+            break
+    with removed_on_failure(units), torch.no_grad():
+        background = options["background"]
+        background_ratio = float(fact_mlp(background).norm(dim=1).mean()
+                                 / mlp_module(model, layer)(background).norm(dim=1).mean())
+    timings.update(total=time.perf_counter() - start_time, total_cpu=time.process_time() - start_cpu)
+    contexts = 1 + int(ctx.prefix.max())
+    stats.update(uncertified=[[int(i) // contexts, int(i) % contexts] for i in (margins <= 0).nonzero().flatten()],
+                 value_contexts=len(built.fit_rows))
+    values, rss = {**stats.pop("values"), "repairs": repairs}, stats.pop("peak_rss_mb")
+    report = InsertionReport(
+        layer=layer, gate="lda-ramp", position="subject", num_facts=len(requests), num_keys=len(ctx.requests),
+        hidden_added=fact_mlp.hidden_size, params_added=fact_mlp.num_parameters,
+        efficacy=float((margins > 0).double().mean()), min_margin=float(margins.min()),
+        margins=[round(float(m), 4) for m in margins], value_error=built.value_error(fact_mlp),
+        delta_norm_mean=float(built.deltas.norm(dim=1).mean()), background_output_ratio=background_ratio,
+        timings=timings, peak_rss_mb=rss, construction=stats, values=values)
+    return Insertion(report, fact_mlp, units)

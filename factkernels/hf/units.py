@@ -16,12 +16,14 @@ config and hooks back: bit-for-bit the original.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
+from ..mlp import FactMLP
 from .layout import mlp_layers, mlp_module
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -143,3 +145,54 @@ def append_units(model: Any, layer: int, weights: dict[str, torch.Tensor]) -> Ap
             hooks[i] = mlp.register_state_dict_post_hook(
                 lambda module, state, prefix, metadata: _pad_state(model, module, state, prefix, metadata))
     return AppendedUnits(model, layer, start, count, saved, config, before)
+
+
+@dataclass
+class InsertionReport:
+    """What :func:`insert_facts` did and measured. Margins are logits (target − best other), min over
+    each fact's target tokens; a fact is stored iff its margin is > 0 in the edited model."""
+
+    layer: int
+    gate: str
+    position: str
+    num_facts: int
+    num_keys: int
+    hidden_added: int
+    params_added: int
+    efficacy: float
+    min_margin: float
+    margins: list
+    value_error: float  # max over keys of ‖mlp_new(k) − δ‖, over the mean ‖δ‖ (some keys need δ = 0)
+    delta_norm_mean: float
+    background_output_ratio: float  # mean ‖mlp_new(x)‖ / mean ‖mlp_old(x)‖ on the background text's tokens
+    timings: dict
+    peak_rss_mb: float
+    construction: dict = field(default_factory=dict)
+    values: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@contextmanager
+def removed_on_failure(units: AppendedUnits) -> Iterator[None]:
+    """Units appended but not yet certified are taken out again if anything fails (an interrupt included): a
+    failed insertion leaves the model as it was."""
+    try:
+        yield
+    except BaseException:
+        units.remove()
+        raise
+
+
+@dataclass
+class Insertion:
+    """Facts inserted by :func:`insert_facts`: ``.report``, ``.mlp`` (the constructed units), ``.remove()``."""
+
+    report: InsertionReport
+    mlp: FactMLP
+    units: AppendedUnits
+
+    def remove(self) -> None:
+        """Delete exactly the appended units: the model is bit-for-bit the original again."""
+        self.units.remove()

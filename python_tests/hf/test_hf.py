@@ -137,7 +137,7 @@ def test_hooks_capture_the_right_positions_with_padding(tiny_llama, site):
 
 def test_target_positions_and_margins_match_full_logits(tiny_llama):
     """Margins from logits at the target positions only equal those read off the full (b, T, vocab) logits."""
-    from factkernels.hf.insert import batch_margins
+    from factkernels.hf.evaluate import batch_margins
 
     model, tok = tiny_llama
     batch = hf.encode_requests(tok, hf.parse_requests(REQUESTS), with_target=True)

@@ -8,9 +8,10 @@ import torch
 
 from factkernels import hf
 from helpers import TINY_PREFIXES, TINY_TEXTS
-from factkernels.hf import insert
+from factkernels.hf import insert, subject_keys
 from factkernels.hf.capture import heads, hidden_with_delta, shared_head_forwards, tail_from, tail_start
 from factkernels.hf.contexts import with_prefixes
+from factkernels.hf.evaluate import batch_margins
 
 REQUESTS = [
     {"prompt": "the book {} was written by", "subject": "the hobbit", "target_new": "jane austen"},
@@ -69,11 +70,11 @@ def test_each_head_runs_once(tiny_llama, contexts):
 
 def test_margins_with_shared_heads_equal_the_full_forward(tiny_llama, contexts):
     model, _ = tiny_llama
-    full = insert.batch_margins(model, contexts, 4)
-    shared = insert.batch_margins(model, contexts, 4, shared=contexts.subject_first)
+    full = batch_margins(model, contexts, 4)
+    shared = batch_margins(model, contexts, 4, shared=contexts.subject_first)
     torch.testing.assert_close(full, shared, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="before each row's last prompt token"):
-        insert.batch_margins(model, contexts, 4, shared=contexts.prompt_last + 1)
+        batch_margins(model, contexts, 4, shared=contexts.prompt_last + 1)
 
 
 @pytest.mark.parametrize("layer", [0, 1])
@@ -128,7 +129,7 @@ def test_failed_certification_leaves_the_model_unchanged(tiny_llama, monkeypatch
     def interrupted(*_args, **_kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(insert, "batch_margins", interrupted)
+    monkeypatch.setattr(subject_keys, "batch_margins", interrupted)
     with pytest.raises(KeyboardInterrupt):
         _subject_insert(model, tok)
     after = model.state_dict()
