@@ -131,37 +131,40 @@ def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Ten
     """
     work = torch.float64
     k, x = own.to(work), negatives.to(work)
+    dev = k.device  # every tensor made here lives beside the keys (CUDA insertion)
+    subject = subject.to(dev)
     n_subjects = int(subject.max()) + 1
     mu = x.mean(0)
     centred = x - mu
     sigma = centred.T @ centred / max(1, x.shape[0] - 1)
-    count = torch.zeros(n_subjects, dtype=work).index_add(0, subject, torch.ones(len(k), dtype=work))
-    means = torch.zeros(n_subjects, k.shape[1], dtype=work).index_add(0, subject, k) / count[:, None]
+    count = torch.zeros(n_subjects, dtype=work, device=dev).index_add(0, subject, torch.ones(len(k), dtype=work, device=dev))
+    means = torch.zeros(n_subjects, k.shape[1], dtype=work, device=dev).index_add(0, subject, k) / count[:, None]
     spread = k - means[subject]
     sigma_within = spread.T @ spread / max(1, len(k) - n_subjects)
     a = sigma + within * sigma_within
-    a += ridge * a.diagonal().mean() * torch.eye(a.shape[0], dtype=work)
+    a += ridge * a.diagonal().mean() * torch.eye(a.shape[0], dtype=work, device=dev)
     diff = means - mu
     chol = torch.linalg.cholesky(a)
     w = torch.cholesky_solve(diff.T, chol).T
-    lookalike_max = torch.full((n_subjects,), float("-inf"), dtype=work)
+    lookalike_max = torch.full((n_subjects,), float("-inf"), dtype=work, device=dev)
     if lookalikes is not None and len(lookalikes):
         z = lookalikes.to(work) - mu
         y = torch.cholesky_solve(z.T, chol).T  # A⁻¹ z_l: (L, d)
+        lookalike_subject = lookalike_subject.to(dev)
         for s in torch.unique(lookalike_subject).tolist():
             at = (lookalike_subject == s).nonzero().flatten()
             # (A + c ZᵀZ)⁻¹ b = A⁻¹b − A⁻¹Zᵀ (I/c + Z A⁻¹ Zᵀ)⁻¹ Z A⁻¹b, c = weight / (s's look-alikes)
-            small = torch.eye(len(at), dtype=work) * len(at) / lookalike_weight + z[at] @ y[at].T
+            small = torch.eye(len(at), dtype=work, device=dev) * len(at) / lookalike_weight + z[at] @ y[at].T
             w[s] = w[s] - y[at].T @ torch.linalg.solve(small, z[at] @ w[s])
     w = w / (w * diff).sum(1, keepdim=True)  # score 1 at the subject's mean key
     own_scores = ((k - mu) * w[subject]).sum(1)
-    own_min = torch.full((n_subjects,), float("inf"), dtype=work).scatter_reduce(0, subject, own_scores, "amin")
+    own_min = torch.full((n_subjects,), float("inf"), dtype=work, device=dev).scatter_reduce(0, subject, own_scores, "amin")
     negative_scores = centred @ w.T  # (N, S)
     if mentions is not None:
         negative_scores = negative_scores.masked_fill(mentions.to(negative_scores.device), float("-inf"))
     contrast_max = negative_scores.amax(0)
     cross = (k - mu) @ w.T  # (R, S): other subjects' keys on each filter
-    cross[torch.arange(len(k)), subject] = float("-inf")
+    cross[torch.arange(len(k), device=dev), subject] = float("-inf")
     contrast_max = torch.maximum(contrast_max, cross.amax(0))
     if lookalikes is not None and len(lookalikes):
         lookalike_max = ((lookalikes.to(work) - mu) @ w.T).amax(0)
