@@ -208,7 +208,9 @@ def _indices(name: str, t: torch.Tensor, ref: torch.Tensor, size: int, what: str
 # backend="kernels" runs every compiled kernel on its devices.
 # corral_minor (U*'s per-row minimum-norm-point steps) has no CUDA kernel: on a GPU the batched torch steps run
 # with fixed shapes and no host round trip. corral_solve (whole solves, U*'s active-set rounds) has one, a warp
-# per row and one launch per round, which "auto" does not run until it has beaten the batched torch solver on a GPU.
+# per row and one launch per round: on an H200 (session 24, gpu_suite-NVIDIA_H200-s24-run1.json) it gave the same
+# rho as the batched torch solver with 2.4x fewer launches at 4,096 x 128, and at 65,536 x 256 its rounds took
+# ~1.5 s against ~3.1 s for the batched solver, so "auto" runs it.
 KERNEL_OPS = ("gate_features", "hadamard_gram", "gadget_matvec", "gadget_rmatvec", "gated_forward", "decode",
               "softmax_cross_entropy", "max_head_scores", "star_topk", "exact_star_scores", "corral_minor",
               "corral_solve")
@@ -216,7 +218,12 @@ KERNEL_OPS = ("gate_features", "hadamard_gram", "gadget_matvec", "gadget_rmatvec
 # kernel either: its twin is a few batched torch ops there.
 CPU_ONLY_KERNELS = frozenset({"gadget_matvec", "gadget_rmatvec", "gated_forward", "decode", "exact_star_scores",
                               "corral_minor"})
-CUDA_AUTO_KERNELS = frozenset({"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk"})
+CUDA_AUTO_KERNELS = frozenset({"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk",
+                               "corral_solve"})
+# star_topk's CUDA kernel (CUDA-core tiles, a running list per output) won at k = 8 (1.28-1.91x its twin) and lost
+# at U*'s pass widths k = 96-384 (0.04-0.16x against the twin's cuBLAS products and torch.topk; H200, session 24,
+# gpu_suite-NVIDIA_H200-s24-run1.json): "auto" runs it on a GPU up to this k only.
+STAR_TOPK_CUDA_KERNEL_MAX_K = 8
 
 
 def auto_runs_kernel(op: str, device_type: str) -> bool:
@@ -866,7 +873,8 @@ def star_topk(
         _same("values", values, outputs=outputs)
     r = rows.shape[0]
     sq = (values * values).sum(dim=1)
-    if not _use_kernel(backend, "star_topk", values, outputs):
+    if not _use_kernel(backend, "star_topk", values, outputs) or (
+            backend == "auto" and values.device.type == "cuda" and k > STAR_TOPK_CUDA_KERNEL_MAX_K):
         return _star_topk_twin(values, sq, k, outputs, rows, chunk)
     values, outputs, rows = _rowmajor(values), _rowmajor(outputs), rows.contiguous()
     scores = torch.empty(r, k, dtype=values.dtype, device=values.device)
@@ -904,7 +912,10 @@ def exact_star_scores(W: torch.Tensor, U: torch.Tensor, rows: torch.Tensor, cols
         if backend == "kernels" and not hasattr(_C, "star_scores"):
             raise RuntimeError("backend='kernels': this build of factkernels._C has no star_scores; rebuild it")
         out = torch.empty(cols.shape, dtype=W.dtype, device=W.device)
-        step = max(1, max(1 << 20, W.numel()) // (4 * max(1, cols.shape[1] * d)))
+        # ~4 gathered copies of the chunk's pairs; on a GPU big chunks (at 4,096 x 128 the CPU's 2^20-element budget
+        # made 195 chunks a pass, ~2,700 of a U* call's 4,100 launches on an H200)
+        budget = 1 << (25 if W.device.type == "cuda" else 20)
+        step = max(1, max(budget, W.numel()) // (4 * max(1, cols.shape[1] * d)))
         for s in range(0, r, step):
             rs, c = rows[s : s + step], cols[s : s + step]
             diff = W[rs][:, None, :] - W[c.clamp(min=0)]

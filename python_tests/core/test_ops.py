@@ -314,13 +314,12 @@ def test_auto_backend_runs_on_cuda_only_the_kernels_that_beat_their_twins():
     # CPU: every kernel. CUDA: the three that won their races on the GPUs and the one kept for memory
     # (CUDA_AUTO_KERNELS' comment); the GEMM-shaped rest run their cuBLAS-backed twins, and four of them
     # have no CUDA kernel any more; U*'s corral steps and re-checks never had one (batched twins run there). U*'s
-    # whole corral solves have one (a warp per row) that "auto" does not run until it has beaten its twin on a GPU.
+    # whole corral solves have one (a warp per row), which beat the batched torch solver on an H200.
     assert all(_ops.auto_runs_kernel(op, "cpu") for op in _ops.KERNEL_OPS)
     on_cuda = {op for op in _ops.KERNEL_OPS if _ops.auto_runs_kernel(op, "cuda")}
-    assert on_cuda == {"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk"}
+    assert on_cuda == {"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk", "corral_solve"}
     assert _ops.CPU_ONLY_KERNELS == {"gadget_matvec", "gadget_rmatvec", "gated_forward", "decode", "exact_star_scores",
                                      "corral_minor"}
-    assert "corral_solve" not in on_cuda | _ops.CPU_ONLY_KERNELS
     assert not on_cuda & _ops.CPU_ONLY_KERNELS
     assert all(hasattr(_ops, op) for op in _ops.KERNEL_OPS)
     with pytest.raises(ValueError, match="op must be one of"):
