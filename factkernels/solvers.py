@@ -177,7 +177,8 @@ def cholesky_factor(gram: torch.Tensor, *, overwrite: bool = False) -> tuple[tor
     one thread 0.26 vs 0.43 CPU s (1.4-2.0x at F = 1,024-8,192, benchmarks/results/ustar_cpu-s23-values.json);
     two threads on a quiet machine 0.15 vs 0.24 s wall (ustar_cpu-s23-end-quiet.json). Two threads on a
     loaded machine (load 5 on 2 cores) OpenBLAS's spinning threads lost badly, 1.9-7.0 vs 0.9-1.1 s
-    (ustar_cpu-s23-values-2threads.json): the rule does not guess the load (the factor's bits would depend
+    (ustar_cpu-s23-values-2threads.json; a values build's solve took 6.9 s once in
+    ustar_cpu-s24-values-2threads-loaded.json, its best of 3 1.7 s): the rule does not guess the load (the factor's bits would depend
     on it); on a loaded machine run one thread, where potrf wins either way. Above two threads (not measured
     here) torch keeps the case, and every GPU. On the scipy path L's strict upper triangle is left as
     ``gram``'s (unspecified): use L through lower-triangular solves only. overwrite: L may take ``gram``'s memory.
