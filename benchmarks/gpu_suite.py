@@ -154,7 +154,7 @@ STAR_TOPK_RACES = ((4096, 128, 96, 4096), (4096, 128, 192, 4096), (16384, 128, 9
 STAR_TOPK_QUICK_RACES = ((512, 32, 24, 512), (1024, 32, 48, 256))
 
 
-def twin_by_budget(twin, device: torch.device, budgets=(1 << 28, 1 << 30, 1 << 32)) -> dict:
+def twin_by_budget(twin, device: torch.device, budgets=(1 << 30, 1 << 32, 1 << 34)) -> dict:
     """The star_topk twin's time with each working-memory budget per chunk (``_ops.STAR_TWIN_BYTES``), in ms."""
     key = device.type if device.type in _ops.STAR_TWIN_BYTES else "cpu"
     default = _ops.STAR_TWIN_BYTES[key]

@@ -138,7 +138,7 @@ def test_star_topk_twin_chunks_fit_its_memory_budget(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 << 30, 80 << 30))
     gpu = SimpleNamespace(device=torch.device("cuda", 0), element_size=lambda: 4)
-    assert _ops._star_twin_chunk(65536, 65536, gpu) == (512 << 20) // (65536 * 13)
+    assert _ops._star_twin_chunk(65536, 65536, gpu) == (512 << 20) // (65536 * 13)  # a quarter of 2 GiB
     cpu = torch.zeros(1, dtype=torch.float64)
     assert _ops._star_twin_chunk(4096, 100, cpu) == 100  # every row fits
     assert _ops._star_twin_chunk(4096, 10**6, cpu) == _ops.STAR_TWIN_BYTES["cpu"] // (4096 * 25)

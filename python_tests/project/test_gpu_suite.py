@@ -110,4 +110,4 @@ def test_star_topk_race_times_both_and_checks_they_agree(monkeypatch):
         assert row["kernel_ms"] > 0 and row["torch_ms"] > 0 and row["limit_ms"] == pytest.approx(4 * row["rows"] * row["nv"] * row["d"] / 1e7)
         assert row["index_agreement"] > 0.99 and row["max_score_difference"] < 1e-4
         assert row["twin_profile"]["aten_ops"] > 0
-    assert set(rows[1]["twin_ms_by_budget_mib"]) == {256, 1024, 4096} and "twin_ms_by_budget_mib" not in rows[0]
+    assert set(rows[1]["twin_ms_by_budget_mib"]) == {1024, 4096, 16384} and "twin_ms_by_budget_mib" not in rows[0]
