@@ -58,15 +58,24 @@ __device__ __forceinline__ void warp_argmin(double& v, int& i) {
   }
 }
 
-// dst[c] = src[c + (c >= p)] for c < n (drops entry p; dst may be src): each 32-wide chunk is read, then written.
+// dst[c] = src[c + (c >= p)] for c < n (drops entry p; dst may be src, or a row above it): up to 128 entries are
+// read into registers, then written after a __syncwarp. No __syncwarp after the writes: the reads of a later call
+// on rows below are ordered by its own, and a caller syncs before other lanes read what was written.
 template <typename T> __device__ __forceinline__ void copy_dropping(T* dst, const T* src, int n, int p, int lane) {
-  for (int base = 0; base < n; base += 32) {
-    const int c = base + lane;
-    T v{};
-    if (c < n) v = src[c + (c >= p ? 1 : 0)];
+  constexpr int kStage = 4;
+  for (int base = 0; base < n; base += 32 * kStage) {
+    T v[kStage];
+#pragma unroll
+    for (int j = 0; j < kStage; ++j) {
+      const int c = base + 32 * j + lane;
+      v[j] = c < n ? src[c + (c >= p ? 1 : 0)] : T{};
+    }
     __syncwarp();
-    if (c < n) dst[c] = v;
-    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < kStage; ++j) {
+      const int c = base + 32 * j + lane;
+      if (c < n) dst[c] = v[j];
+    }
   }
 }
 
@@ -230,14 +239,19 @@ struct RowSolver {
   // Drops corral member i (factor by rotations; Gram, slots and weights shift down).
   __device__ void remove(int i) {
     cholesky_delete(i);
-    for (int r = 0; r < m - 1; ++r)  // row r <- row r + (r >= i), column i dropped; source rows are never above
-      copy_dropping(Q + static_cast<int64_t>(r) * mmax, Q + static_cast<int64_t>(r + (r >= i ? 1 : 0)) * mmax, m - 1,
-                    i, lane);
+    for (int r = 0; r < m - 1; ++r) {  // column i dropped; rows below i move up (source rows are never above)
+      double* qr = Q + static_cast<int64_t>(r) * mmax;
+      if (r < i)
+        copy_dropping(qr + i, qr + i, m - 1 - i, 0, lane);
+      else
+        copy_dropping(qr, qr + mmax, m - 1, i, lane);
+    }
     if (lane == 0) flags[S[i]] &= static_cast<uint8_t>(~kInCorral);
     __syncwarp();
     copy_dropping(S, S, m - 1, i, lane);
     copy_dropping(lam, lam, m - 1, i, lane);
     --m;
+    __syncwarp();
   }
 
   // Wolfe's minor cycle: affine minimum-norm weights y of the corral ((Q + 1 1^T + ridge I) z = 1, one

@@ -259,6 +259,33 @@ def test_cuda_solve_kernel_matches_cpu_kernel(kind, n, d, K, few_warps, monkeypa
         assert torch.allclose(wg[live].sum(dim=1), torch.ones(int(live.sum()), dtype=torch.float64), atol=1e-12)
 
 
+@pytest.mark.cuda
+@needs_cuda_kernel
+def test_cuda_solve_kernel_with_corrals_past_128_members():
+    """Vertices of a (slightly perturbed) regular simplex in d = 150 against all other values: each vertex's optimal
+    corral holds the other 150 (the kernel's blocked solves, rotations and row shifts past 128 entries); the CUDA
+    kernel matches the C++ one."""
+    d = 150
+    g = torch.Generator().manual_seed(5)
+    E = torch.eye(d + 1, dtype=torch.float64) - 1.0 / (d + 1)
+    V = torch.cat([E @ torch.linalg.svd(E).Vh[:d].T, 0.05 * torch.randn(20, d, generator=g, dtype=torch.float64)])
+    V[: d + 1] += 1e-3 * torch.randn(d + 1, d, generator=g, dtype=torch.float64)
+    W = geometry.normalized_values(V)
+    n = W.shape[0]
+    rows = torch.tensor([0, 1, 2, 160])
+    cand = torch.stack([torch.cat([torch.arange(i), torch.arange(i + 1, n)]) for i in rows.tolist()])
+    P = ustar._unit_start(W[rows], W[rows].clone())
+    kw = dict(tol=1e-9, max_iter=400, n_init=16, n_add=8, zero_norm2=corral.ZERO_NORM2)
+    Uc, lc, hc, (cc, _), _ = _ops.corral_solve(W, rows, cand, P, **kw)
+    out = _ops.corral_solve(W.cuda(), rows.cuda(), cand.cuda(), P.cuda(), **kw)
+    Ug, lg, hg = (t.cpu() for t in out[:3])
+    cg = out[3][0].cpu()
+    assert bool(((cc[:3] >= 0).sum(dim=1) == d).all()) and bool((lc > 0).all())  # the vertices' corrals: the others
+    assert bool(((cg[:3] >= 0).sum(dim=1) == d).all())
+    assert torch.allclose(lg, lc, atol=1e-9, rtol=0) and torch.allclose(hg, hc, atol=1e-9, rtol=0)
+    assert torch.allclose(Ug, Uc, atol=1e-9, rtol=0)
+
+
 @needs_kernel
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind,n,d", [("sphere", 300, 16), ("duplicates", 120, 6), ("collinear", 160, 5),
