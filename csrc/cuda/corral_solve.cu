@@ -127,16 +127,17 @@ struct RowSolver {
       __syncwarp();  // every lane reads the x of the blocks above
       const int r = b + lane;  // this lane's row (x[r]'s owner)
       const double* lr = L + static_cast<int64_t>(r) * mmax;
-      double acc = 0.0, xr = 0.0;
+      double acc = 0.0, xr = 0.0, diag = 1.0;  // (the pivot loaded before the chain of steps)
       if (r < n) {
         for (int c = 0; c < b; ++c) acc += lr[c] * x[c];
         xr = x[r];
+        diag = lr[r];
       }
       const int rows = n - b < 32 ? n - b : 32;
       for (int i = 0; i < rows; ++i) {
         double xi = 0.0;
         if (lane == i) {
-          xi = (xr - acc) / lr[b + i];
+          xi = (xr - acc) / diag;
           xr = xi;
         }
         xi = __shfl_sync(kFull, xi, i);
