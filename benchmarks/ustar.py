@@ -20,7 +20,9 @@ JSON are skipped, so an interrupted run resumes. Threads follow --threads (1 on 
                      reported, the ratio against the faster (all warmed up, best of 3 taken in turn, wall and CPU
                      seconds); with the floor: the multiply-adds the build must do (Gram, solves, one verification
                      pass; then the weights and the rho pass) at the measured square-GEMM rate, plus the Cholesky
-  cholesky           the two Cholesky references alone at F = 1,024 ... 8,192 (--only cholesky)
+  cholesky           the Cholesky references alone at F = 1,024 ... 8,192 (--only cholesky, --cholesky-sizes), and
+                     (both cases) LAPACK's potrf on one OpenBLAS thread, which the library runs at one or two torch
+                     threads, and every timed call's wall seconds (walls_s: the spread under load)
 """
 
 from __future__ import annotations
@@ -77,14 +79,16 @@ def child(case: dict) -> dict:
     elif kind == "values_vs_chol":
         K, V, f = random_fact_set(n, n, d, seed=0)
         fn = lambda: factkernels.construct(K, V, f, outputs="values", progress=False)  # noqa: E731
-        best = _best_of({**_cholesky_calls(n), "construct": fn})
-        out.update(_cholesky_fields(best))
+        walls: dict = {}
+        best = _best_of({**_cholesky_calls(n), "construct": fn}, walls)
+        out.update(_cholesky_fields(best), walls_s=walls)
         out["construct_best_s"], out["construct_best_cpu_s"] = best["construct"]
         out["ratio_best_wall"] = best["construct"][0] / out["cholesky_fastest_s"]
         out["ratio_best_cpu"] = best["construct"][1] / out["cholesky_fastest_cpu_s"]
         out["gemm_float32_macs_per_cpu_s"] = _gemm_rate()
     elif kind == "cholesky":
-        out.update(_cholesky_fields(_best_of(_cholesky_calls(n))))
+        walls = {}
+        out.update(_cholesky_fields(_best_of(_cholesky_calls(n), walls)), walls_s=walls)
         fn = None
     else:
         raise ValueError(kind)
@@ -131,9 +135,10 @@ def _build_counts(fn) -> dict:
     return dict(profile_counts(prof), host_reads=reads.count, host_reads_by_kind=dict(Counter(reads.reads)))
 
 
-def _best_of(calls: dict) -> dict:
+def _best_of(calls: dict, walls: dict | None = None) -> dict:
     """Best (wall, CPU) seconds of each call (or (untimed preparation, call)): all warmed up, then timed in turn 3 times (so a change in the
-    machine's load hits all); with several threads CPU seconds add up the threads, spinning included."""
+    machine's load hits all); with several threads CPU seconds add up the threads, spinning included. walls: gets
+    each call's three wall times (the spread under load)."""
     best = {name: [math.inf, math.inf] for name in calls}
     for trial in range(4):  # trial 0 warms up
         for name, call in calls.items():
@@ -145,6 +150,8 @@ def _best_of(calls: dict) -> dict:
             wall, cpu = time.perf_counter() - start, time.process_time() - cpu
             if trial > 0:
                 best[name] = [min(best[name][0], wall), min(best[name][1], cpu)]
+                if walls is not None:
+                    walls.setdefault(name, []).append(wall)
     return best
 
 
@@ -152,6 +159,8 @@ def _cholesky_calls(n: int) -> dict:
     """One float32 Cholesky of an (n, n) SPD Gram: torch's, and LAPACK's potrf through scipy in place on a
     fresh copy made outside the timed call (what the values build does with its Gram)."""
     from scipy.linalg import lapack
+
+    from threadpoolctl import threadpool_limits
 
     A = torch.randn(n, 128, generator=torch.Generator().manual_seed(1))
     G = A @ A.T
@@ -162,13 +171,20 @@ def _cholesky_calls(n: int) -> dict:
         _, info = lapack.spotrf(work.pop().numpy().T, lower=0, clean=0, overwrite_a=1)  # the lower triangle, no copy
         assert info == 0
 
+    def scipy_potrf_one_thread():  # what the library runs at one or two torch threads (solvers.cholesky_factor)
+        with threadpool_limits(limits=1, user_api="blas"):
+            scipy_potrf()
+
     return {"cholesky_torch": lambda: torch.linalg.cholesky(G),
-            "cholesky_scipy": (lambda: work.append(G.clone()), scipy_potrf)}
+            "cholesky_scipy": (lambda: work.append(G.clone()), scipy_potrf),
+            "cholesky_scipy_1thread": (lambda: work.append(G.clone()), scipy_potrf_one_thread)}
 
 
 def _cholesky_fields(best: dict) -> dict:
     out = {"cholesky_torch_s": best["cholesky_torch"][0], "cholesky_torch_cpu_s": best["cholesky_torch"][1],
-           "cholesky_scipy_s": best["cholesky_scipy"][0], "cholesky_scipy_cpu_s": best["cholesky_scipy"][1]}
+           "cholesky_scipy_s": best["cholesky_scipy"][0], "cholesky_scipy_cpu_s": best["cholesky_scipy"][1],
+           "cholesky_scipy_1thread_s": best["cholesky_scipy_1thread"][0],
+           "cholesky_scipy_1thread_cpu_s": best["cholesky_scipy_1thread"][1]}
     fastest = min(("cholesky_torch", "cholesky_scipy"), key=lambda k: best[k][1])
     out["cholesky_fastest"] = fastest.split("_")[1]
     out["cholesky_fastest_s"], out["cholesky_fastest_cpu_s"] = best[fastest]
@@ -217,7 +233,8 @@ def _code_version() -> str:
     return commit + ("+dirty" if dirty else "")
 
 
-def cases(quick: bool, only: set[str], threads: int, grid_arg: str | None = None) -> list[dict]:
+def cases(quick: bool, only: set[str], threads: int, grid_arg: str | None = None,
+          cholesky_sizes: str | None = None) -> list[dict]:
     todo = []
     if "ustar" in only:
         grid = [(1024, 64, "dense"), (1024, 64, "active_set")] if quick else [
@@ -233,7 +250,9 @@ def cases(quick: bool, only: set[str], threads: int, grid_arg: str | None = None
     if "values" in only:
         todo.append({"kind": "values_vs_chol", "n": size[0], "d": size[1]})
     if "cholesky" in only:
-        todo += [{"kind": "cholesky", "n": n, "d": 0} for n in ((512, 1024) if quick else (1024, 2048, 4096, 8192))]
+        sizes = [int(x) for x in cholesky_sizes.split(",")] if cholesky_sizes else (
+            [512, 1024] if quick else [1024, 2048, 4096, 8192])
+        todo += [{"kind": "cholesky", "n": n, "d": 0} for n in sizes]
     for c in todo:
         c["threads"] = threads
     return sorted(todo, key=lambda c: c["n"] * c["n"] * c["d"])  # cheap cases first
@@ -247,6 +266,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per case")
     parser.add_argument("--ustar-grid", default=None,
                         help="U* cases instead of the default grid, e.g. 4096x128:active_set,16384x128:dense")
+    parser.add_argument("--cholesky-sizes", default=None, help="F of the cholesky cases, e.g. 4096 (default 1,024-8,192)")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/ustar_cpu[-quick].json)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -264,7 +284,7 @@ def main() -> None:
     done = {json.dumps({k: v for k, v in c.items() if k in ("kind", "n", "d", "method", "threads")}, sort_keys=True)
             for c in report["cases"]}
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    for case in cases(args.quick, set(args.only.split(",")), args.threads, args.ustar_grid):
+    for case in cases(args.quick, set(args.only.split(",")), args.threads, args.ustar_grid, args.cholesky_sizes):
         key = json.dumps(case, sort_keys=True)
         if key in done:
             continue

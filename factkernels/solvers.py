@@ -163,7 +163,8 @@ def relative_residual(op: GadgetOperator, alpha: torch.Tensor, targets: torch.Te
     return float(sums[0].sqrt() / sums[1].sqrt().clamp_min(1e-300))
 
 
-# Most torch threads at which a CPU Cholesky goes to LAPACK's potrf through scipy (OpenBLAS) instead of torch's.
+# Most torch threads at which a CPU Cholesky goes to LAPACK's potrf through scipy (OpenBLAS, one thread) instead of
+# torch's.
 SCIPY_CHOLESKY_MAX_THREADS = 2
 
 
@@ -171,24 +172,24 @@ def cholesky_factor(gram: torch.Tensor, *, overwrite: bool = False) -> tuple[tor
     """(L, info) as ``torch.linalg.cholesky_ex``: the lower factor (F, F) of a symmetric positive definite
     ``gram`` (F, F), of which only the lower triangle is read, and a 0-dim int tensor, 0 when it factored.
 
-    On a CPU with at most SCIPY_CHOLESKY_MAX_THREADS torch threads, LAPACK's potrf through scipy (OpenBLAS,
-    run with torch's thread count) on the row-major lower triangle seen as a column-major upper one: no copy
-    into column order and no pass zeroing the other triangle, which torch makes. Float32, AMD EPYC, F = 4,096:
-    one thread 0.26 vs 0.43 CPU s (1.4-2.0x at F = 1,024-8,192, benchmarks/results/ustar_cpu-s23-values.json);
-    two threads on a quiet machine 0.15 vs 0.24 s wall (ustar_cpu-s23-end-quiet.json). Two threads on a
-    loaded machine (load 5 on 2 cores) OpenBLAS's spinning threads lost badly, 1.9-7.0 vs 0.9-1.1 s
-    (ustar_cpu-s23-values-2threads.json; a values build's solve took 6.9 s once in
-    ustar_cpu-s24-values-2threads-loaded.json, its best of 3 1.7 s): the rule does not guess the load (the factor's bits would depend
-    on it); on a loaded machine run one thread, where potrf wins either way. Above two threads (not measured
-    here) torch keeps the case, and every GPU. On the scipy path L's strict upper triangle is left as
-    ``gram``'s (unspecified): use L through lower-triangular solves only. overwrite: L may take ``gram``'s memory.
+    On a CPU with at most SCIPY_CHOLESKY_MAX_THREADS torch threads, LAPACK's potrf through scipy (OpenBLAS run
+    on one thread) on the row-major lower triangle seen as a column-major upper one: no copy into column order
+    and no pass zeroing the other triangle, which torch makes. Float32, AMD EPYC, F = 4,096: one thread 0.26 vs
+    0.43 CPU s (1.4-2.0x at F = 1,024-8,192, benchmarks/results/ustar_cpu-s23-values.json). At two torch
+    threads OpenBLAS's own two were fastest on a quiet machine (0.15 s wall, torch's 0.24,
+    ustar_cpu-s23-end-quiet.json) but have a heavy tail under load, where its spinning threads wait on a
+    descheduled one (load 5 on 2 cores, ustar_cpu-s24-cholesky-2threads-loaded.json: F = 4,096 0.78-0.99 s,
+    torch's two 0.68-0.75, its one 0.40-0.59; F = 2,048 0.93-2.56, 0.17-0.18, 0.11-0.14): one OpenBLAS thread
+    is never far behind (quiet ~0.26 s at 4,096) and ahead under load, and the rule does not guess the load (the factor's bits would depend on it). Above two
+    threads (not measured here) torch keeps the case, and every GPU. On the scipy path L's strict upper
+    triangle is left as ``gram``'s (unspecified): use L through lower-triangular solves only. overwrite: L may
+    take ``gram``'s memory.
     """
-    threads = torch.get_num_threads()
-    if gram.device.type != "cpu" or threads > SCIPY_CHOLESKY_MAX_THREADS or gram.requires_grad:
+    if gram.device.type != "cpu" or torch.get_num_threads() > SCIPY_CHOLESKY_MAX_THREADS or gram.requires_grad:
         return torch.linalg.cholesky_ex(gram)
     work = gram if overwrite else gram.clone()
     potrf = lapack.get_lapack_funcs("potrf", (work.numpy(),))
-    with _blas_threads().limit(limits=threads, user_api="blas"):  # OpenBLAS reads its own count from the env
+    with _blas_threads().limit(limits=1, user_api="blas"):  # OpenBLAS reads its own count from the env
         upper, info = potrf(work.numpy().T, lower=0, clean=0, overwrite_a=1)  # in place on a column-major view
     return torch.from_numpy(upper.T), torch.tensor(info, dtype=torch.int32)
 
