@@ -761,40 +761,58 @@ def _star_twin_chunk(n: int, r: int, values: torch.Tensor) -> int:
     return max(1, min(max(r, 1), budget // max(1, n * (3 * values.element_size() + 1))))
 
 
-def _star_scores_rows(values: torch.Tensor, sq: torch.Tensor, s: torch.Tensor, p: Optional[torch.Tensor],
-                      close: float, bound: Optional[int]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def _star_right_operand(values: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
+    """(n, K) rows [-w_j, 1, ||w_j||^2, 0...] with K = d + 2 rounded up to 4 (aligned rows): against left rows
+    [p, <p, w_s>, 0] one GEMM gives the numerators <p, w_s - w_j>, against [2 w_s, ||w_s||^2, 1] the squared
+    distances ||w_s||^2 + ||w_j||^2 - 2 <w_s, w_j>, with no (rows, |V|) pass to add the norms."""
+    n, d = values.shape
+    right = torch.zeros(n, -(-(d + 2) // 4) * 4, dtype=values.dtype, device=values.device)
+    right[:, :d] = -values
+    right[:, d] = 1.0
+    right[:, d + 1] = sq
+    return right
+
+
+def _star_scores_rows(values: torch.Tensor, sq: torch.Tensor, right: torch.Tensor, s: torch.Tensor,
+                      p: Optional[torch.Tensor], close: float,
+                      bound: Optional[int]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Star scores of outputs ``p`` (c, d) (None: p = w_s) at values ``s`` (c,) against every value: (c, n),
-    +inf at j = s. Pairs closer than ``close`` take the explicit difference; with ``bound`` the first bound + 1
-    close pairs are found without a host sync (``torch.nonzero_static``), and the second result (a device bool)
-    says whether there were more than the bound (the scores may then be wrong where the rest are)."""
+    +inf at j = s, numerators and distances from one GEMM against ``right`` (:func:`_star_right_operand`).
+    Pairs closer than ``close`` take the explicit difference. With ``bound``, the candidates (within one
+    threshold per row, a superset) are found without a host sync (``torch.nonzero_static``, bound + 1 slots)
+    and checked exactly; the second result (a device bool) says whether there were more than the bound (the
+    scores may then be wrong where the rest are)."""
+    c, d = s.numel(), values.shape[1]
     ws = values[s]
-    sqs = sq[s, None]
-    base = sqs + sq[None, :]
-    if p is None:  # <w_s, w_s - w_j> shares the one product with the distances
-        gram = ws @ values.T
-        g = sqs - gram
-        d2 = gram.mul_(-2.0).add_(base)
-    else:  # the distances' product adds the norms in the GEMM's epilogue
-        d2 = torch.addmm(base, ws, values.T, alpha=-2.0)
-        g = (p * ws).sum(dim=1, keepdim=True) - p @ values.T
-    is_close = d2 <= base.mul_(close)
-    g.div_(d2.sqrt_())  # NaN where d2 < 0: always a close pair, whose score is replaced below
+    sqs = sq[s]
+    pp = ws if p is None else p
+    left = torch.zeros(2 * c, right.shape[1], dtype=values.dtype, device=values.device)
+    left[:c, :d] = pp
+    left[:c, d] = sqs if p is None else (p * ws).sum(dim=1)
+    left[c:, :d] = 2.0 * ws
+    left[c:, d] = sqs
+    left[c:, d + 1] = 1.0
+    both = left @ right.T
+    g, d2 = both[:c], both[c:]
     if bound is None:
-        ci, cj = is_close.nonzero(as_tuple=True)
-        overflow = None
+        ci, cj = (d2 <= close * (sqs[:, None] + sq[None, :])).nonzero(as_tuple=True)
+        is_close, overflow = None, None
     else:
-        # one slot more than the bound: filled means there were more (counting the mask would convert all of it)
-        found = torch.nonzero_static(is_close, size=bound + 1, fill_value=-1)
+        # a per-row threshold (sq.max() for ||w_j||^2) needs no (rows, |V|) sum of norms; one slot more than the
+        # bound: filled means there were more (counting the mask would convert all of it)
+        found = torch.nonzero_static(d2 <= close * (sqs + sq.max())[:, None], size=bound + 1, fill_value=-1)
         overflow = found[-1, 0] >= 0
         ci, cj = found.unbind(1)
         # unused slots (-1) point at the first row's own column, which is set to +inf below anyway
         unused = ci < 0
         ci, cj = ci.masked_fill(unused, 0), torch.where(unused, s[0], cj)
-    pp = ws if p is None else p
+        is_close = d2[ci, cj] <= close * (sqs[ci] + sq[cj])
+    g.div_(d2.sqrt_())  # NaN where d2 < 0: always a close pair, whose score is replaced below
     diff = ws[ci] - values[cj]
     nrm = diff.norm(dim=1)
-    g[ci, cj] = torch.where(nrm > 0, (pp[ci] * diff).sum(dim=1) / nrm.clamp_min(1e-300), 0.0)
-    g[torch.arange(s.numel(), device=s.device), s] = math.inf
+    exact = torch.where(nrm > 0, (pp[ci] * diff).sum(dim=1) / nrm.clamp_min(1e-300), 0.0)
+    g[ci, cj] = exact if is_close is None else torch.where(is_close, exact, g[ci, cj])
+    g[torch.arange(c, device=s.device), s] = math.inf
     return g, overflow
 
 
@@ -813,10 +831,11 @@ def _star_topk_twin(values: torch.Tensor, sq: torch.Tensor, k: int, outputs: Opt
     step = chunk or _star_twin_chunk(n, r, values)
     whole_rows = kk + 1 > n  # k >= n: nothing to select, sort the rows
     redo = torch.zeros(r, dtype=torch.bool, device=values.device)
+    right = _star_right_operand(values, sq)
     for lo in range(0, r, step):
         s = rows[lo : lo + step]
         p = None if outputs is None else outputs[lo : lo + step]
-        g, overflow = _star_scores_rows(values, sq, s, p, close, None if whole_rows else 2 * s.numel() + 64)
+        g, overflow = _star_scores_rows(values, sq, right, s, p, close, None if whole_rows else 2 * s.numel() + 64)
         if whole_rows:
             top, at = torch.sort(g, dim=1, stable=True)
             top, at = top[:, :kk], at[:, :kk]
@@ -833,7 +852,7 @@ def _star_topk_twin(values: torch.Tensor, sq: torch.Tensor, k: int, outputs: Opt
     again = redo.nonzero().squeeze(1)
     for lo in range(0, again.numel(), step):
         i = again[lo : lo + step]
-        g, _ = _star_scores_rows(values, sq, rows[i], None if outputs is None else outputs[i], close, None)
+        g, _ = _star_scores_rows(values, sq, right, rows[i], None if outputs is None else outputs[i], close, None)
         top, at = torch.sort(g, dim=1, stable=True)
         scores[i, :kk] = top[:, :kk]
         index[i, :kk] = torch.where(torch.isinf(top[:, :kk]), -1, at[:, :kk])
