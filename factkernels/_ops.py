@@ -764,7 +764,8 @@ def _star_twin_chunk(n: int, r: int, values: torch.Tensor) -> int:
 def _star_right_operand(values: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
     """(n, K) rows [-w_j, 1, ||w_j||^2, 0...] with K = d + 2 rounded up to 4 (aligned rows): against left rows
     [p, <p, w_s>, 0] one GEMM gives the numerators <p, w_s - w_j>, against [2 w_s, ||w_s||^2, 1] the squared
-    distances ||w_s||^2 + ||w_j||^2 - 2 <w_s, w_j>, with no (rows, |V|) pass to add the norms."""
+    distances ||w_s||^2 + ||w_j||^2 - 2 <w_s, w_j>, with no (rows, |V|) pass to add the norms (given outputs;
+    for p = w_s the distances come from the numerators)."""
     n, d = values.shape
     right = torch.zeros(n, -(-(d + 2) // 4) * 4, dtype=values.dtype, device=values.device)
     right[:, :d] = -values
@@ -786,14 +787,18 @@ def _star_scores_rows(values: torch.Tensor, sq: torch.Tensor, right: torch.Tenso
     ws = values[s]
     sqs = sq[s]
     pp = ws if p is None else p
-    left = torch.zeros(2 * c, right.shape[1], dtype=values.dtype, device=values.device)
+    left = torch.zeros((1 if p is None else 2) * c, right.shape[1], dtype=values.dtype, device=values.device)
     left[:c, :d] = pp
     left[:c, d] = sqs if p is None else (p * ws).sum(dim=1)
-    left[c:, :d] = 2.0 * ws
-    left[c:, d] = sqs
-    left[c:, d + 1] = 1.0
-    both = left @ right.T
-    g, d2 = both[:c], both[c:]
+    if p is None:  # the distance is twice the numerator ||w_s||^2 - <w_s, w_j> plus ||w_j||^2 - ||w_s||^2
+        g = left @ right.T
+        d2 = torch.add(sq[None, :], g, alpha=2.0).sub_(sqs[:, None])
+    else:
+        left[c:, :d] = 2.0 * ws
+        left[c:, d] = sqs
+        left[c:, d + 1] = 1.0
+        both = left @ right.T
+        g, d2 = both[:c], both[c:]
     if bound is None:
         ci, cj = (d2 <= close * (sqs[:, None] + sq[None, :])).nonzero(as_tuple=True)
         is_close, overflow = None, None
