@@ -89,7 +89,9 @@ struct RowSolver {
   uint8_t* flags;   // kValid | kInCorral per candidate
   int m = 0;        // corral size (the same in every lane)
 
-  __device__ RowSolver(const CorralSolveArgs& args, int lane_, double* work)
+  // work: the warp's scratch slice; slot_vectors: where its five slot vectors live (shared memory, or their place
+  // in work)
+  __device__ RowSolver(const CorralSolveArgs& args, int lane_, double* work, double* slot_vectors)
       : a(args), lane(lane_), d(static_cast<int>(args.d)), K(static_cast<int>(args.k)),
         mmax(static_cast<int>(args.d) + 1) {
     double* w = work;
@@ -101,7 +103,7 @@ struct RowSolver {
     w += static_cast<int64_t>(mmax) * mmax;
     L = w;
     w += static_cast<int64_t>(mmax) * mmax;
-    lam = w;
+    lam = slot_vectors;
     z = lam + mmax;
     res = z + mmax;
     y = res + mmax;
@@ -494,11 +496,26 @@ struct RowSolver {
   }
 };
 
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) corral_solve_kernel(const __grid_constant__ CorralSolveArgs a, int64_t scratch) {
+// The five slot vectors (lam, z, res, y, wv: 5 (d + 1) doubles a warp) sit in shared memory where a block's fit
+// without opting in to more: the triangular solves' steps each read what the step before wrote, a round trip to
+// L2 from global memory.
+constexpr int64_t kSlotVectorBytes = 48 * 1024;
+inline int64_t slot_vector_bytes(int64_t d) {
+  return kWarpsPerBlock * 5 * (d + 1) * static_cast<int64_t>(sizeof(double));
+}
+
+// At most 128 registers a thread (4 blocks of 4 warps a multiprocessor; without the bound nvcc took 168).
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, 4)
+    corral_solve_kernel(const __grid_constant__ CorralSolveArgs a, int64_t scratch, bool shared_slots) {
+  extern __shared__ double slot_smem[];
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (warp >= a.slots) return;  // whole warps
   const int lane = static_cast<int>(threadIdx.x & 31);
-  RowSolver s(a, lane, a.work + kCorralSolveHeader + warp * scratch);
+  double* work = a.work + kCorralSolveHeader + warp * scratch;
+  const int64_t mmax = a.d + 1;
+  double* slot_vectors = shared_slots ? slot_smem + (threadIdx.x / 32) * 5 * mmax
+                                      : work + a.k * a.d + a.k + 2 * mmax * mmax;  // their place in the slice
+  RowSolver s(a, lane, work, slot_vectors);
   unsigned long long* next_row = reinterpret_cast<unsigned long long*>(a.work);
   for (;;) {  // rows differ in their work: each warp takes the next one when it is done
     unsigned long long row = 0;
@@ -516,8 +533,10 @@ void corral_solve(const CorralSolveArgs& a, uintptr_t stream) {
   if (a.slots <= 0 || a.work == nullptr) throw std::invalid_argument("corral_solve: no workspace");
   const cudaStream_t st = as_stream(stream);
   check(cudaMemsetAsync(a.work, 0, sizeof(unsigned long long), st), "corral_solve (row counter)");
-  corral_solve_kernel<<<static_cast<unsigned>(ceil_div(a.slots, kWarpsPerBlock)), kWarpsPerBlock * 32, 0, st>>>(
-      a, corral_solve_scratch(a.d, a.k));
+  const bool shared_slots = slot_vector_bytes(a.d) <= kSlotVectorBytes;
+  corral_solve_kernel<<<static_cast<unsigned>(ceil_div(a.slots, kWarpsPerBlock)), kWarpsPerBlock * 32,
+                        shared_slots ? static_cast<size_t>(slot_vector_bytes(a.d)) : 0, st>>>(
+      a, corral_solve_scratch(a.d, a.k), shared_slots);
   check_launch("corral_solve");
 }
 
