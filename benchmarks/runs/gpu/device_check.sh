@@ -10,13 +10,14 @@
 # Section times to expect on an H100 (session 24's estimates from the H200's 2026-11-26 runs and the rows added since):
 #   tests ~45 s (40-52 s before) | kernels ~25 s (6 s, plus the star_topk races up to 65,536 x 256) | attention 2 s
 #   construct ~10 s (3 s, plus the profiled values and default builds) | scale ~110 s (106 s on the H200)
-#   ustar ~70 s, at most --ustar-seconds (150) plus one row: five 4,096 x 128 rows ~5 s each (profiled), 16,384 x 128
-#   active_set and dense ~5 s each, 65,536 x 256 auto / kernels / torch ~13 / ? / ~10 s (--no-ustar-large drops
-#   them: ustar ~35 s)
-# so tests,kernels,construct,ustar ~155 s and with scale ~265 s, plus the build (~20 s) and the GEMM rate (~2 s).
+#   ustar ~45 s (56 s in session 24's run 1 on an H200, with 65,536 x 256 backend kernels, 10 s, since dropped): five
+#   4,096 x 128 rows ~3 s each (profiled), 16,384 x 128 active_set and dense ~2 s each, 65,536 x 256 auto (profiled
+#   when under 5 s) and torch ~5-10 s each (--no-ustar-large drops them: ustar ~20 s)
+# Session 24's run 1 (H200): tests 40 s, kernels 25 s, construct 4 s, ustar 56 s. So tests,kernels,construct,ustar
+# ~120 s and with scale ~230 s, plus the build (~20 s) and the GEMM rate (~2 s).
 # Keep --tests-timeout (SUITE_ARGS, the last one wins) well under SUITE_SECONDS: a hung test must not eat the call.
-# A 5-minute call: OUT=$OUT SUITE_SECONDS=250 SUITE_ARGS="--only tests,kernels,construct,ustar --tests-timeout 100"
-#   (~150 s of suite); with scale (~260 s) it needs SUITE_SECONDS=300 and a 6-minute call, or --no-ustar-large.
+# A 5-minute call: OUT=$OUT SUITE_SECONDS=260 SUITE_ARGS="--only tests,kernels,construct,ustar,scale --tests-timeout 90"
+#   (~230 s of suite: scale last but one, so a cut-off run loses only scale's row).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 OUT="${OUT:?set OUT to the folder for the logs and the JSON}"
