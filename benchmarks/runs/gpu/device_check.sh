@@ -17,7 +17,7 @@
 # ~120 s and with scale ~230 s, plus the build (~20 s) and the GEMM rate (~2 s).
 # Keep --tests-timeout (SUITE_ARGS, the last one wins) well under SUITE_SECONDS: a hung test must not eat the call.
 # A 5-minute call: OUT=$OUT SUITE_SECONDS=260 SUITE_ARGS="--only tests,kernels,construct,ustar,scale --tests-timeout 90"
-#   (~230 s of suite: scale last but one, so a cut-off run loses only scale's row).
+#   (~230 s of suite: scale runs last, so a run cut off loses only its row).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 OUT="${OUT:?set OUT to the folder for the logs and the JSON}"
