@@ -9,7 +9,7 @@ What it runs (all on --device, default cuda):
   tests      pytest -m cuda in a subprocess; its summary line, exit status and the end of its output
   kernels    every compiled kernel against its torch twin (bench.py's races; on CUDA they include
              decode of 65,536 x 65,536 at d = 256) and the fused max-over-heads scores; then star_topk at U*'s
-             pass widths (STAR_TOPK_RACES: 4,096 and 16,384 x 128, 65,536 x 256 on a quarter of the rows) with
+             pass widths (STAR_TOPK_RACES: 4,096 and 16,384 x 128, 65,536 x 256 on an eighth of the rows) with
              the share of indices kernel and twin agree on
   construct  d = 128, F = |V| = 4,096: outputs="values" with the Cholesky solve (bench.py's race), then
              outputs="values" and the default construct (margin-optimal outputs) with their own defaults, each
@@ -147,10 +147,10 @@ def bench_build(device: torch.device, d: int, num_facts: int, **options) -> dict
     return row
 
 
-# star_topk races at U*'s pass widths: (|V|, d, k, rows scored). 65,536 x 256 scores a quarter of the rows against
-# all values (a whole pass of the kernel took 1.1 s on an H200: six timed calls of each k would take 15 s).
+# star_topk races at U*'s pass widths: (|V|, d, k, rows scored). 65,536 x 256 scores an eighth of the rows against
+# all values (the kernel took 0.58 s and 1.71 s on a quarter at k 192 and 384 on the H200, session 24's run 1).
 STAR_TOPK_RACES = ((4096, 128, 96, 4096), (4096, 128, 192, 4096), (16384, 128, 96, 16384),
-                   (65536, 256, 192, 16384), (65536, 256, 384, 16384))
+                   (65536, 256, 192, 8192), (65536, 256, 384, 8192))
 STAR_TOPK_QUICK_RACES = ((512, 32, 24, 512), (1024, 32, 48, 256))
 
 

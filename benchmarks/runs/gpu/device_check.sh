@@ -8,7 +8,7 @@
 # First run (H200, 2026-11-26): build 19 s, CUDA tests 37 s, the whole suite 374 s (gd_batch 217 s of it).
 # Second (H100, 2026-11-26, --only tests,kernels,attention): 34 CUDA tests in 40 s, done 74 s after the build began.
 # Section times to expect on an H100 (session 24's estimates from the H200's 2026-11-26 runs and the rows added since):
-#   tests ~45 s (40-52 s before) | kernels ~25 s (6 s, plus the star_topk races up to 65,536 x 256) | attention 2 s
+#   tests ~45 s (40-52 s before) | kernels ~17 s (6 s, plus the star_topk races up to 65,536 x 256) | attention 2 s
 #   construct ~10 s (3 s, plus the profiled values and default builds) | scale ~110 s (106 s on the H200)
 #   ustar ~45 s (56 s in session 24's run 1 on an H200, with 65,536 x 256 backend kernels, 10 s, since dropped): five
 #   4,096 x 128 rows ~3 s each (profiled), 16,384 x 128 active_set and dense ~2 s each, 65,536 x 256 auto (profiled
