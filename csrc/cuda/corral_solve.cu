@@ -129,17 +129,18 @@ struct RowSolver {
       __syncwarp();  // every lane reads the x of the blocks above
       const int r = b + lane;  // this lane's row (x[r]'s owner)
       const double* lr = L + static_cast<int64_t>(r) * mmax;
-      double acc = 0.0, xr = 0.0, diag = 1.0;  // (the pivot loaded before the chain of steps)
+      // the reciprocal pivot, computed before the chain of steps (a division in each step would double its latency)
+      double acc = 0.0, xr = 0.0, rdiag = 1.0;
       if (r < n) {
         for (int c = 0; c < b; ++c) acc += lr[c] * x[c];
         xr = x[r];
-        diag = lr[r];
+        rdiag = 1.0 / lr[r];
       }
       const int rows = n - b < 32 ? n - b : 32;
       for (int i = 0; i < rows; ++i) {
         double xi = 0.0;
         if (lane == i) {
-          xi = (xr - acc) / diag;
+          xi = (xr - acc) * rdiag;
           xr = xi;
         }
         xi = __shfl_sync(kFull, xi, i);
@@ -150,15 +151,19 @@ struct RowSolver {
   }
 
   // x <- (L L^T)^{-1} x: forward, then L^T by rows of L (x_i final, broadcast, then out of the rows above).
+  // The owner of the next row computes its reciprocal pivot while this row's step goes on.
   __device__ void cholesky_solve(int n, double* x) {
     forward_solve(n, x);
+    double rdiag = 0.0;
+    if (n > 0 && lane == ((n - 1) & 31)) rdiag = 1.0 / L[static_cast<int64_t>(n - 1) * (mmax + 1)];
     for (int i = n - 1; i >= 0; --i) {
       const double* li = L + static_cast<int64_t>(i) * mmax;
       double xi = 0.0;
       if (lane == (i & 31)) {
-        xi = x[i] / li[i];
+        xi = x[i] * rdiag;
         x[i] = xi;
       }
+      if (i > 0 && lane == ((i - 1) & 31)) rdiag = 1.0 / L[static_cast<int64_t>(i - 1) * (mmax + 1)];
       xi = __shfl_sync(kFull, xi, i & 31);
       for (int c = lane; c < i; c += 32) x[c] -= li[c] * xi;
     }
