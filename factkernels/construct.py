@@ -16,14 +16,14 @@ from typing import Optional, Union
 import torch
 
 from . import _ops, geometry
-from .decoder import (OUTPUTS, check_decodable, choose_m, code_margins, decoder_failures, jl_decoder, output_embeddings,
-                      verify_margins)
+from .decoder import (OUTPUTS, JLDecoder, check_decodable, choose_m, code_margins, decoder_failures, jl_decoder,
+                      jl_projection, output_embeddings, verify_margins)
 from .encoder import assemble, build_per_gadget, build_shared_gate, gadget_width
 from .memory import check_fits, estimate_build
 from .mlp import FactMLP
 from .report import ConstructionReport, FactStorageError
 from .solvers import SOLVERS, pick_solver
-from .validation import check_choice, check_positive_int, raise_input_problems, validate_inputs
+from .validation import check_choice, check_positive_int, input_problems, raise_input_problems, validate_inputs
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -166,9 +166,9 @@ def construct(
     Returns:
         FactMLP with ``.report`` (a :class:`ConstructionReport`).
     """
-    facts, problems = validate_inputs(K, V, f, deferred=True)  # read with the build's first read
-    if isinstance(outputs, torch.Tensor):
-        problems = torch.cat([problems, (~torch.isfinite(outputs).all() | (outputs == 0).all(1).any())[None]])
+    checked_facts = validate_inputs(K, V, f, deferred=True)  # the entries' checks: queued below, read with the first read
+    facts = checked_facts.clamp(0, V.shape[0] - 1)
+    problems = None  # the entries' checks, once queued (_queued_problems)
     _check_options(m, solver, outputs, V, activation, width_multiplier, hidden, whiten, verify, backend)
     check_positive_int("max_memory", max_memory, allow_none=True)
     num_facts, d_in = K.shape
@@ -176,9 +176,11 @@ def construct(
     width = _gadget_width(num_facts, d_in, m, width_multiplier, hidden)
     if hidden is not None:
         width_multiplier = width * (d_in + 1) / num_facts
-    # Before anything large: the build with the given m (or the smallest m a search can pick).
-    _memory_guard(num_facts, V, d_in, m if isinstance(m, int) else 1, width, solver if solver != "auto" else "cg",
-                  outputs, verify, hidden, max_memory, backend)
+    # Before anything large: the build with the given m (or the smallest m a search can pick); with an integer m
+    # this also resolves solver="auto".
+    chosen = _memory_guard(num_facts, V, d_in, m if isinstance(m, int) else 1, width,
+                           solver if isinstance(m, int) or solver != "auto" else "cg", outputs, verify, hidden,
+                           max_memory, backend)
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
     # From here to the report nothing is read back from the device (with an integer m, outputs other than U*
@@ -188,33 +190,56 @@ def construct(
     alpha = float(whiten)
     if alpha > 0 or (isinstance(outputs, str) and outputs == "margin_optimal"):
         # the whitening's eigendecomposition and U* read back anyway, and need sound inputs: settle them first
-        problems = _settle_problems(problems, K, V, f)
+        problems = _settle_problems(_queued_problems(K, V, checked_facts, outputs), K, V, f)
     if alpha > 0:
         keys, key_transform = geometry.whiten(K, alpha)
         values, value_transform = geometry.whiten(V, alpha)
     else:
         keys, values, key_transform, value_transform = K, V, None, None
     clock.lap("whiten")
+    decoded: dict = {}  # rho, the decoder, how m was found and the targets (F, m), once formed
 
-    out_embed, rho = output_embeddings(values, outputs, backend=backend, checked=True)
-    clock.lap("outputs")
+    def decode_targets(projection: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Output embeddings, their margin rho and the JL decoder (D = ``projection`` when drawn already, else
+        drawn here, m searched on the host when not given): the targets (F, m) of the encoder."""
+        nonlocal problems
+        if problems is None:  # with the factorization first, behind it
+            problems = _queued_problems(K, V, checked_facts, outputs)
+        out_embed, rho = output_embeddings(values, outputs, backend=backend, checked=True)
+        clock.lap("outputs")
+        if projection is not None:
+            decoder, m_search = JLDecoder(projection, out_embed @ projection), "given"
+        elif isinstance(m, int):
+            decoder, m_search = jl_decoder(out_embed, m, generator), "given"
+        else:  # the search is decided on the host: it reads rho (with the input checks) and each trial's decode back
+            used = torch.zeros(V.shape[0], dtype=torch.bool, device=device).index_fill_(0, facts, True)
+            host = _read_scalars([rho, used.sum(), *problems])
+            problems = _settle_problems(host[2:], K, V, f)
+            # torch.unique(facts) with its size read above: a stable sort puts the used values first, in order
+            used = torch.argsort(used.logical_not().to(torch.uint8), stable=True)[: int(host[1])]
+            decoder, m_search = choose_m(m, out_embed, values, used, check_decodable(host[0], outputs), generator,
+                                         backend)
+        clock.lap("m_search")
+        decoded.update(rho=rho, decoder=decoder, m_search=m_search, targets=decoder.codes[facts])
+        return decoded["targets"]
 
-    if isinstance(m, int):
-        decoder, m_search = jl_decoder(out_embed, m, generator), "given"
-    else:  # the search is decided on the host: it reads rho (with the input checks) and each trial's decode back
-        used = torch.zeros(V.shape[0], dtype=torch.bool, device=device).index_fill_(0, facts, True)
-        host = _read_scalars([rho, used.sum(), *problems])
-        problems = _settle_problems(host[2:], K, V, f)
-        # torch.unique(facts) with its size read above: a stable sort puts the used values first, in order
-        used = torch.argsort(used.logical_not().to(torch.uint8), stable=True)[: int(host[1])]
-        decoder, m_search = choose_m(m, out_embed, values, used, check_decodable(host[0], outputs), generator, backend)
-    clock.lap("m_search")
-    targets = decoder.codes[facts]  # (F, m)
+    if isinstance(m, int) and chosen == "cholesky":
+        # The Gram and its factorization need neither the outputs nor the decoder: with D drawn first (the generator
+        # draws in the order it always did), the factorization is queued before their work, and a GPU factors while
+        # the host queues the rest (before, the host queued most of the build's operators with the GPU idle first).
+        projection = jl_projection(values.shape[1], m, generator, values)
 
-    chosen = _memory_guard(num_facts, V, d_in, decoder.m, width, solver, outputs, verify, hidden, max_memory, backend)
+        def targets() -> torch.Tensor:
+            clock.lap("factor")
+            return decode_targets(projection)
+    else:
+        targets = decode_targets()
+        chosen = _memory_guard(num_facts, V, d_in, decoded["decoder"].m, width, solver, outputs, verify, hidden,
+                               max_memory, backend)
 
-    def build(gate=None, deferred=False):
-        """Encoder, MLP and (when verifying) the margins (F,) of every fact, all left on the device."""
+    def build(targets, gate=None, deferred=False):
+        """Encoder, MLP and (when verifying) the margins (F,) of every fact, all left on the device. targets: (F, m),
+        or the function forming them once the factorization is queued (see build_shared_gate)."""
         if chosen == "per_gadget":
             encoder = build_per_gadget(keys, targets, width_multiplier=width_multiplier, activation=activation,
                                        generator=generator, gate_scale=gate_scale, progress=progress)
@@ -224,24 +249,26 @@ def construct(
                                         cg_tol=cg_tol, cg_max_iter=cg_max_iter, progress=progress, gate=gate,
                                         deferred=deferred, codes=verify is not False)
         clock.lap("solve")
-        mlp = assemble(encoder, decoder.projection, activation=activation, backend=backend,
+        projection = decoded["decoder"].projection
+        mlp = assemble(encoder, projection, activation=activation, backend=backend,
                        key_transform=key_transform, value_transform=value_transform)
         clock.lap("assemble")
         if verify is False:
             margins = None
         elif encoder.codes is not None:  # the MLP's outputs are P·codes: decode those, no second forward pass
-            projection = decoder.projection if value_transform is None else value_transform @ decoder.projection
+            projection = projection if value_transform is None else value_transform @ projection
             margins = code_margins(encoder.codes, projection, V, facts, backend=backend)
         else:
             margins = verify_margins(mlp, K, V, facts)
         clock.lap("verify")
         return encoder, mlp, margins
 
-    encoder, mlp, margins = build(deferred=chosen == "cholesky")
-    rho, accepted, residual, failed, min_margin, problems = _read_back(rho, encoder.solve, margins, problems)
+    encoder, mlp, margins = build(targets, deferred=chosen == "cholesky")
+    decoder, m_search = decoded["decoder"], decoded["m_search"]
+    rho, accepted, residual, failed, min_margin, problems = _read_back(decoded["rho"], encoder.solve, margins, problems)
     _settle_problems(problems, K, V, f)
     if not accepted:  # the float32 factorization failed or missed the residual: refine, or redo in float64
-        encoder, mlp, margins = build(gate=(encoder.gate_weight, encoder.gate_bias))
+        encoder, mlp, margins = build(decoded["targets"], gate=(encoder.gate_weight, encoder.gate_bias))
         _, _, residual, failed, min_margin, _ = _read_back(torch.zeros(()), encoder.solve, margins, [])
     encoder.solve.residual, encoder.solve.accepted = residual, None
     check_decodable(rho, outputs)
@@ -278,6 +305,15 @@ def _read_scalars(scalars: list) -> list:
         for i, value in zip(positions, values):
             out[i] = value
     return [float(x) for x in out]
+
+
+def _queued_problems(K: torch.Tensor, V: torch.Tensor, facts: torch.Tensor, outputs) -> torch.Tensor:
+    """The input checks' (k,) device flags, queued and not read: :func:`input_problems` of the inputs (facts: the
+    unclamped int64 f) and, with outputs given as a tensor, a 5th flag for their entries."""
+    problems = input_problems(K, V, facts)
+    if isinstance(outputs, torch.Tensor):
+        problems = torch.cat([problems, (~torch.isfinite(outputs).all() | (outputs == 0).all(1).any())[None]])
+    return problems
 
 
 def _settle_problems(problems, K, V, f) -> list:

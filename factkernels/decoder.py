@@ -37,9 +37,13 @@ class JLDecoder:
 
 def jl_decoder(outputs: torch.Tensor, m: int, generator: torch.Generator) -> JLDecoder:
     """Sample D (d, m) ~ N(0, 1/m) and codes C = U D.  outputs: (|V|, d)."""
-    d = outputs.shape[1]
-    projection = host_to_device(torch.randn(d, m, generator=generator, dtype=torch.float64), outputs) / math.sqrt(m)
+    projection = jl_projection(outputs.shape[1], m, generator, outputs)
     return JLDecoder(projection, outputs @ projection)
+
+
+def jl_projection(d: int, m: int, generator: torch.Generator, like: torch.Tensor) -> torch.Tensor:
+    """D (d, m) ~ N(0, 1/m), drawn on the host from ``generator``, in ``like``'s dtype on its device."""
+    return host_to_device(torch.randn(d, m, generator=generator, dtype=torch.float64), like) / math.sqrt(m)
 
 
 def code_margins(codes: torch.Tensor, projection: torch.Tensor, values: torch.Tensor, facts: torch.Tensor, *,

@@ -163,6 +163,9 @@ def build_shared_gate(
 ) -> GatedEncoder:
     """Encoder with one shared gate: keys (F, d), targets (F, m) -> :class:`GatedEncoder`.
 
+    targets may be a function returning them, called once the work that does not need them is queued
+    (the gate and, with solver="cholesky", the Gram and its factorization; see :func:`solve_cholesky`).
+
     solver: "cholesky" (dense Gram, one factorization) or "cg" (matrix-free).
     gate: a given (gate_weight (h̃, d), gate_bias (h̃,)) instead of a sampled one.
     features: precomputed (F, h̃) gate features of that gate (e.g. σ'(K Gᵀ + b) for the
@@ -186,8 +189,16 @@ def build_shared_gate(
         raise ValueError(f"features must have shape ({num_facts}, {width}) (keys x gate rows), got {tuple(features.shape)}")
     op = GadgetOperator.whitened(features, augment(keys), backend=backend)
     if solver == "cholesky":
-        alpha, info = solve_cholesky(op, targets, deferred=deferred)
+        pending = targets
+
+        def factored() -> torch.Tensor:  # the targets, formed once the factorization is queued
+            nonlocal targets
+            targets = pending() if callable(pending) else pending
+            return targets
+
+        alpha, info = solve_cholesky(op, factored, deferred=deferred)
     elif solver == "cg":
+        targets = targets() if callable(targets) else targets
         max_iter = cg_max_iter or cg_iterations_hint(width_multiplier)
         alpha, info = solve_cg(op, targets, tol=cg_tol, max_iter=max_iter, progress=progress)
     else:

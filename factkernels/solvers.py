@@ -19,7 +19,7 @@ import functools
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 from scipy.linalg import lapack
@@ -206,11 +206,13 @@ def _factor_solve(factor: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     return torch.linalg.solve_triangular(factor.mH, torch.linalg.solve_triangular(factor, rhs, upper=False), upper=True)
 
 
-def solve_cholesky(op: GadgetOperator, targets: torch.Tensor, *, tol: float = RESIDUAL_TOL,
-                   deferred: bool = False) -> tuple[torch.Tensor, SolveInfo]:
+def solve_cholesky(op: GadgetOperator, targets: Union[torch.Tensor, Callable[[], torch.Tensor]], *,
+                   tol: float = RESIDUAL_TOL, deferred: bool = False) -> tuple[torch.Tensor, SolveInfo]:
     """One Cholesky of the (F, F) Gram, m right-hand sides.
 
-    targets: (F, m) codes o_j as columns -> α (F, m). In float32, a residual
+    targets: (F, m) codes o_j as columns -> α (F, m); or a function returning them, called once the
+    factorization is queued (neither the Gram nor its factor needs them: a GPU factors while the host
+    queues the targets' work). In float32, a residual
     above ``tol`` is refined against the float64 residual and, if still too
     large (or the factorization fails), the solve is redone in float64.
     deferred: decide nothing on the host: return the first solve with ``info.accepted`` (a 0-dim
@@ -221,6 +223,8 @@ def solve_cholesky(op: GadgetOperator, targets: torch.Tensor, *, tol: float = RE
     gram = op.dense(lower=deferred)  # the deferred solve only factors it (in place)
     precision = str(gram.dtype).replace("torch.", "")
     factor, info = cholesky_factor(gram, overwrite=deferred)
+    if callable(targets):
+        targets = targets()
     if deferred:
         return _factor_solve(factor, targets), SolveInfo("cholesky", precision, float("nan"), accepted=info == 0)
     alpha = None

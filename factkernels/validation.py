@@ -199,11 +199,11 @@ def validate_inputs(keys: torch.Tensor, values: torch.Tensor, facts: torch.Tenso
                     deferred: bool = False) -> torch.Tensor:
     """Check K (F, d_in), V (|V|, d_out), f (F,) and return f as int64; raise naming the argument.
 
-    The checks of the entries (finite, f in range, distinct rows) cost one read back from the device, or with
-    ``deferred`` none: then it returns (f with its indices clamped into [0, |V|), :func:`input_problems`), and
-    the caller reads the problems with its next read and passes them to :func:`raise_input_problems`. The
-    clamp keeps a GPU from a device-side assert on an index out of range (it would end the CUDA context)
-    before the read reports it."""
+    The checks of the entries (finite, f in range, distinct rows) cost one read back from the device. With
+    ``deferred`` only shapes, dtypes and devices are checked here: the caller queues :func:`input_problems`
+    when it likes (on a GPU: behind its large work), reads them with its next read and passes them to
+    :func:`raise_input_problems`, and clamps the indices it uses before that read into [0, |V|) (an index out of
+    range would end the CUDA context with a device-side assert before the read reports it)."""
     for name, x in (("K", keys), ("V", values)):
         check_matrix(x, name, finite=False)
     if values.dtype != keys.dtype:
@@ -211,10 +211,8 @@ def validate_inputs(keys: torch.Tensor, values: torch.Tensor, facts: torch.Tenso
     if values.device != keys.device:
         raise ValueError(f"V is on {values.device} but K is on {keys.device}; use one device")
     facts = check_facts(facts, keys.shape[0], values.shape[0], keys.device, check_range=False)
-    problems = input_problems(keys, values, facts)
-    if deferred:
-        return facts.clamp(0, values.shape[0] - 1), problems
-    raise_input_problems(problems.tolist(), keys, values, facts)
+    if not deferred:
+        raise_input_problems(input_problems(keys, values, facts).tolist(), keys, values, facts)
     return facts
 
 

@@ -228,6 +228,30 @@ def test_values_build_reads_back_once_the_input_checks_included():
     assert mlp.report.failed == 0 and counter.reads == ["tolist"] * 3
 
 
+@pytest.mark.parametrize("m, order", [(64, ["factor", "checks", "outputs"]), (None, ["checks", "outputs", "factor"])])
+def test_with_m_given_the_factorization_is_queued_before_the_checks_and_outputs(monkeypatch, m, order):
+    """GPU-first: the Gram's factorization needs neither the input checks, the outputs nor the decoder, so with m
+    given it is queued first (a GPU factors while the host queues the rest), with the same MLP bit for bit; the m
+    search needs rho (read back) before it draws the gate."""
+    construct_module = importlib.import_module("factkernels.construct")
+    solvers_module = importlib.import_module("factkernels.solvers")
+    calls = []
+
+    def traced(module, name, label):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, **k: (calls.append(label), original(*a, **k))[1])
+
+    K, V, f = random_fact_set(300, 200, 24, seed=0)
+    before = construct(K, V, f, m=m, outputs="values", solver="cholesky", progress=False)
+    traced(solvers_module, "cholesky_factor", "factor")
+    traced(construct_module, "input_problems", "checks")
+    traced(construct_module, "output_embeddings", "outputs")
+    mlp = construct(K, V, f, m=m, outputs="values", solver="cholesky", progress=False)
+    assert calls == order and mlp.report.failed == 0 and ("factor" in mlp.report.timings) == (m is not None)
+    for name, param in mlp.named_parameters():
+        assert torch.equal(param, dict(before.named_parameters())[name])
+
+
 def test_the_cg_build_reads_back_once_per_iteration():
     """The matrix-free solve decides when to stop on the host: one read per iteration (its residual), the
     initial one, the final residual and the report's transfer; the progress bar shows the value already read."""

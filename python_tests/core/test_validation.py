@@ -11,8 +11,8 @@ import factkernels
 from factkernels import validation
 from factkernels.embeddings import random_fact_set
 from factkernels.host_reads import HostReadCounter
-from factkernels.validation import (check_choice, check_matrix, check_positive_int, first_duplicate, raise_input_problems,
-                                   validate_inputs)
+from factkernels.validation import (check_choice, check_matrix, check_positive_int, first_duplicate, input_problems,
+                                   raise_input_problems, validate_inputs)
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.0, True, "4", None])
@@ -126,7 +126,9 @@ def test_the_entry_checks_read_back_once_and_a_key_collision_alone_raises_nothin
     with HostReadCounter() as counter:
         validate_inputs(K, V, f)
     assert counter.reads == ["tolist"]
-    facts, problems = validate_inputs(K, V, f, deferred=True)
-    assert problems.tolist() == [False] * 4 and torch.equal(facts, f)
+    with HostReadCounter() as counter:
+        facts = validate_inputs(K, V, f, deferred=True)
+    assert counter.reads == [] and torch.equal(facts, f)
+    assert input_problems(K, V, facts).tolist() == [False] * 4
     # a flag raised by a key collision of distinct rows: the exact check decides, and finds nothing
     raise_input_problems([False, False, True, True], K, V, f)
