@@ -23,7 +23,8 @@ from .memory import check_fits, estimate_build
 from .mlp import FactMLP
 from .report import ConstructionReport, FactStorageError
 from .solvers import SOLVERS, pick_solver
-from .validation import check_choice, check_positive_int, input_problems, raise_input_problems, validate_inputs
+from .validation import (check_choice, check_distinct, check_positive_int, input_problems, raise_input_problems,
+                         validate_inputs)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -190,7 +191,7 @@ def construct(
     alpha = float(whiten)
     if alpha > 0 or (isinstance(outputs, str) and outputs == "margin_optimal"):
         # the whitening's eigendecomposition and U* read back anyway, and need sound inputs: settle them first
-        problems = _settle_problems(_queued_problems(K, V, checked_facts, outputs), K, V, f)
+        problems = _settle_problems(_queued_problems(K, V, checked_facts, outputs, value_duplicates=True), K, V, f)
     if alpha > 0:
         keys, key_transform = geometry.whiten(K, alpha)
         values, value_transform = geometry.whiten(V, alpha)
@@ -204,7 +205,7 @@ def construct(
         drawn here, m searched on the host when not given): the targets (F, m) of the encoder."""
         nonlocal problems
         if problems is None:  # with the factorization first, behind it
-            problems = _queued_problems(K, V, checked_facts, outputs)
+            problems = _queued_problems(K, V, checked_facts, outputs, value_duplicates=False)
         out_embed, rho = output_embeddings(values, outputs, backend=backend, checked=True)
         clock.lap("outputs")
         if projection is not None:
@@ -217,7 +218,7 @@ def construct(
             problems = _settle_problems(host[2:], K, V, f)
             # torch.unique(facts) with its size read above: a stable sort puts the used values first, in order
             used = torch.argsort(used.logical_not().to(torch.uint8), stable=True)[: int(host[1])]
-            decoder, m_search = choose_m(m, out_embed, values, used, check_decodable(host[0], outputs), generator,
+            decoder, m_search = choose_m(m, out_embed, values, used, _check_rho(host[0], V, outputs), generator,
                                          backend)
         clock.lap("m_search")
         decoded.update(rho=rho, decoder=decoder, m_search=m_search, targets=decoder.codes[facts])
@@ -267,11 +268,11 @@ def construct(
     decoder, m_search = decoded["decoder"], decoded["m_search"]
     rho, accepted, residual, failed, min_margin, problems = _read_back(decoded["rho"], encoder.solve, margins, problems)
     _settle_problems(problems, K, V, f)
+    _check_rho(rho, V, outputs)
     if not accepted:  # the float32 factorization failed or missed the residual: refine, or redo in float64
         encoder, mlp, margins = build(decoded["targets"], gate=(encoder.gate_weight, encoder.gate_bias))
         _, _, residual, failed, min_margin, _ = _read_back(torch.zeros(()), encoder.solve, margins, [])
     encoder.solve.residual, encoder.solve.accepted = residual, None
-    check_decodable(rho, outputs)
 
     report = ConstructionReport(
         num_facts=num_facts, num_values=V.shape[0], d_in=d_in, d_out=V.shape[1], m=decoder.m, m_search=m_search,
@@ -307,13 +308,23 @@ def _read_scalars(scalars: list) -> list:
     return [float(x) for x in out]
 
 
-def _queued_problems(K: torch.Tensor, V: torch.Tensor, facts: torch.Tensor, outputs) -> torch.Tensor:
+def _queued_problems(K: torch.Tensor, V: torch.Tensor, facts: torch.Tensor, outputs, *,
+                     value_duplicates: bool) -> torch.Tensor:
     """The input checks' (k,) device flags, queued and not read: :func:`input_problems` of the inputs (facts: the
-    unclamped int64 f) and, with outputs given as a tensor, a 5th flag for their entries."""
-    problems = input_problems(K, V, facts)
+    unclamped int64 f; value_duplicates: see there) and, with outputs given as a tensor, a 5th flag for their
+    entries."""
+    problems = input_problems(K, V, facts, value_duplicates=value_duplicates)
     if isinstance(outputs, torch.Tensor):
         problems = torch.cat([problems, (~torch.isfinite(outputs).all() | (outputs == 0).all(1).any())[None]])
     return problems
+
+
+def _check_rho(rho: float, V: torch.Tensor, outputs) -> float:
+    """Return rho, or raise naming the cause when it is <= 0: equal rows of V (the input checks leave them to this
+    margin, which equal values make 0: no second pass over V), else V not decodable with these outputs."""
+    if not rho > 0:
+        check_distinct(V, "V")
+    return check_decodable(rho, outputs)
 
 
 def _settle_problems(problems, K, V, f) -> list:

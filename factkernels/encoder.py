@@ -61,17 +61,19 @@ class GatedEncoder:
 
 
 def encoder_codes(encoder: GatedEncoder, keys: torch.Tensor, *, activation: str, backend: str = "auto",
-                  features: Optional[torch.Tensor] = None, chunk: int = VERIFY_CHUNK) -> torch.Tensor:
+                  features: Optional[torch.Tensor] = None, chunk: int = VERIFY_CHUNK,
+                  coefficients: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Outputs (n, m) of a shared-gate encoder at keys (n, d): enc_j(x) = Σ_r σ_r(x) [A_j | b_A,j]_r x̃ + b_E[j].
 
     The assembled MLP computes D · enc(x), so these are its outputs before the (d_out, m) projection D:
     one F·m·h̃(d+1) product instead of the MLP's two F·d·m·h̃ ones. features: the (n, h̃) gate features
     of ``keys`` when already computed. Chunks of ``chunk`` keys bound the torch twin's (chunk, m·h̃) temporary.
+    coefficients: ``encoder.coefficients`` when at hand (the build's solve gives them; the property copies).
     """
     if encoder.gate_weight.shape[0] != encoder.gadget_width:
         raise ValueError("encoder_codes needs a shared gate (one gate row per gadget row); evaluate the assembled "
                          "MLP instead")
-    coef = encoder.coefficients  # (m, h̃, d+1)
+    coef = encoder.coefficients if coefficients is None else coefficients  # (m, h̃, d+1)
     out = []
     for lo in range(0, keys.shape[0], chunk):
         x = keys[lo : lo + chunk]
@@ -215,7 +217,8 @@ def build_shared_gate(
         solve=info,
     )
     if codes or deferred:
-        encoder.codes = encoder_codes(encoder, keys, activation=activation, backend=backend, features=features)
+        encoder.codes = encoder_codes(encoder, keys, activation=activation, backend=backend, features=features,
+                                      coefficients=coef)
     if deferred:
         info.residual = (encoder.codes - targets).norm() / targets.norm().clamp_min(1e-300)
         info.accepted = info.accepted & (info.residual <= RESIDUAL_TOL)

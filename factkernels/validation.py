@@ -173,13 +173,16 @@ def _raise_duplicate(name: str, first: int, second: int) -> None:
     raise ValueError(f"{name} has duplicate rows {first} and {second}: keys must be distinct (generic)")
 
 
-def input_problems(keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor) -> torch.Tensor:
+def input_problems(keys: torch.Tensor, values: torch.Tensor, facts: torch.Tensor, *,
+                   value_duplicates: bool = True) -> torch.Tensor:
     """(4,) bool on the device, nothing read back: whether K or V has a NaN/Inf entry, f has an index outside
     [0, |V|), V may have equal rows, K may have equal rows (:func:`may_have_duplicates`). Shapes, dtypes and
-    devices are checked already (:func:`validate_inputs` with ``deferred=True``)."""
+    devices are checked already (:func:`validate_inputs` with ``deferred=True``). value_duplicates=False: V's
+    flag is False, its rows left to the caller (a margin pass over V finds equal rows: rho <= 0)."""
     finite = torch.stack([torch.isfinite(keys).all(), torch.isfinite(values).all()]).all()
     out_of_range = ((facts < 0) | (facts >= values.shape[0])).any()
-    return torch.stack([finite.logical_not(), out_of_range, may_have_duplicates(values), may_have_duplicates(keys)])
+    equal_values = may_have_duplicates(values) if value_duplicates else torch.zeros_like(out_of_range)
+    return torch.stack([finite.logical_not(), out_of_range, equal_values, may_have_duplicates(keys)])
 
 
 def raise_input_problems(problems: Sequence[bool], keys: torch.Tensor, values: torch.Tensor,

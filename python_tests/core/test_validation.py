@@ -130,5 +130,9 @@ def test_the_entry_checks_read_back_once_and_a_key_collision_alone_raises_nothin
         facts = validate_inputs(K, V, f, deferred=True)
     assert counter.reads == [] and torch.equal(facts, f)
     assert input_problems(K, V, facts).tolist() == [False] * 4
+    equal = V.clone()
+    equal[7] = equal[3]  # equal values: flagged, unless left to the caller (construct's rho pass finds them)
+    assert input_problems(K, equal, facts).tolist() == [False, False, True, False]
+    assert input_problems(K, equal, facts, value_duplicates=False).tolist() == [False] * 4
     # a flag raised by a key collision of distinct rows: the exact check decides, and finds nothing
     raise_input_problems([False, False, True, True], K, V, f)
