@@ -91,7 +91,7 @@ def detector_groups(subject: torch.Tensor, opens: torch.Tensor,
     Splitting every subject instead narrows the detectors (30 validation cases: paraphrase prompts given the
     whole δ 0.97 -> 0.84), so only those that need it are split. subject, opens (R,) -> (group (R,) long,
     group_subject (G,) long)."""
-    placement = torch.where(split[subject], opens.long(), -1)
+    placement = torch.where(split.to(subject.device)[subject], opens.long(), -1)  # split may sit on the keys' GPU
     pairs, group = torch.unique(torch.stack([subject, placement], 1), dim=0, return_inverse=True)
     return group, pairs[:, 0].contiguous()
 
