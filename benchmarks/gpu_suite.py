@@ -189,7 +189,8 @@ def bench_star_topk(device: torch.device, races, rate: float) -> list[dict]:
         row.update(index_agreement=(ki == ti).double().mean().item(),
                    max_score_difference=(kv - tv).abs().max().item(), full_pass_rows=nv,
                    auto_runs_kernel=_ops.auto_runs_kernel("star_topk", device.type)
-                   and (device.type != "cuda" or k <= _ops.STAR_TOPK_CUDA_KERNEL_MAX_K))
+                   and (device.type != "cuda" or (k <= _ops.STAR_TOPK_CUDA_KERNEL_MAX_K
+                                                  and nv < _ops.STAR_TOPK_CUDA_KERNEL_MAX_N)))
         out.append(row)
         del v, p, rows, kv, ki, tv, ti
     return out

@@ -222,8 +222,12 @@ CUDA_AUTO_KERNELS = frozenset({"hadamard_gram", "softmax_cross_entropy", "max_he
                                "corral_solve"})
 # star_topk's CUDA kernel (CUDA-core tiles, a running list per output) won at k = 8 (1.28-1.91x its twin) and lost
 # at U*'s pass widths k = 96-384 (0.04-0.16x against the twin's cuBLAS products and torch.topk; H200, session 24,
-# gpu_suite-NVIDIA_H200-s24-run1.json): "auto" runs it on a GPU up to this k only.
+# gpu_suite-NVIDIA_H200-s24-run1.json): "auto" runs it on a GPU up to this k only, and for fewer values than
+# STAR_TOPK_CUDA_KERNEL_MAX_N: at k = 8 it won 1.98x at 4,096 x 64 but tied at 16,384 x 128 (run 2), and the
+# twin's GEMMs gain with size while the kernel stays at 7-8x the GEMM-rate limit (the value-margin pass of the
+# 2^18 x 1,024 build took 14.5 s, 5.2x its limit, on the kernel).
 STAR_TOPK_CUDA_KERNEL_MAX_K = 8
+STAR_TOPK_CUDA_KERNEL_MAX_N = 16384
 
 
 def auto_runs_kernel(op: str, device_type: str) -> bool:
@@ -902,7 +906,8 @@ def star_topk(
     r = rows.shape[0]
     sq = (values * values).sum(dim=1)
     if not _use_kernel(backend, "star_topk", values, outputs) or (
-            backend == "auto" and values.device.type == "cuda" and k > STAR_TOPK_CUDA_KERNEL_MAX_K):
+            backend == "auto" and values.device.type == "cuda"
+            and (k > STAR_TOPK_CUDA_KERNEL_MAX_K or n >= STAR_TOPK_CUDA_KERNEL_MAX_N)):
         return _star_topk_twin(values, sq, k, outputs, rows, chunk)
     values, outputs, rows = _rowmajor(values), _rowmajor(outputs), rows.contiguous()
     scores = torch.empty(r, k, dtype=values.dtype, device=values.device)
