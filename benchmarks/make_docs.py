@@ -231,46 +231,95 @@ def gd_stop() -> str:
 
 
 H200_RUN = f"{RESULTS}/gpu_suite-NVIDIA_H200-construct-ustar-scale.json"
+# Session 24's lent runs, in order (each a device_check.sh call; the GPU it ran on is in its file name). The last
+# one with a section gives that section's table.
+S24_RUNS = {"s24 run 1": f"{RESULTS}/gpu_suite-NVIDIA_H200-s24-run1.json",
+            "s24 run 2": f"{RESULTS}/gpu_suite-NVIDIA_H200-s24-run2.json"}
+
+
+def _gpu_of(path: str) -> str:
+    return load(path)["environment"]["gpu"].replace("NVIDIA ", "")
+
+
+def _latest_with(section: str) -> tuple[str, str]:
+    """(label, path) of the last session-24 run that has ``section``."""
+    return [(label, path) for label, path in S24_RUNS.items() if section in load(path)][-1]
 
 
 def gpu_builds() -> str:
-    run = load(H200_RUN)
-    values, default = run["construct"]["values_cholesky"][0], run["construct"]["default"]
-    rows = [[f"values, {values['solver']}", values["d"], f"{values['F']:,}", values["m"], f"{values['kernels_s'] * 1e3:.1f} ms",
-             f"{values['torch_s'] * 1e3:.1f} ms", f"{values['cholesky_s'] * 1e3:.2f} ms",
-             f"{values['kernels_over_cholesky']:.1f}×"],
-            [f"default (U*), {default['solver']}", default["d"], f"{default['F']:,}", default["m"],
-             f"{default['seconds'] * 1e3:.1f} ms (U* {default['phases_ms']['outputs']:.1f} ms)", "–",
-             f"{default['limit_s'] * 1e3:.2f} ms", f"{default['seconds_over_limit']:.0f}×"]]
-    header = ["build", "d", "F = \\|V\\|", "m", "time (backend auto)", "all torch twins", "one Cholesky of the Gram",
-              "time / Cholesky"]
-    return _rows(header, rows) + _source(H200_RUN)
+    """The values and the default build at F = |V| = 4,096, d = 128: session 21's run, then each session-24 run."""
+    old = load(H200_RUN)["construct"]
+    rows = [["s21", _gpu_of(H200_RUN), "values, m 96 given", f"{old['values_cholesky'][0]['kernels_s'] * 1e3:.1f} ms", "–",
+             "–", f"{old['values_cholesky'][0]['cholesky_s'] * 1e3:.2f} ms",
+             f"{old['values_cholesky'][0]['kernels_over_cholesky']:.1f}×"],
+            ["s21", _gpu_of(H200_RUN), "default (U*)", f"{old['default']['seconds'] * 1e3:.1f} ms "
+             f"(U* {old['default']['phases_ms']['outputs']:.1f} ms)", "–", "–",
+             f"{old['default']['limit_s'] * 1e3:.2f} ms", f"{old['default']['seconds_over_limit']:.0f}×"]]
+    for label, path in S24_RUNS.items():
+        construct = load(path).get("construct", {})
+        for name, build in (("values, m searched", construct.get("values")), ("default (U*)", construct.get("default"))):
+            if build is None:
+                continue
+            cuda = build["profile"]["cuda"]
+            u_star = f" (U* {build['phases_ms']['outputs']:.1f} ms)" if name.startswith("default") else ""
+            rows.append([label, _gpu_of(path), name, f"{build['seconds'] * 1e3:.1f} ms{u_star}",
+                         f"{cuda['kernel_launches']:,}", f"{cuda['stream_syncs']} / {build['profile']['host_syncs']}",
+                         f"{build['limit_s'] * 1e3:.2f} ms", f"{build['seconds_over_limit']:.1f}×"])
+    header = ["run", "GPU", "build (d = 128, F = \\|V\\| = 4,096)", "time (backend auto)", "CUDA launches",
+              "stream / host syncs", "one Cholesky of the Gram", "time / Cholesky"]
+    return _rows(header, rows) + _source(H200_RUN, *S24_RUNS.values())
 
 
 def gpu_ustar() -> str:
-    runs = {"first run": H200_RUN, "sync-free corral steps": f"{RESULTS}/gpu_suite-NVIDIA_H200-construct-ustar-syncfree.json"}
-    rows = [[label, f"{r['n']:,}", r["d"], _ms(r["seconds"]) if r["seconds"] < 1 else f"{r['seconds']:.1f} s",
-             f"{r['rho']:.4f}", r["passes"], f"{r['cuda']['kernel_launches']:,}", r["cuda"]["stream_syncs"],
-             r.get("host_syncs", "–"), f"{r['peak_gpu_bytes'] / 2**30:.2f} GiB"]
-            for label, path in runs.items() for r in load(path)["ustar"]["rows"]]
-    header = ["run", "\\|V\\|", "d", "time", "ρ", "streaming passes", "CUDA launches", "stream syncs", "host syncs",
-              "peak GPU memory"]
+    runs = {"s21 first run": H200_RUN,
+            "s21 sync-free corral steps": f"{RESULTS}/gpu_suite-NVIDIA_H200-construct-ustar-syncfree.json", **S24_RUNS}
+    rows = []
+    for label, path in runs.items():
+        for r in load(path).get("ustar", {}).get("rows", []):
+            if r.get("error") or (label.startswith("s24") and r["method"] == "dense" and r["n"] < 16384):
+                continue
+            cuda = r.get("cuda", {})
+            rows.append([label, _gpu_of(path), f"{r['n']:,}", r["d"], r["method"], r["backend"],
+                         _ms(r["seconds"]) if r["seconds"] < 1 else f"{r['seconds']:.2f} s", f"{r['rho']:.4f}",
+                         r["passes"], f"{cuda['kernel_launches']:,}" if cuda else "–",
+                         cuda.get("stream_syncs", "–"), r.get("host_syncs", "–"),
+                         f"{r['peak_gpu_bytes'] / 2**30:.2f} GiB"])
+    header = ["run", "GPU", "\\|V\\|", "d", "method", "backend", "time", "ρ", "streaming passes", "CUDA launches",
+              "stream syncs", "host syncs", "peak GPU memory"]
     return _rows(header, rows) + _source(*runs.values())
 
 
+def gpu_star_topk() -> str:
+    """star_topk's CUDA kernel against its torch twin (GEMMs + torch.topk) at U*'s pass widths, session 24."""
+    rows = []
+    for label, path in S24_RUNS.items():
+        for r in load(path).get("kernels", []):
+            if r["kernel"] != "star_topk":
+                continue
+            rows.append([label, _gpu_of(path), f"{r['nv']:,}", r["d"], r["k"], f"{r.get('rows', r['nv']):,}",
+                         f"{r['kernel_ms']:.2f} ms", f"{r['torch_ms']:.2f} ms", f"{r['speedup']:.2f}×",
+                         f"{r['limit_ms']:.2f} ms"])
+    header = ["run", "GPU", "\\|V\\|", "d", "k", "rows", "kernel", "twin", "kernel speedup", "GEMM-rate limit"]
+    return _rows(header, rows) + _source(*S24_RUNS.values())
+
+
 def gpu_scale() -> str:
-    scale = load(H200_RUN)["scale"]
+    label, path = _latest_with("scale")
+    scale, before = load(path)["scale"], load(H200_RUN)["scale"]
     limits = {name.split(" ")[0]: seconds for name, seconds in scale["limits_s"].items()}
-    rows = [[phase, f"{scale['phases_s'][phase]:.1f} s", f"{limits[phase]:.1f} s" if phase in limits else "–",
+    rows = [[phase, f"{before['phases_s'][phase]:.1f} s", f"{scale['phases_s'][phase]:.1f} s",
+             f"{limits[phase]:.1f} s" if phase in limits else "–",
              next((name.split("(", 1)[1].rstrip(")") for name in scale["limits_s"] if name.startswith(phase)), "–")]
             for phase in ("outputs", "m_search", "solve", "verify")]
     refusal = scale["refusal"]
-    return (f"d = {scale['d']:,}, F = \\|V\\| = {scale['F']:,}, outputs = values: {scale['seconds']:.0f} s, accuracy "
-            f"{scale['accuracy']:.3f}, m = {scale['m']} ({scale['m_search']}), {scale['solver']} in {scale['cg_iterations']} "
-            f"iterations, peak GPU memory {scale['peak_gpu_bytes'] / 2**30:.1f} GiB.\n\n"
-            + _rows(["phase", "time", "physical limit", "limit measured as"], rows)
+    return (f"d = {scale['d']:,}, F = \\|V\\| = {scale['F']:,}, outputs = values, on the {_gpu_of(path)} ({label}): "
+            f"{scale['seconds']:.1f} s (s21: {before['seconds']:.0f} s), accuracy {scale['accuracy']:.3f}, "
+            f"m = {scale['m']} ({scale['m_search']}), {scale['solver']} in {scale['cg_iterations']} iterations, "
+            f"peak GPU memory {scale['peak_gpu_bytes'] / 2**30:.1f} GiB.\n\n"
+            + _rows(["phase", "s21", label, "physical limit", "limit measured as"], rows)
             + f"\n\nThe memory guard's estimate for F = {refusal['F']:,} at d = {refusal['d']:,}: "
-            f"{refusal['estimate_bytes'] / 2**30:.1f} GiB ({refusal['estimate']}); {refusal['note']}." + _source(H200_RUN))
+            f"{refusal['estimate_bytes'] / 2**30:.1f} GiB ({refusal['estimate']}); {refusal['note']}."
+            + _source(H200_RUN, path))
 
 
 # --- attention (seed 002) --------------------------------------------------------------------------------
@@ -709,6 +758,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu-builds": gpu_builds,
     "gpu-ustar": gpu_ustar,
     "gpu-scale": gpu_scale,
+    "gpu-star-topk": gpu_star_topk,
     "ustar-scale": ustar_scale,
     "construct-scale": construct_default,
     "values-vs-cholesky": values_vs_cholesky,
