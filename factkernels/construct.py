@@ -297,13 +297,17 @@ def _read_scalars(scalars: list) -> list:
     """0-dim tensors or numbers as Python floats, the tensors of each device read back in one transfer (a
     host tensor is not sent to the device first: a copy from pageable memory would synchronize the stream)."""
     out = [x if not isinstance(x, torch.Tensor) else None for x in scalars]
-    devices: dict = {}
-    for i, x in enumerate(scalars):
+    groups: dict = {}  # per device, the positions of each dtype: one stack and one conversion each (a launch each
+    for i, x in enumerate(scalars):  # on a GPU), not a conversion per scalar
         if isinstance(x, torch.Tensor):
-            devices.setdefault(x.device, []).append(i)
-    for positions in devices.values():
-        values = torch.stack([scalars[i].detach().to(torch.float64) for i in positions]).tolist()
-        for i, value in zip(positions, values):
+            groups.setdefault(x.device, {}).setdefault(x.dtype, []).append(i)
+    for by_dtype in groups.values():
+        parts = [torch.stack([scalars[i].detach() for i in group])
+                 if len(group) > 1 else scalars[group[0]].detach().reshape(1)
+                 for group in by_dtype.values()]
+        parts = [part.to(torch.float64) for part in parts]
+        values = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
+        for i, value in zip([i for group in by_dtype.values() for i in group], values):
             out[i] = value
     return [float(x) for x in out]
 
