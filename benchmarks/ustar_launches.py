@@ -148,6 +148,69 @@ def profiler(activities: list):
             yield prof
 
 
+@contextlib.contextmanager
+def gpu_sequence_on_cpu():
+    """The op sequence a GPU runs, on a CPU: the solver's sync-free path (corral.SYNC_FREE_DEVICES), the twins CUDA
+    runs under backend="auto" (star_topk above STAR_TOPK_CUDA_KERNEL_MAX_K, exact_star_scores) with the GPU's
+    chunk budgets, and the corral solve on its kernel (C++ here, CUDA there: one operator either way). The C++
+    corral_solve's range checks read back from the device (the CUDA entry skips them): its host syncs are
+    counted apart under the record_function "corral_solve"."""
+    real_topk, real_exact, real_solve = _ops.star_topk, _ops.exact_star_scores, _ops.corral_solve
+    budgets = _ops.STAR_TWIN_BYTES["cpu"], _ops.EXACT_TWIN_ELEMENTS["cpu"]
+
+    def topk(values, k, outputs=None, rows=None, **kwargs):
+        if k > _ops.STAR_TOPK_CUDA_KERNEL_MAX_K:
+            kwargs["backend"] = "torch"
+        return real_topk(values, k, outputs, rows, **kwargs)
+
+    def exact(*args, **kwargs):
+        return real_exact(*args, **dict(kwargs, backend="torch"))
+
+    def solve(*args, **kwargs):
+        with torch.profiler.record_function("corral_solve"):
+            return real_solve(*args, **kwargs)
+
+    corral.SYNC_FREE_DEVICES.add("cpu")
+    _ops.star_topk, _ops.exact_star_scores, _ops.corral_solve = topk, exact, solve
+    _ops.STAR_TWIN_BYTES["cpu"], _ops.EXACT_TWIN_ELEMENTS["cpu"] = _ops.STAR_TWIN_BYTES["cuda"], _ops.EXACT_TWIN_ELEMENTS["cuda"]
+    try:
+        yield
+    finally:
+        corral.SYNC_FREE_DEVICES.discard("cpu")
+        _ops.star_topk, _ops.exact_star_scores, _ops.corral_solve = real_topk, real_exact, real_solve
+        _ops.STAR_TWIN_BYTES["cpu"], _ops.EXACT_TWIN_ELEMENTS["cpu"] = budgets
+
+
+def _under(event, name: str) -> bool:
+    while event is not None:
+        if event.name == name:
+            return True
+        event = event.cpu_parent
+    return False
+
+
+def emulated_gpu_counts(n: int, d: int) -> dict:
+    """Counts of one U* call (method auto) on the GPU's op sequence emulated on the CPU (gpu_sequence_on_cpu)."""
+    values = embeddings.spherical(n, d, generator=torch.Generator().manual_seed(0))
+    with gpu_sequence_on_cpu():
+        ustar.margin_optimal_outputs(values[:256])  # warm-up
+        with PassCounter() as passes:
+            begin = time.perf_counter()
+            U, rho = ustar.margin_optimal_outputs(values)
+            seconds = time.perf_counter() - begin
+        with profiler([ProfilerActivity.CPU]) as prof:
+            ustar.margin_optimal_outputs(values)
+        with HostReadCounter() as reads:
+            ustar.margin_optimal_outputs(values)
+    row = dict(profile_counts(prof), n=n, d=d, seconds=seconds, rho=rho, rho_hex=float(rho).hex(), passes=passes.calls,
+               host_reads=reads.count)
+    in_solve = [e for e in prof.events() if e.name in SYNC_OPS and _under(e, "corral_solve")]
+    row["host_syncs_in_cpu_corral_solve_checks"] = len(in_solve)
+    row["host_syncs_gpu"] = row["host_syncs"] - len(in_solve)
+    row["corral_solve_calls"] = sum(1 for e in prof.events() if e.name == "corral_solve")
+    return row
+
+
 def measure(device: torch.device, n: int, d: int, *, method: str = "auto", count_below: float = math.inf,
             backend: str = "auto") -> dict:
     """One size: time, rho, passes and, when the call took under ``count_below`` seconds, the profiler's
@@ -212,16 +275,29 @@ def main() -> None:
     parser.add_argument("--label", default="after", help="names this checkout's rows (e.g. before, after)")
     parser.add_argument("--no-count", action="store_true", help="time and passes only (no profiler run)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--emulate-gpu", action="store_true",
+                        help="only the GPU's op sequence on the CPU (gpu_sequence_on_cpu): counts, rho, passes; "
+                             "writes ustar_launches-emulated_gpu.json unless --out")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench import device_info
 
-    out = Path(args.out) if args.out else RESULTS / f"ustar_launches-{device.type}.json"
+    out = Path(args.out) if args.out else RESULTS / f"ustar_launches-{'emulated_gpu' if args.emulate_gpu else device.type}.json"
     report = json.loads(out.read_text()) if out.exists() else {"rows": []}
     report["environment"] = device_info(device)
     report["command"] = "python benchmarks/ustar_launches.py " + " ".join(sys.argv[1:])
+    if args.emulate_gpu:
+        for size in args.sizes.split(","):
+            n, d = (int(x) for x in size.split("x"))
+            row = dict(emulated_gpu_counts(n, d), label=args.label)
+            print(json.dumps({k: v for k, v in row.items() if not isinstance(v, dict)}), flush=True)
+            report["rows"] = [r for r in report["rows"] if (r["n"], r["d"], r["label"]) != (n, d, args.label)] + [row]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2, default=str))
+        print(f"wrote {out}")
+        return
     for size in args.sizes.split(","):
         n, d = (int(x) for x in size.split("x"))
         row = dict(measure(device, n, d, count_below=0.0 if args.no_count else math.inf), label=args.label,

@@ -898,11 +898,18 @@ def _star_scores_rows(values: torch.Tensor, sq: torch.Tensor, right: torch.Tenso
     return g, overflow
 
 
+# Scores beyond the k-th that the twin keeps to tell whether the k smallest are one set.
+STAR_TIE_SLACK = 8
+# Up to this many pair-dimension elements the twin's redo of tied rows checks all their pairs' explicit
+# differences (a fixed-size search, no host sync).
+STAR_REDO_ELEMENTS = 1 << 23
+
+
 def _star_topk_twin(values: torch.Tensor, sq: torch.Tensor, k: int, outputs: Optional[torch.Tensor],
                     rows: torch.Tensor, chunk: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """star_topk in torch: per chunk of rows the scores by GEMMs, then ``torch.topk(k + 1)`` instead of sorting
-    whole rows. The k+1-th tells whether the k smallest are one set: where it equals the k-th (a tie across the
-    boundary, where the lowest indices must win) or a chunk had more close pairs than its bound, those rows are
+    """star_topk in torch: per chunk of rows the scores by GEMMs, then ``torch.topk(k + STAR_TIE_SLACK)`` instead of
+    sorting whole rows. The largest kept tells whether the k smallest are one set: where it equals the k-th (a tie
+    across the boundary, where the lowest indices must win) or a chunk had more close pairs than its bound, those rows are
     redone at the end with the whole stable sort. Within the k the pairs are ordered by (score, index). One host
     sync per call (which rows to redo), however many chunks."""
     r, n = rows.shape[0], values.shape[0]
@@ -922,19 +929,24 @@ def _star_topk_twin(values: torch.Tensor, sq: torch.Tensor, k: int, outputs: Opt
             top, at = torch.sort(g, dim=1, stable=True)
             top, at = top[:, :kk], at[:, :kk]
         else:
-            top, at = torch.topk(g, kk + 1, dim=1, largest=False, sorted=False)
+            # STAR_TIE_SLACK more than k: the k smallest are one set unless the largest kept one ties the k-th (at
+            # 4,096 x 128 in float32, 1-2 rows a U* pass tied the k+1-th, each a redo: ~70 launches on a GPU)
+            top, at = torch.topk(g, min(n, kk + STAR_TIE_SLACK), dim=1, largest=False, sorted=False)
             at, by_index = at.sort(dim=1)  # then a stable sort by score: ties lowest index first
             top, by_score = top.gather(1, by_index).sort(dim=1, stable=True)
             at = at.gather(1, by_score)
-            after, top, at = top[:, kk], top[:, :kk], at[:, :kk]
+            after, top, at = top[:, -1], top[:, :kk], at[:, :kk]
             # ties at +-inf need no redo: their indices are all reported as -1
             redo[lo : lo + step] = (~(after > top[:, -1]) & ~torch.isinf(top[:, -1])) | overflow
         scores[lo : lo + step, :kk] = top
         index[lo : lo + step, :kk] = torch.where(torch.isinf(top), -1, at)
     again = redo.nonzero().squeeze(1)
+    # few rows to redo (ties): every pair of theirs fits the capped candidate search, which then cannot overflow
+    # and needs no second host sync
+    bound = again.numel() * n if again.numel() * n * values.shape[1] <= STAR_REDO_ELEMENTS else None
     for lo in range(0, again.numel(), step):
         i = again[lo : lo + step]
-        g, _ = _star_scores_rows(values, sq, right, rows[i], None if outputs is None else outputs[i], close, None)
+        g, _ = _star_scores_rows(values, sq, right, rows[i], None if outputs is None else outputs[i], close, bound)
         top, at = torch.sort(g, dim=1, stable=True)
         scores[i, :kk] = top[:, :kk]
         index[i, :kk] = torch.where(torch.isinf(top[:, :kk]), -1, at[:, :kk])
@@ -943,7 +955,7 @@ def _star_topk_twin(values: torch.Tensor, sq: torch.Tensor, k: int, outputs: Opt
 
 def star_topk(
     values: torch.Tensor, k: int, outputs: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None,
-    *, backend: str = "auto", chunk: Optional[int] = None,
+    *, backend: str = "auto", chunk: Optional[int] = None, check_rows: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` smallest star scores of every output over all values, never the r×|V| matrix.
 
@@ -954,7 +966,8 @@ def star_topk(
     ‖w_s‖² + ‖w_j‖² − 2<w_s, w_j> except for pairs closer than ``STAR_CLOSE_REL`` (explicit
     differences). These are the constraints of the margin-optimal outputs (seed 000, Def. 3.2.1)
     and the per-value margins of given outputs. The torch twin streams over rows in chunks of ``chunk`` (default:
-    as many as ``STAR_TWIN_BYTES`` of scores hold), see :func:`_star_topk_twin`.
+    as many as ``STAR_TWIN_BYTES`` of scores hold), see :func:`_star_topk_twin`. ``check_rows=False`` skips the
+    range check of ``rows`` (a read back from the device) for callers that built them in range.
     """
     _matrix("values", values)
     n, d = values.shape
@@ -967,7 +980,7 @@ def star_topk(
             raise TypeError("rows must be a 1-D int64 tensor of value indices")
         if rows.device != values.device:
             raise ValueError(f"rows is on {rows.device} but values is on {values.device}")
-        if rows.numel():
+        if check_rows and rows.numel():
             low, high = torch.stack(torch.aminmax(rows)).tolist()  # one read back from the device
             if low < 0 or high >= n:
                 raise ValueError(f"rows must lie in [0, {n}) (indices of values)")
@@ -990,6 +1003,11 @@ def star_topk(
                  _ld(values), _ptr(sq), _ptr(rows), _ptr(scores), _ptr(index), r, n, d, k, splits, _ptr(part_vals),
                  _ptr(part_idx), _stream(values))
     return scores, index
+
+
+# Elements of one chunk's values that the exact_star_scores twin gathers per chunk of rows, by device type.
+# On a GPU one chunk per U* pass up to |V| = 4,096, d = 128 (at 1 << 25 six, ~120 launches a pass on an H200).
+EXACT_TWIN_ELEMENTS = {"cuda": 1 << 27, "cpu": 1 << 20}
 
 
 def exact_star_scores(W: torch.Tensor, U: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, *,
@@ -1018,7 +1036,7 @@ def exact_star_scores(W: torch.Tensor, U: torch.Tensor, rows: torch.Tensor, cols
         out = torch.empty(cols.shape, dtype=W.dtype, device=W.device)
         # ~4 gathered copies of the chunk's pairs; on a GPU big chunks (at 4,096 x 128 the CPU's 2^20-element budget
         # made 195 chunks a pass, ~2,700 of a U* call's 4,100 launches on an H200)
-        budget = 1 << (25 if W.device.type == "cuda" else 20)
+        budget = EXACT_TWIN_ELEMENTS.get(W.device.type, EXACT_TWIN_ELEMENTS["cpu"])
         step = max(1, max(budget, W.numel()) // (4 * max(1, cols.shape[1] * d)))
         for s in range(0, r, step):
             rs, c = rows[s : s + step], cols[s : s + step]

@@ -207,36 +207,40 @@ def _solve_active_set(
                                                                corral=warm, backend=backend)
             # given violated constraints, an exact solve lowers the hull norm: one that did not is stalled (a
             # corral solve that did not converge) and would come back every round until max_iter
-            stalled[s : s + step] = torch.isfinite(hi[rs]) & (h >= hi[rs] * (1.0 - 1e-14))
-            U[rs], hi[rs], dup[s : s + step] = u.to(U.dtype), torch.minimum(hi[rs], h), dup_r
+            h_old = hi[rs]
+            stalled[s : s + step] = torch.isfinite(h_old) & (h >= h_old * (1.0 - 1e-14))
+            U[rs], hi[rs], dup[s : s + step] = u.to(U.dtype), torch.minimum(h_old, h), dup_r
             corral_val[rs] = _pad_columns(torch.where(cols >= 0, act.gather(1, cols.clamp(min=0)), -1).to(torch.int32),
                                           widest, -1)
             corral_lam[rs] = _pad_columns(weights.float(), widest, 0.0)
         # one streaming pass: the most violated constraints of every unfinished value
-        _, cand = _ops.star_topk(Wk, n_pass, U[rows], rows, backend=backend)
+        # each gather of the round's rows once (on a GPU every op is a launch): rows come from arange, in range
+        U_rows, h_rows, corral_rows = U[rows], hi[rows], corral_val[rows]
+        _, cand = _ops.star_topk(Wk, n_pass, U_rows, rows, backend=backend, check_rows=False)
         passes += 1
-        Ur = U[rows].double()  # the returned directions' margins: unit in float64 (a float32 row's norm is 1 +- 6e-8)
+        Ur = U_rows.double()  # the returned directions' margins: unit in float64 (a float32 row's norm is 1 +- 6e-8)
         g = _ops.exact_star_scores(W, Ur.div_(Ur.norm(dim=1, keepdim=True)), rows, cand, backend=recheck)
         del Ur
         lo[rows] = g.min(dim=1).values
-        new = (cand >= 0) & ~_members(cand.to(torch.int32), corral_val[rows])
-        done = ~(new & (g < hi[rows, None] * (1.0 - tol))).any(dim=1) | dup | stalled
-        done |= hi[rows] <= math.sqrt(ZERO_NORM2)
-        keep = ~(done | (passes > max_iter))
+        new = (cand >= 0) & ~_members(cand.to(torch.int32), corral_rows)
+        done = ~(new & (g < h_rows[:, None] * (1.0 - tol))).any(dim=1) | dup | stalled
+        if passes > max_iter:
+            break
+        keep = ~done.logical_or_(h_rows <= math.sqrt(ZERO_NORM2))
         # the values left and the widths of their next lists: one host read per round
-        n_keep, width, n_new = torch.stack([keep.sum(), torch.where(keep, (corral_val[rows] >= 0).sum(dim=1), 0).max(),
+        n_keep, width, n_new = torch.stack([keep.sum(), torch.where(keep, (corral_rows >= 0).sum(dim=1), 0).max(),
                                             torch.where(keep, new.sum(dim=1), 0).max()]).tolist()
         if n_keep == 0:
             break
         keep = torch.nonzero_static(keep, size=n_keep).squeeze(1)  # (its size known: no second read)
-        rows, new, cand = rows[keep], new[keep], cand[keep]
+        rows, new, cand, corral_rows = rows[keep], new[keep], cand[keep], corral_rows[keep]
         # the next active lists: the corral, then every streamed constraint outside it (valid ones first; the
         # violated ones and those the moving u_i meets next: with only the violated ones taken, 13x more values
         # needed a third round at |V| = 4,096, d = 128), trimmed to the widest row
-        add = torch.where(new, cand, torch.full_like(cand, -1)).to(torch.int32)
+        add = torch.where(new, cand, -1).to(torch.int32)
         add = add.gather(1, torch.argsort((~new).to(torch.int8), dim=1, stable=True))
         width = max(1, width)
-        active = torch.cat([corral_val[rows, :width], add[:, :n_new]], dim=1)
+        active = torch.cat([corral_rows[:, :width], add[:, :n_new]], dim=1)
     lo.clamp_(-1.0, 1.0)
     return U, lo, hi, passes
 
