@@ -17,7 +17,7 @@ values (seed 0), in float32:
                    (the CPU target: <= 8 at |V| = 16,384, d = 128), cpu_seconds_in_passes the same in CPU seconds
   aten_ops         aten operators the call runs (every operator, and those called from Python), from
                    torch.profiler; work_ops those that do work (innermost, not a view or an allocation):
-                   about one kernel launch each on a GPU
+                   about one kernel launch each on a GPU; work_ops_on_device less the host-side ones
   host_syncs       operators that make the host wait for the device: aten::_local_scalar_dense (item,
                    bool, int of a tensor) and aten::nonzero (boolean masks, data-dependent shapes); host_reads
                    every read of a tensor's value on the host, from Python or inside an operator
@@ -57,6 +57,9 @@ NO_WORK_OPS = {f"aten::{name}" for name in (
     "select", "slice", "alias", "empty", "empty_strided", "empty_like", "detach", "resolve_conj", "resolve_neg",
     "_unsafe_view", "lift_fresh", "diagonal", "narrow", "split", "unbind", "as_strided_", "_local_scalar_dense",
     "result_type", "is_nonzero", "size", "stride", "numel", "dim")}
+
+
+HOST_SIDE_WORK_OPS = ("aten::scalar_tensor", "aten::to", "aten::resize_")
 
 
 def _sync(device: torch.device) -> None:
@@ -118,6 +121,8 @@ def profile_counts(prof) -> dict:
         "aten_ops": len(aten),
         "aten_ops_from_python": sum(1 for e in aten if e.cpu_parent is None),
         "work_ops": sum(work.values()),
+        # without the host-side ones: a Python scalar wrapped as a tensor, a no-op .to(), a resize of an empty output
+        "work_ops_on_device": sum(c for name, c in work.items() if name not in HOST_SIDE_WORK_OPS),
         "host_syncs": sum(names[name] for name in SYNC_OPS),
         "host_syncs_by_op": {name: names[name] for name in SYNC_OPS},
         "top_work_ops": dict(work.most_common(12)),

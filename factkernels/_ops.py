@@ -1043,8 +1043,10 @@ def exact_star_scores(W: torch.Tensor, U: torch.Tensor, rows: torch.Tensor, cols
             diff = W[rs][:, None, :] - W[c.clamp(min=0)]
             nrm = diff.norm(dim=2)
             g = torch.bmm(U[s : s + step, None, :], diff.transpose(1, 2)).squeeze(1) / nrm.clamp_min(1e-300)
-            g = torch.where(nrm > 0, g, torch.zeros_like(g))
-            out[s : s + step] = torch.where(c >= 0, g, torch.full_like(g, math.inf))
+            g = torch.where(c >= 0, torch.where(nrm > 0, g, 0.0), math.inf)
+            if step >= r:  # one chunk (on a GPU up to EXACT_TWIN_ELEMENTS): no copy into out
+                return g
+            out[s : s + step] = g
         return out
     W, U, cols = _rowmajor(W), _rowmajor(U), cols.contiguous()
     out = torch.empty(cols.shape, dtype=W.dtype)
