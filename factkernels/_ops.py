@@ -1006,8 +1006,9 @@ def star_topk(
 
 
 # Elements of one chunk's values that the exact_star_scores twin gathers per chunk of rows, by device type.
-# On a GPU one chunk per U* pass up to |V| = 4,096, d = 128 (at 1 << 25 six, ~120 launches a pass on an H200).
-EXACT_TWIN_ELEMENTS = {"cuda": 1 << 27, "cpu": 1 << 20}
+# On a GPU one chunk per U* pass up to |V| = 4,096, d = 128 (~2 GB of float64 temporaries; at 1 << 25 five
+# chunks, ~100 launches a pass).
+EXACT_TWIN_ELEMENTS = {"cuda": 1 << 28, "cpu": 1 << 20}
 
 
 def exact_star_scores(W: torch.Tensor, U: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, *,
