@@ -84,7 +84,7 @@ struct RowSolver {
   const CorralSolveArgs& a;
   const int lane;
   const int d, K, mmax;  // mmax = d + 1: an affinely independent corral in R^d
-  double *X, *g, *Q, *L, *lam, *z, *res, *y, *wv, *p, *u, *qg;
+  double *X, *g, *Q, *L, *lam, *z, *res, *y, *wv, *p, *u, *qg, *qs;
   int* S;           // corral slot -> candidate
   uint8_t* flags;   // kValid | kInCorral per candidate
   int m = 0;        // corral size (the same in every lane)
@@ -114,6 +114,8 @@ struct RowSolver {
     w += 2 * d;
     qg = w;  // a group of additions' products with the corral: kCorralSolveGroup x mmax
     w += static_cast<int64_t>(kCorralSolveGroup) * mmax;
+    qs = w;  // the same plus 1, forward-solved: the group's borders of L
+    w += static_cast<int64_t>(kCorralSolveGroup) * mmax;
     S = reinterpret_cast<int*>(w);
     w += mmax;
     flags = reinterpret_cast<uint8_t*>(w);
@@ -123,9 +125,10 @@ struct RowSolver {
 
   // x <- L^{-1} x (n x n) by blocks of 32 rows, a lane per row: each lane first takes its row's products with the
   // solution of the blocks above (rows of L read by one lane each), then the block's own rows are solved in turn,
-  // each x_i broadcast by one shuffle (a warp dot product per row would cost five).
-  __device__ void forward_solve(int n, double* x) {
-    for (int b = 0; b < n; b += 32) {
+  // each x_i broadcast by one shuffle (a warp dot product per row would cost five). Rows below from are solved
+  // already (blocks then start at from: x[r] is written by lane (r - from) % 32, hence the closing __syncwarp).
+  __device__ void forward_solve(int n, double* x, int from = 0) {
+    for (int b = from; b < n; b += 32) {
       __syncwarp();  // every lane reads the x of the blocks above
       const int r = b + lane;  // this lane's row (x[r]'s owner)
       const double* lr = L + static_cast<int64_t>(r) * mmax;
@@ -147,6 +150,53 @@ struct RowSolver {
         if (lane > i && r < n) acc += lr[b + i] * xi;
       }
       if (r < n) x[r] = xr;
+    }
+    if (from & 31) __syncwarp();
+  }
+
+  // forward_solve on several right-hand sides at once, x_v = xg + v * mmax for v < nrhs: one chain of steps whose
+  // shuffles are independent across v (the chain's latency paid once, not nrhs times). Each x_v's arithmetic is
+  // forward_solve's, in the same order. x_v[r] is read and written by lane r % 32. Not inlined: in the solver's
+  // body it pushed the 128-register bound into spills (ptxas: 136 bytes of spill stores; none this way).
+  __device__ __noinline__ void forward_solve_group(int n, double* xg, int nrhs) {
+    for (int b = 0; b < n; b += 32) {
+      __syncwarp();  // every lane reads the x of the blocks above
+      const int r = b + lane;
+      const double* lr = L + static_cast<int64_t>(r) * mmax;
+      double acc[kCorralSolveGroup], xr[kCorralSolveGroup], rdiag = 1.0;
+#pragma unroll
+      for (int v = 0; v < kCorralSolveGroup; ++v) acc[v] = xr[v] = 0.0;
+      if (r < n) {
+        for (int c = 0; c < b; ++c) {
+          const double l = lr[c];
+#pragma unroll
+          for (int v = 0; v < kCorralSolveGroup; ++v)
+            if (v < nrhs) acc[v] += l * xg[static_cast<int64_t>(v) * mmax + c];
+        }
+#pragma unroll
+        for (int v = 0; v < kCorralSolveGroup; ++v)
+          if (v < nrhs) xr[v] = xg[static_cast<int64_t>(v) * mmax + r];
+        rdiag = 1.0 / lr[r];
+      }
+      const int rows = n - b < 32 ? n - b : 32;
+      for (int i = 0; i < rows; ++i) {
+        const double l = lane > i && r < n ? lr[b + i] : 0.0;
+#pragma unroll
+        for (int v = 0; v < kCorralSolveGroup; ++v) {
+          if (v >= nrhs) continue;  // warp-uniform
+          double xi = 0.0;
+          if (lane == i) {
+            xi = (xr[v] - acc[v]) * rdiag;
+            xr[v] = xi;
+          }
+          xi = __shfl_sync(kFull, xi, i);
+          if (lane > i && r < n) acc[v] += l * xi;
+        }
+      }
+      if (r < n)
+#pragma unroll
+        for (int v = 0; v < kCorralSolveGroup; ++v)
+          if (v < nrhs) xg[static_cast<int64_t>(v) * mmax + r] = xr[v];
     }
   }
 
@@ -200,18 +250,20 @@ struct RowSolver {
   }
 
   // Borders the corral with candidate k if its pivot exceeds min_pivot2; weight 0. q0: k's products with the
-  // first m0 members, when already known (written by their owner lanes).
-  __device__ bool add(int k, double min_pivot2, const double* q0 = nullptr, int m0 = 0) {
+  // first m0 members, when already known, and r0 the first m0 entries of its border L^{-1}(q + 1) (both written
+  // by their owner lanes).
+  __device__ bool add(int k, double min_pivot2, const double* q0 = nullptr, const double* r0 = nullptr, int m0 = 0) {
     if (m >= mmax) return false;
     __syncwarp();
     for (int s = lane; s < m; s += 32) {  // q_s = <x_{S[s]}, x_k>
       double acc = 0.0;
       if (s < m0) {
-        acc = q0[s];
-      } else {
-        const int ks = S[s];
-        for (int c = 0; c < d; ++c) acc += xs(ks, c) * xs(k, c);
+        wv[s] = q0[s];
+        res[s] = r0[s];
+        continue;
       }
+      const int ks = S[s];
+      for (int c = 0; c < d; ++c) acc += xs(ks, c) * xs(k, c);
       wv[s] = acc;
       res[s] = acc + 1.0;
     }
@@ -221,7 +273,7 @@ struct RowSolver {
       part += v * v;
     }
     const double qkk = warp_sum(part);
-    forward_solve(m, res);
+    forward_solve(m, res, m0);
     part = 0.0;
     for (int s = lane; s < m; s += 32) part += res[s] * res[s];
     const double piv2 = qkk + 1.0 + a.ridge - warp_sum(part);
@@ -475,12 +527,17 @@ struct RowSolver {
           }
 #pragma unroll
           for (int v = 0; v < kCorralSolveGroup; ++v)
-            if (v < picked) qg[static_cast<int64_t>(v) * mmax + s] = acc[v];
+            if (v < picked) {
+              qg[static_cast<int64_t>(v) * mmax + s] = acc[v];
+              qs[static_cast<int64_t>(v) * mmax + s] = acc[v] + 1.0;
+            }
         }
+        forward_solve_group(m0, qs, picked);  // the group's borders against the corral as it stands
 #pragma unroll
         for (int v = 0; v < kCorralSolveGroup; ++v)
           if (v < picked && m < mmax)
-            add(pick[v], m == before ? 0.0 : kDependentPivot2, qg + static_cast<int64_t>(v) * mmax, m0);
+            add(pick[v], m == before ? 0.0 : kDependentPivot2, qg + static_cast<int64_t>(v) * mmax,
+                qs + static_cast<int64_t>(v) * mmax, m0);
       }
       if (m == before) break;  // nothing to add: the point stays (its certificate is what it is)
       if (!hull && lane == 0) lam[0] = 1.0;  // a cold start begins at the most violating point
