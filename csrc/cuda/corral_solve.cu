@@ -200,23 +200,41 @@ struct RowSolver {
     }
   }
 
-  // x <- (L L^T)^{-1} x: forward, then L^T by rows of L (x_i final, broadcast, then out of the rows above).
-  // The owner of the next row computes its reciprocal pivot while this row's step goes on.
-  __device__ void cholesky_solve(int n, double* x) {
-    forward_solve(n, x);
-    double rdiag = 0.0;
-    if (n > 0 && lane == ((n - 1) & 31)) rdiag = 1.0 / L[static_cast<int64_t>(n - 1) * (mmax + 1)];
-    for (int i = n - 1; i >= 0; --i) {
-      const double* li = L + static_cast<int64_t>(i) * mmax;
-      double xi = 0.0;
-      if (lane == (i & 31)) {
-        xi = x[i] * rdiag;
-        x[i] = xi;
+  // x <- L^{-T} x (n x n): forward_solve's scheme on L^T, blocks of 32 rows from the last one up, a lane per row
+  // (x[r]'s owner): each lane first takes its row's products with the solution of the blocks below (column r of
+  // L, read across lanes in consecutive addresses), then the block's rows are solved from the bottom, each x_i
+  // broadcast by one shuffle. A step's chain is a multiply-add and a shuffle: no shared-memory round trip (the
+  // loop this replaced updated x in shared memory and read it back every step).
+  __device__ void backward_solve(int n, double* x) {
+    for (int b = (n - 1) & ~31; b >= 0; b -= 32) {
+      __syncwarp();  // every lane reads the x of the blocks below
+      const int e = n - b < 32 ? n : b + 32;  // the block: rows [b, e)
+      const int r = b + lane;
+      double acc = 0.0, xr = 0.0, rdiag = 1.0;
+      if (r < e) {
+        for (int c = n - 1; c >= e; --c) acc += L[static_cast<int64_t>(c) * mmax + r] * x[c];
+        xr = x[r];
+        rdiag = 1.0 / L[static_cast<int64_t>(r) * (mmax + 1)];
       }
-      if (i > 0 && lane == ((i - 1) & 31)) rdiag = 1.0 / L[static_cast<int64_t>(i - 1) * (mmax + 1)];
-      xi = __shfl_sync(kFull, xi, i & 31);
-      for (int c = lane; c < i; c += 32) x[c] -= li[c] * xi;
+      for (int i = e - 1; i >= b; --i) {
+        const double l = r < i ? L[static_cast<int64_t>(i) * mmax + r] : 0.0;
+        double xi = 0.0;
+        if (lane == i - b) {
+          xi = (xr - acc) * rdiag;
+          xr = xi;
+        }
+        xi = __shfl_sync(kFull, xi, i - b);
+        if (r < i) acc += l * xi;
+      }
+      if (r < e) x[r] = xr;
     }
+  }
+
+  // x <- (L L^T)^{-1} x. Not inlined (the minor cycle calls it twice): inlined, ptxas spilled 88 bytes at the
+  // 128-register bound; as a call, 8.
+  __device__ __noinline__ void cholesky_solve(int n, double* x) {
+    forward_solve(n, x);
+    backward_solve(n, x);
   }
 
   // Removes row and column pos from the m x m system whose factor is L (rotations into the trailing block,
