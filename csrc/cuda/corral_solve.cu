@@ -38,6 +38,15 @@ __device__ __forceinline__ double warp_sum(double v) {
   return v;
 }
 
+// Two warp_sums in one butterfly (their shuffles independent: one chain of five steps, not two).
+__device__ __forceinline__ void warp_sum2(double& v, double& w) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    v += __shfl_xor_sync(kFull, v, o);
+    w += __shfl_xor_sync(kFull, w, o);
+  }
+}
+
 __device__ __forceinline__ double warp_min(double v) {  // v never NaN here
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmin(v, __shfl_xor_sync(kFull, v, o));
@@ -285,16 +294,16 @@ struct RowSolver {
       wv[s] = acc;
       res[s] = acc + 1.0;
     }
-    double part = 0.0;
+    double qkk = 0.0;  // this lane's part of <x_k, x_k>, summed over the warp with the border's norm
     for (int c = lane; c < d; c += 32) {
       const double v = xs(k, c);
-      part += v * v;
+      qkk += v * v;
     }
-    const double qkk = warp_sum(part);
     forward_solve(m, res, m0);
-    part = 0.0;
-    for (int s = lane; s < m; s += 32) part += res[s] * res[s];
-    const double piv2 = qkk + 1.0 + a.ridge - warp_sum(part);
+    double rr = 0.0;
+    for (int s = lane; s < m; s += 32) rr += res[s] * res[s];
+    warp_sum2(qkk, rr);
+    const double piv2 = qkk + 1.0 + a.ridge - rr;
     if (!(piv2 > min_pivot2)) return false;
     double* lm = L + static_cast<int64_t>(m) * mmax;
     for (int s = lane; s < m; s += 32) {
