@@ -299,65 +299,6 @@ def _stream(ref: torch.Tensor) -> int:
     return 0
 
 
-# ----------------------------------------------------------------------------- 3xTF32 products
-
-# A float32 product on tensor cores: TF32 keeps 10 of float32's 23 mantissa bits, so each operand is split
-# exactly as a = hi + lo (hi: a with the low 13 mantissa bits cleared, itself a TF32 number; lo = a - hi, exact)
-# and a b ~ hi_a hi_b + hi_a lo_b + lo_a hi_b; the dropped lo_a lo_b and the TF32 rounding of lo are each
-# <= 2^-20 of |a||b|, float32-level. TF32 tensor cores run ~5-8x the float32 CUDA-core rate, so 3 of them win.
-_TF32_HI_MASK = -(1 << 13)  # int32 view: clears the 13 mantissa bits TF32 drops
-# The CUDA float32 twins of gadget_matvec / gadget_rmatvec use the split from this many FLOPs (2 m n k) per
-# product: below it a float32 product takes < 0.2 ms at the H200's 50.6 TFLOP/s, and the split's 2 extra GEMMs
-# and ~6 elementwise launches over the operands cost as much as the tensor cores save (the small CG solves are
-# launch-bound already); the F = 2^18, d = 1,024 CG products are ~1.6e13 FLOPs each.
-TF32_SPLIT_MIN_FLOPS = 1e10
-# gadget_rmatvec's split path forms M̃ᵀ's rows (y ⊗ s) in blocks of at most this many elements (1 GiB in float32;
-# the block, its hi and lo parts live at once) instead of all F x m h̃ at once.
-TF32_SPLIT_BLOCK_ELEMENTS = 1 << 28
-
-
-def split_tf32(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact split of a float32 tensor ``a = hi + lo``, hi with at most 10 explicit mantissa bits (a TF32
-    number). Any device; a: (...) float32 -> (hi, lo) of its shape."""
-    if a.dtype != torch.float32:
-        raise TypeError(f"split_tf32 needs float32, got {a.dtype}")
-    hi = (a.view(torch.int32) & _TF32_HI_MASK).view(torch.float32)
-    return hi, a - hi
-
-
-@contextlib.contextmanager
-def _cublas_tf32():
-    """cuBLAS float32 products in TF32 inside the block, the caller's setting restored after it."""
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
-
-
-def matmul_3xtf32(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``a @ b`` as three TF32 products of the split operands (float32 accuracy on tensor cores); added into
-    ``out`` when given. Any device (a CPU runs the three products in float32).
-
-    a: (n, k), b: (k, m) float32, out: (n, m) or None  ->  (n, m)
-    """
-    a_hi, a_lo = split_tf32(a)
-    b_hi, b_lo = split_tf32(b)
-    with _cublas_tf32():
-        if out is None:
-            out = a_hi @ b_lo
-        else:
-            out.addmm_(a_hi, b_lo)
-        out.addmm_(a_lo, b_hi)
-        return out.addmm_(a_hi, b_hi)  # the large term last: the small ones are not lost under its rounding
-
-
-def _uses_3xtf32(ref: torch.Tensor, flops: float) -> bool:
-    """Whether a twin's float32 product of ``flops`` FLOPs on ``ref``'s device runs as :func:`matmul_3xtf32`."""
-    return ref.device.type == "cuda" and ref.dtype == torch.float32 and flops >= TF32_SPLIT_MIN_FLOPS
-
-
 # ----------------------------------------------------------------------------- ops
 
 
@@ -412,12 +353,8 @@ def gadget_matvec(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor, *, backe
     if not _use_kernel(backend, "gadget_matvec", s, p, coef):
         m, h, q = coef.shape
         # (n, q) @ (q, m*h) then reduce over r against s: two GEMM-shaped steps.
-        coef_cols = coef.permute(2, 0, 1).reshape(q, m * h)
-        if _uses_3xtf32(s, 2.0 * s.shape[0] * q * m * h):
-            t = matmul_3xtf32(p, coef_cols)
-        else:
-            t = p @ coef_cols
-        return torch.einsum("ijr,ir->ij", t.view(s.shape[0], m, h), s)
+        t = (p @ coef.permute(2, 0, 1).reshape(q, m * h)).view(s.shape[0], m, h)
+        return torch.einsum("ijr,ir->ij", t, s)
     return _registered(_gadget_matvec_op, _gadget_matvec_kernel)(s, p, coef)
 
 
@@ -431,17 +368,9 @@ def gadget_rmatvec(s: torch.Tensor, p: torch.Tensor, y: torch.Tensor, *, backend
     _matrix("y", y, rows=s.shape[0])
     _same("s", s, p=p, y=y)
     if not _use_kernel(backend, "gadget_rmatvec", s, p, y):
-        (n, h), m, q = s.shape, y.shape[1], p.shape[1]
-        if not _uses_3xtf32(s, 2.0 * n * m * h * q):
-            w = (y.unsqueeze(2) * s.unsqueeze(1)).reshape(n, m * h)  # (n, m*h)
-            return (w.T @ p).view(m, h, q)
-        out = s.new_zeros(m * h, q)
-        rows = max(1, TF32_SPLIT_BLOCK_ELEMENTS // max(1, m * h))
-        for start in range(0, n, rows):  # blocks of facts, summed into out
-            block = slice(start, start + rows)
-            w = (y[block].unsqueeze(2) * s[block].unsqueeze(1)).reshape(-1, m * h)
-            matmul_3xtf32(w.T, p[block], out=out)
-        return out.view(m, h, q)
+        n, h = s.shape
+        w = (y.unsqueeze(2) * s.unsqueeze(1)).reshape(n, y.shape[1] * h)  # (n, m*h)
+        return (w.T @ p).view(y.shape[1], h, p.shape[1])
     return _registered(_gadget_rmatvec_op, _gadget_rmatvec_kernel)(s, p, y)
 
 
