@@ -234,7 +234,8 @@ H200_RUN = f"{RESULTS}/gpu_suite-NVIDIA_H200-construct-ustar-scale.json"
 # Session 24's lent runs, in order (each a device_check.sh call; the GPU it ran on is in its file name). The last
 # one with a section gives that section's table.
 S24_RUNS = {"s24 run 1": f"{RESULTS}/gpu_suite-NVIDIA_H200-s24-run1.json",
-            "s24 run 2": f"{RESULTS}/gpu_suite-NVIDIA_H200-s24-run2.json"}
+            "s24 run 2": f"{RESULTS}/gpu_suite-NVIDIA_H200-s24-run2.json",
+            "s24 run 3": f"{RESULTS}/gpu_suite-NVIDIA_H200-s24-run3.json"}
 
 
 def _gpu_of(path: str) -> str:
@@ -304,22 +305,25 @@ def gpu_star_topk() -> str:
 
 
 def gpu_scale() -> str:
-    label, path = _latest_with("scale")
-    scale, before = load(path)["scale"], load(H200_RUN)["scale"]
-    limits = {name.split(" ")[0]: seconds for name, seconds in scale["limits_s"].items()}
-    rows = [[phase, f"{before['phases_s'][phase]:.1f} s", f"{scale['phases_s'][phase]:.1f} s",
-             f"{limits[phase]:.1f} s" if phase in limits else "–",
-             next((name.split("(", 1)[1].rstrip(")") for name in scale["limits_s"] if name.startswith(phase)), "–")]
+    """The 2^18 x 1,024 values build: session 21's run, then each session-24 run with a scale section."""
+    runs = {"s21": H200_RUN, **{label: path for label, path in S24_RUNS.items() if "scale" in load(path)}}
+    scales = {label: load(path)["scale"] for label, path in runs.items()}
+    last_label, last = list(scales.items())[-1]
+    limits = {name.split(" ")[0]: seconds for name, seconds in last["limits_s"].items()}
+    rows = [[phase] + [f"{scale['phases_s'][phase]:.1f} s" for scale in scales.values()]
+            + [f"{limits[phase]:.1f} s" if phase in limits else "–",
+               next((name.split("(", 1)[1].rstrip(")") for name in last["limits_s"] if name.startswith(phase)), "–")]
             for phase in ("outputs", "m_search", "solve", "verify")]
-    refusal = scale["refusal"]
-    return (f"d = {scale['d']:,}, F = \\|V\\| = {scale['F']:,}, outputs = values, on the {_gpu_of(path)} ({label}): "
-            f"{scale['seconds']:.1f} s (s21: {before['seconds']:.0f} s), accuracy {scale['accuracy']:.3f}, "
-            f"m = {scale['m']} ({scale['m_search']}), {scale['solver']} in {scale['cg_iterations']} iterations, "
-            f"peak GPU memory {scale['peak_gpu_bytes'] / 2**30:.1f} GiB.\n\n"
-            + _rows(["phase", "s21", label, "physical limit", "limit measured as"], rows)
+    rows.append(["total"] + [f"{scale['seconds']:.1f} s" for scale in scales.values()] + ["–", "–"])
+    rows.append(["cg iterations"] + [str(scale["cg_iterations"]) for scale in scales.values()] + ["–", "–"])
+    refusal = last["refusal"]
+    return (f"d = {last['d']:,}, F = \\|V\\| = {last['F']:,}, outputs = values, on an {_gpu_of(runs[last_label])}: "
+            f"accuracy {last['accuracy']:.3f} in every run, m = {last['m']} ({last['m_search']}), {last['solver']}, "
+            f"peak GPU memory {last['peak_gpu_bytes'] / 2**30:.1f} GiB ({last_label}).\n\n"
+            + _rows(["phase", *scales, "physical limit", "limit measured as"], rows)
             + f"\n\nThe memory guard's estimate for F = {refusal['F']:,} at d = {refusal['d']:,}: "
             f"{refusal['estimate_bytes'] / 2**30:.1f} GiB ({refusal['estimate']}); {refusal['note']}."
-            + _source(H200_RUN, path))
+            + _source(*runs.values()))
 
 
 # --- attention (seed 002) --------------------------------------------------------------------------------

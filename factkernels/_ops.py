@@ -199,7 +199,9 @@ def _indices(name: str, t: torch.Tensor, ref: torch.Tensor, size: int, what: str
 # over twin's, H200 / H100): gadget products 0.26-0.64x / 0.28-0.86x, gated_forward 0.42-0.60x / 0.45-0.62x,
 # decode 0.34-0.87x / 0.35-0.97x. A kernel as fast as cuBLAS needs tensor cores in a 3xTF32 split (float32
 # accuracy), which no lent GPU run could yet show winning, so those four CUDA kernels are removed: on a GPU
-# they run their twins (decode's twin streams in chunks, so it never holds n x |V| scores either). Their CPU
+# they run their twins (decode's twin streams in chunks, so it never holds n x |V| scores either). The twins'
+# products in a 3xTF32 split on the tensor cores (session 24) lost too: the 2^18 x 1,024 build's CG solve took
+# 96.7 s (102 iterations) against 66.5 s (94) in float32 on an H200 (gpu_suite-NVIDIA_H200-s24-run3.json). Their CPU
 # kernels stay (1.5-4.3x their twins). gate_features (0.73-1.02x / 1.13-1.14x) won on one GPU only and runs
 # its twin under "auto". CUDA "auto" runs the three that won (hadamard_gram 1.10-1.13x / 1.16-1.29x,
 # softmax_cross_entropy 1.83x / 2.08x, star_topk on the H100: 3.70-3.93x against a twin that sorted whole rows of

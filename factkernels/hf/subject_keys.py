@@ -422,7 +422,7 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
              "separated": int(det["separated"].sum()), "own_min_mean": float(det["own_min"].mean()),
              "contrast_max_mean": float(det["contrast_max"].mean()), "tau_mean": float(det["tau"].mean()),
              "negatives_firing": float(firing.double().mean()),
-             "negatives_firing_off_mention": float((firing & ~mentions.any(1)).double().mean()),
+             "negatives_firing_off_mention": float((firing & ~mentions.any(1).to(firing.device)).double().mean()),
              "lookalikes": len(alike), "lookalike_tokens": sum(map(len, similar.values())),
              "lookalikes_firing": int(alike_firing.sum()),
              "timings": timings, "values": value_info,
