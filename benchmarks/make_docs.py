@@ -663,7 +663,8 @@ def headline() -> str:
     hf = f"{RESULTS}/hf/insert_detector_n1000_s100_t0.92_c2_L20_seed0.json"
     budget = f"{RESULTS}/experiments/rgr-budget/summary.json"
     construct = next(r for r in load(cpu)["construct"] if r["F"] == 4096)
-    scale = load(H200_RUN)["scale"]
+    gpu_run = S24_RUNS["s24 run 2"]  # the last scale row of the code as it stands (run 3's solve ran the reverted split)
+    scale, default = load(gpu_run)["scale"], load(S24_RUNS["s24 run 3"])["construct"]["default"]
     report = load(big)["construct_json"]["report"]
     insert = load(hf)
     ratios = load(SCALING)["summary"]["ratios"]
@@ -671,9 +672,12 @@ def headline() -> str:
     rows = [
         [f"build and verify F = \\|V\\| = {construct['F']:,} facts, d = {construct['d']} (values, Cholesky, 2-core CPU)",
          f"{_ms(construct['kernels_s'])} (pure torch {_ms(construct['torch_s'])})", _link(cpu)],
+        [f"default build (margin-optimal outputs U*) F = \\|V\\| = {default['F']:,}, d = {default['d']} on one H200",
+         f"{default['seconds'] * 1e3:.1f} ms (U* {default['phases_ms']['outputs']:.1f} ms), accuracy "
+         f"{default['accuracy']:.3f}", _link(S24_RUNS["s24 run 3"])],
         [f"largest build on one H200: F = \\|V\\| = {scale['F']:,}, d = {scale['d']:,} (values, {scale['solver']})",
          f"{scale['seconds']:.0f} s, {scale['peak_gpu_bytes'] / 2**30:.1f} GiB, accuracy {scale['accuracy']:.3f}",
-         _link(H200_RUN)],
+         _link(gpu_run)],
         [f"F = \\|V\\| = {report['num_facts']:,}, d = {report['d_in']}, default outputs, CG, one CPU thread",
          f"{report['timings']['total'] / 60:.1f} min, {load(big)['usr_bin_time']['max_rss_bytes'] / 2**30:.2f} GiB, "
          f"accuracy {report['accuracy']:.3f}", _link(big)],
