@@ -8,12 +8,22 @@ per token, the appended units' output at layer 10 (each detector's pair silu(z) 
 the first unit's gate pre-activation, z ≤ 0 below the threshold τ) and the full-vocabulary KL(unedited ‖ edited).
 The units' output is split into fires (z > 0: the score passed τ) and leaks (z ≤ 0: SiLU's negative tail,
 ≥ −0.278·δ/a per detector), and the KL is re-measured with a hook that keeps only one part (what an exact-zero
-gate or a tighter threshold would leave). Writes benchmarks/results/hf/text_locality_<split><draw>_n<n>.json.
+gate or a tighter threshold would leave). Writes benchmarks/results/hf/text_locality_<split><draw>_n<n>[_tag].json.
+
+    --settings '{"lookalikes": 0}' --tag no_lookalikes   # insert_facts options over the experiment's
+    --named-first                                        # the cases whose subject a held-out text names first
+    --detectors-only --lookalike-weights 0.01,0.03,0.1   # no values: where each detector fires (seconds)
+
+In texts that name an edited subject the KL is split by place: at the subject's last token, on the 5 tokens after
+it, and on the rest of those texts. --detectors-only builds the detectors alone (no δ, nothing appended) with
+look-alike contrast off and at each weight, and counts held-out tokens off a mention that a detector acts on,
+look-alike states that pass a threshold, and the share of held-out-template (paraphrase) keys given the whole δ.
 """
 
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -25,11 +35,15 @@ from factkernels.datasets import natural_text
 from factkernels.datasets.editing_benchmark import known_draw
 from factkernels.environment import environment
 from factkernels.experiments.real_lm_editing import OURS_SETTINGS
-from factkernels.hf.capture import capture, encode_texts
+from factkernels.hf.capture import capture, encode_requests, encode_texts
 from factkernels.hf.evaluate import mentions_any
 from factkernels.hf.layout import mlp_module
 from factkernels.hf.metrics import case_requests
-from factkernels.hf.subject_keys import default_prefixes, subject_contexts, subject_mentions
+from factkernels.hf.insert import background_states
+from factkernels.hf.requests import Request
+from factkernels.hf.subject_keys import (LOOKALIKE_CONTEXTS, RAMP_OVERSHOOT, default_prefixes, detector_groups,
+                                         lda_detectors, lookalike_states, lookalike_tokens, subject_contexts,
+                                         subject_mentions)
 
 MAX_LENGTH = 128
 FIRE = 1e-3  # a detector "acts" on a token when |its fraction of δ| exceeds this
@@ -89,8 +103,16 @@ def summary(kl, scored, named, nll=None, ref_nll=None) -> dict:
     return out
 
 
-def run(n, split, draw, model, tok, ref, texts, layer, settings, top):
-    cases = known_draw(split, draw, n=n)
+def draw_cases(split: str, draw: int, n, texts, named_first: bool) -> list:
+    """The first n cases of the draw; with ``named_first`` those whose subject a text names come first."""
+    cases = known_draw(split, draw)
+    if named_first:
+        cases = sorted(cases, key=lambda c: not any(mentions_any(t, [c.subject]) for t in texts))
+    return cases if n is None else cases[:n]
+
+
+def run(n, split, draw, model, tok, ref, texts, layer, settings, top, named_first=False):
+    cases = draw_cases(split, draw, n, texts, named_first)
     requests = case_requests(cases)
     subjects = list(dict.fromkeys(c.subject for c in cases))
     t0, c0 = time.perf_counter(), time.process_time()
@@ -117,6 +139,7 @@ def run(n, split, draw, model, tok, ref, texts, layer, settings, top):
         out_fire, out_leak = (frac * fired) @ units["delta"], (frac * ~fired) @ units["delta"]
         mention_tok = subject_mentions(tok, ctx.subjects, ids, mask).any(1)
         named_text = torch.tensor([mentions_any(t, subjects) for t in texts])[ref["text"]]
+        starts_of = torch.cat([torch.zeros(1, dtype=torch.long), mask.sum(1).cumsum(0)[:-1]])[ref["text"]]
 
         variants = {"edited": lambda z, f: torch.ones_like(f, dtype=torch.bool),
                     "none": lambda z, f: torch.zeros_like(f, dtype=torch.bool),
@@ -131,6 +154,24 @@ def run(n, split, draw, model, tok, ref, texts, layer, settings, top):
             kls[name] = s["kl"]
             kls[name + "/summary"] = summary(s["kl"], ref["scored"], named_text, s["nll"], s["ref_nll"])
         kl = kls["edited"]
+        # texts naming an edited subject: the KL at the subject's last token, on the next 5 tokens, elsewhere
+        after = torch.zeros_like(mention_tok)
+        for i in mention_tok.nonzero().flatten().tolist():
+            same_text = ref["text"][i + 1:i + 6] == ref["text"][i]
+            after[i + 1:i + 1 + int(same_text.sum())] = True
+        places = {"at_mention": mention_tok, "next_5_tokens": after & ~mention_tok,
+                  "rest_of_mentioning_texts": named_text & ~mention_tok & ~after}
+        acting_here = (frac.abs() > FIRE).any(1)
+        places["acting_off_mention"] = named_text & ~mention_tok & acting_here  # a detector past its subject's name
+        mentioned_kl = {name: {"tokens": int((where & ref["scored"]).sum()),
+                               "kl_sum": float(kl[where & ref["scored"]].sum()),
+                               "kl_mean": float(kl[where & ref["scored"]].mean()) if bool((where & ref["scored"]).any())
+                               else None} for name, where in places.items()}
+        mentioned_top = [{"context": tok.decode(ids[mask.bool()][max(int(starts_of[i]), i - 8):i + 1]),
+                          "next": tok.decode(ids[mask.bool()][i + 1:i + 2]), "kl": float(kl[i]),
+                          "at_mention": bool(mention_tok[i]), "detector_acting": bool(acting_here[i])}
+                         for i in kl.masked_fill(~(named_text & ref["scored"]), -1).argsort(descending=True)[:top].tolist()
+                         if bool(named_text[i])]
         # the full model's KL (no hook) checks the hook's algebra
         plain = token_scores(ref["logp"], text_logits(model, ids, mask, layer), ref["next"], ref["scored"])["kl"]
         acting = frac.abs() > FIRE
@@ -181,10 +222,74 @@ def run(n, split, draw, model, tok, ref, texts, layer, settings, top):
                 "insert_seconds": insert_seconds, "detectors": n_det, "ramp": units["ramp"],
                 "texts_mentioning": int(sum(mentions_any(t, subjects) for t in texts)),
                 "kl": {k: v for k, v in kls.items() if k.endswith("/summary")},
+                "kl_in_mentioning_texts": mentioned_kl, "top_tokens_mentioning": mentioned_top,
                 "kl_share_of_top_tokens_unmentioned": kl_share, "per_token": per_token,
                 "top_tokens_unmentioned": tops, "top_detectors_unmentioned": det_top, "old_mlp_out_norm": old_norm}
     finally:
         ins.remove()
+
+
+def detector_probe(n, split, draw, model, tok, ref, texts, layer, weights, named_first=False) -> dict:
+    """The detectors alone (see the module docstring) without look-alike contrast and at each weight."""
+    cases = draw_cases(split, draw, n, texts, named_first)
+    requests = case_requests(cases)
+    t0, c0 = time.perf_counter(), time.process_time()
+    ctx = subject_contexts(tok, requests, default_prefixes())
+    states = capture(model, ctx.batch.input_ids, ctx.batch.attention_mask, layer, site="mlp_in", batch_size=32,
+                     shared=ctx.batch.subject_first)
+    lengths = ctx.batch.attention_mask.sum(1)
+    key_index = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]]) + ctx.batch.subject_last
+    is_key = torch.zeros(len(states), dtype=torch.bool)
+    is_key[key_index] = True
+    background = natural_text("stats")
+    negatives = torch.cat([background_states(model, tok, background, layer), states[~is_key]])
+    bg_ids, bg_mask = encode_texts(tok, background)
+    mentions = torch.cat([subject_mentions(tok, ctx.subjects, bg_ids, bg_mask),
+                          subject_mentions(tok, ctx.subjects, ctx.batch.input_ids, ctx.batch.attention_mask)[~is_key]])
+    last_ids = ctx.batch.input_ids[torch.arange(len(ctx.requests)), ctx.batch.subject_last]
+    similar = lookalike_tokens(tok, model.get_input_embeddings().weight, last_ids)
+    alike, alike_row = lookalike_states(model, ctx, layer, similar)
+    held_out = capture(model, ref["ids"], ref["mask"], layer, site="mlp_in", batch_size=32)
+    held_mention = subject_mentions(tok, ctx.subjects, ref["ids"], ref["mask"])
+    para = encode_requests(tok, [Request(p, c.subject, " " + c.target_new) for c in cases for p in c.paraphrase_prompts])
+    para_x = capture(model, para.input_ids, para.attention_mask, layer, site="mlp_in", positions=para.subject_last,
+                     batch_size=32)
+    para_subject = torch.tensor([ctx.subjects.index(c.subject) for c in cases for _ in c.paraphrase_prompts])
+    seconds = {"capture_wall": time.perf_counter() - t0, "capture_cpu": time.process_time() - c0}
+    flat = ref["ids"][ref["mask"].bool()]
+
+    def fraction(x, det, ramp=12.0):  # the ramp units' fraction of δ at states x (n, G)
+        z = (ramp + RAMP_OVERSHOOT) / (det["own_min"] - det["tau"]) * ((x.double() - det["mu"]) @ det["w"].T - det["tau"])
+        return (F_nn.silu(z) - F_nn.silu(z - ramp)) / ramp
+
+    own, rows = states[key_index], []
+    for weight in [None, *weights]:
+        options = {} if weight is None else {"lookalikes": alike, "lookalike_weight": weight}
+        det = lda_detectors(own, ctx.subject, negatives, mentions=mentions,
+                            lookalike_subject=None if weight is None else ctx.subject[alike_row], **options)
+        group, group_subject = detector_groups(ctx.subject, ctx.opens, ~det["separated"])
+        if len(group_subject) > len(ctx.subjects):
+            det = lda_detectors(own, group, negatives, mentions=mentions[:, group_subject],
+                                lookalike_subject=None if weight is None else group[alike_row], **options)
+        off = fraction(held_out, det) * ~held_mention[:, group_subject]
+        acting = off.abs() > FIRE
+        mine = group_subject[None, :] == para_subject[:, None]
+        para_own = (fraction(para_x, det) * mine).sum(1)
+        rows.append({"lookalike_weight": weight, "detectors": len(group_subject),
+                     "separated": int(det["separated"].sum()),
+                     "gap_mean": float((det["own_min"] - det["contrast_max"]).mean()),
+                     "held_out_tokens_acting_off_mention": int(acting.any(1).sum()),
+                     "held_out_fraction_sum_off_mention": float(off.abs().sum()),
+                     "lookalike_states_acting": int((fraction(alike, det).abs() > FIRE).any(1).sum()),
+                     "paraphrase_keys_full_delta": float((para_own > 0.99).double().mean()),
+                     "paraphrase_keys_under_half": float((para_own < 0.5).double().mean()),
+                     "acting": [{"context": tok.decode(flat[max(0, i - 8):i + 1]),
+                                 "subject": ctx.subjects[int(group_subject[g])], "fraction": float(off[i, g])}
+                                for i, g in acting.nonzero().tolist()[:10]]})
+    return {"n": n, "num_facts": len(cases), "subjects": len(ctx.subjects), "lookalike_states": len(alike),
+            "lookalike_contexts": LOOKALIKE_CONTEXTS,
+            "lookalike_examples": {tok.decode([i]): [tok.decode([j]) for j in similar[i]] for i in list(similar)[:12]},
+            "paraphrase_keys": len(para_x), "seconds": seconds, "weights": rows}
 
 
 def main() -> None:
@@ -194,8 +299,13 @@ def main() -> None:
     parser.add_argument("--n", nargs="+", default=["10", "100"], help="fact counts (or 'all')")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--out", default="benchmarks/results/hf")
+    parser.add_argument("--settings", default="{}", help="insert_facts options over the experiment's (JSON)")
+    parser.add_argument("--tag", default="", help="suffix of the JSON's name")
+    parser.add_argument("--named-first", action="store_true", help="cases whose subject a held-out text names first")
+    parser.add_argument("--detectors-only", action="store_true")
+    parser.add_argument("--lookalike-weights", default="0.01,0.03,0.1,0.3")
     args = parser.parse_args()
-    settings = dict(OURS_SETTINGS)
+    settings = {**OURS_SETTINGS, **json.loads(args.settings)}
     layer = settings["layer"]
     model, tok = hf.load("smollm2-135m")
     texts = natural_text("eval")
@@ -210,15 +320,30 @@ def main() -> None:
     for n in args.n:
         count = None if n == "all" else int(n)
         t = time.perf_counter()
-        result = run(count, args.split, args.draw, model, tok, ref, texts, layer, settings, args.top)
-        result.update(split=args.split, draw=args.draw, settings=settings, max_length=MAX_LENGTH,
+        tag = ("_" + args.tag if args.tag else "") + ("_named_first" if args.named_first else "")
+        if args.detectors_only:
+            weights = [float(w) for w in args.lookalike_weights.split(",")]
+            result = detector_probe(count, args.split, args.draw, model, tok, ref, texts, layer, weights,
+                                    args.named_first)
+            result.update(split=args.split, draw=args.draw, layer=layer, named_first=args.named_first,
+                          seconds_total=time.perf_counter() - t, command=" ".join(["python", *sys.argv]),
+                          device="cpu", load_average=os.getloadavg(), environment=environment())
+            out = Path(args.out) / f"text_locality_detectors_{args.split}{args.draw}_n{n}{tag}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=1) + "\n")
+            print(out, json.dumps([{k: v for k, v in r.items() if k != "acting"} for r in result["weights"]], indent=1))
+            continue
+        result = run(count, args.split, args.draw, model, tok, ref, texts, layer, settings, args.top, args.named_first)
+        result.update(split=args.split, draw=args.draw, settings=settings, named_first=args.named_first,
+                      command=" ".join(["python", *sys.argv]), max_length=MAX_LENGTH,
                       text_tokens=int(scored.sum()), texts=len(texts), kl_note="full-vocabulary KL (hf.evaluate "
                       "buckets the tail beyond its top 256: a lower bound of this)", seconds=time.perf_counter() - t,
                       device="cpu", load_average=os.getloadavg(), environment=environment())
-        out = Path(args.out) / f"text_locality_{args.split}{args.draw}_n{n}.json"
+        out = Path(args.out) / f"text_locality_{args.split}{args.draw}_n{n}{tag}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
-        print(out, json.dumps({"kl": result["kl"], "per_token": result["per_token"],
+        print(out, json.dumps({"kl": result["kl"], "in_mentioning": result["kl_in_mentioning_texts"],
+                               "per_token": result["per_token"],
                                "share": result["kl_share_of_top_tokens_unmentioned"]}, indent=1), flush=True)
         for row in result["top_tokens_unmentioned"][:8]:
             print(round(row["added_norm"], 2), round(row["kl_next_5_tokens"], 3), repr(row["context"]), "|",

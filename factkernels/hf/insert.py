@@ -407,8 +407,9 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         are certified again; what stays unanswered is in ``report.construction["uncertified"]`` as [request,
         context] (context 0 the bare prompt, c the c-th prefix). ``lookalikes`` tokens that extend each subject's
         last token and as many nearest in embedding (" India": " Indian", ...) are put in its place in its
-        contexts and kept below its detector's threshold (0 turns it off; ``lookalike_weight`` 0.03: on every
-        validation fact no held-out text token fired off a mention, 4 without, 0.1-0.3 let some fire).
+        contexts and kept below its detector's threshold (0 turns it off; ``lookalike_weight`` 0.03: with
+        detectors for every validation fact no held-out text token off a mention gets δ, 3 without, 1-5 at
+        0.1-0.3: benchmarks/results/hf/text_locality_detectors_validation0_nall.json).
     device: where the model runs ("cpu", "cuda", ...): it is moved there in place (``model.to(device)``) and
         stays; default: where it is. Every step runs on the model's device.
     Returns an :class:`Insertion`; raises ValueError for bad requests, layer or options.
