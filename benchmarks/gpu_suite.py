@@ -188,9 +188,7 @@ def bench_star_topk(device: torch.device, races, rate: float) -> list[dict]:
         (kv, ki), (tv, ti) = (_ops.star_topk(v, k, p, rows, backend=b) for b in ("kernels", "torch"))
         row.update(index_agreement=(ki == ti).double().mean().item(),
                    max_score_difference=(kv - tv).abs().max().item(), full_pass_rows=nv,
-                   auto_runs_kernel=_ops.auto_runs_kernel("star_topk", device.type)
-                   and (device.type != "cuda" or (k <= _ops.STAR_TOPK_CUDA_KERNEL_MAX_K
-                                                  and nv < _ops.STAR_TOPK_CUDA_KERNEL_MAX_N)))
+                   auto_runs_kernel=_ops.star_topk_auto_runs_kernel(k, nv, device.type))
         out.append(row)
         del v, p, rows, kv, ki, tv, ti
     return out

@@ -232,6 +232,12 @@ STAR_TOPK_CUDA_KERNEL_MAX_K = 8
 STAR_TOPK_CUDA_KERNEL_MAX_N = 16384
 
 
+def star_topk_auto_runs_kernel(k: int, n: int, device_type: str) -> bool:
+    """Whether backend="auto" picks star_topk's compiled kernel for k of n values on ``device_type``, given one."""
+    return auto_runs_kernel("star_topk", device_type) and (
+        device_type != "cuda" or (k <= STAR_TOPK_CUDA_KERNEL_MAX_K and n < STAR_TOPK_CUDA_KERNEL_MAX_N))
+
+
 def auto_runs_kernel(op: str, device_type: str) -> bool:
     """Whether backend="auto" picks ``op``'s compiled kernel on ``device_type`` ("cpu" or "cuda"), given one."""
     if op not in KERNEL_OPS:
@@ -921,8 +927,7 @@ def star_topk(
     r = rows.shape[0]
     sq = (values * values).sum(dim=1)
     if not _use_kernel(backend, "star_topk", values, outputs) or (
-            backend == "auto" and values.device.type == "cuda"
-            and (k > STAR_TOPK_CUDA_KERNEL_MAX_K or n >= STAR_TOPK_CUDA_KERNEL_MAX_N)):
+            backend == "auto" and not star_topk_auto_runs_kernel(k, n, values.device.type)):
         return _star_topk_twin(values, sq, k, outputs, rows, chunk)
     values, outputs, rows = _rowmajor(values), _rowmajor(outputs), rows.contiguous()
     scores = torch.empty(r, k, dtype=values.dtype, device=values.device)

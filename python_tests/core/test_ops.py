@@ -324,6 +324,11 @@ def test_auto_backend_runs_on_cuda_only_the_kernels_that_beat_their_twins():
     assert all(hasattr(_ops, op) for op in _ops.KERNEL_OPS)
     with pytest.raises(ValueError, match="op must be one of"):
         _ops.auto_runs_kernel("decoder", "cuda")
+    # star_topk's CUDA kernel only where it won its races: small k, fewer than 16,384 values
+    assert _ops.star_topk_auto_runs_kernel(384, 1 << 20, "cpu")
+    assert _ops.star_topk_auto_runs_kernel(8, 4096, "cuda")
+    assert not _ops.star_topk_auto_runs_kernel(96, 4096, "cuda")
+    assert not _ops.star_topk_auto_runs_kernel(8, 16384, "cuda")
 
 
 @pytest.mark.cuda
