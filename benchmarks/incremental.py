@@ -12,7 +12,9 @@ every stored fact, as the rebuild does). The addition is timed ``--repeats`` tim
 the same builder (the minimum is reported; it is the step most disturbed by other load), each
 rebuild once (tens of seconds). ``multiply_adds`` counts the work of both (the add's floor: it borders the
 factor, re-solves the dual variables from the cached forward rows and forms the weights from all of them; its
-speedup at equal arithmetic rate is the limit beside the measured one).
+speedup at equal arithmetic rate is the limit beside the measured one). ``floor_cpu_seconds`` times those three
+products alone at the add's shapes in the same run (``add_over_floor``: how far the add is above them,
+``cpu_speedup_at_floor``: the speedup an add at its floor would have over this run's fresh build).
 """
 
 from __future__ import annotations
@@ -64,6 +66,36 @@ def multiply_adds(facts: int, new: int, values: int, dim: int, m: int, width: in
             "speedup_at_equal_rate": sum(fresh.values()) / sum(add.values())}
 
 
+def floor_cpu_seconds(facts: int, new: int, m: int, width: int, dim: int, dtype: torch.dtype, repeats: int) -> dict:
+    """CPU seconds (best of ``repeats``) of the three products an exact addition of ``new`` facts cannot skip, at
+    its shapes, on random data of the same size: the border (a lower-triangular (F, F) solve with k right-hand
+    sides), the dual variables (one with r = min(k, m)) and the weights (Mᵀ over the F + k rows with r columns,
+    ``_ops.gadget_rmatvec`` as the builder calls it). Their sum is the add at its floor at the arithmetic rates of
+    this run; both solves use the (F, F) factor (the enlarged one is 1 % larger)."""
+    generator = torch.Generator().manual_seed(1)
+    rank = min(new, m)
+    factor = torch.randn(facts, facts, generator=generator, dtype=dtype).tril_().div_(facts).add_(
+        torch.eye(facts, dtype=dtype))  # a solve's time does not depend on the values: any well-conditioned factor
+    cross = torch.randn(new, facts, generator=generator, dtype=dtype)
+    duals = torch.randn(facts, rank, generator=generator, dtype=dtype)
+    features = torch.randn(facts + new, width, generator=generator, dtype=dtype)
+    keys_aug = torch.randn(facts + new, dim + 1, generator=generator, dtype=dtype)
+    coefficients = torch.randn(facts + new, rank, generator=generator, dtype=dtype)
+    steps = {"border": lambda: torch.linalg.solve_triangular(factor, cross.T, upper=False),
+             "dual": lambda: torch.linalg.solve_triangular(factor.T, duals, upper=True),
+             "weights": lambda: _ops.gadget_rmatvec(features, keys_aug, coefficients)}
+    seconds = {}
+    for name, step in steps.items():
+        times = []
+        for _ in range(repeats):
+            start = time.process_time()
+            step()
+            times.append(time.process_time() - start)
+        seconds[name] = min(times)
+    seconds["total"] = sum(seconds.values())
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--facts", type=int, default=16384, help="F before the addition")
@@ -100,6 +132,8 @@ def main() -> None:
     del fresh
     mlp, t_construct = timed(lambda: factkernels.construct(K, V, f, m=args.m, solver=args.solver, progress=False),
                              f"rebuild_construct_{args.solver}")
+    floor = (floor_cpu_seconds(args.facts, new, args.m, width, args.dim, K.dtype, args.repeats)
+             if args.solver == "cholesky" else None)  # cg keeps no factor
     cpu = {name: min(times) for name, times in CPU_SECONDS.items()}
     result = {
         "benchmark": "incremental add vs rebuild",
@@ -112,6 +146,9 @@ def main() -> None:
         "cpu_seconds": cpu,
         "cpu_speedup_vs_rebuild_factbuilder": cpu["rebuild_factbuilder"] / cpu["add"],
         f"cpu_speedup_vs_construct_{args.solver}": cpu[f"rebuild_construct_{args.solver}"] / cpu["add"],
+        "floor_cpu_seconds": floor,
+        "add_over_floor": cpu["add"] / floor["total"] if floor else None,
+        "cpu_speedup_at_floor": cpu["rebuild_factbuilder"] / floor["total"] if floor else None,
         "cg_iterations": iterations if args.solver == "cg" else None,
         "speedup_vs_rebuild_factbuilder": t_rebuild / t_add,
         f"speedup_vs_construct_{args.solver}": t_construct / t_add,

@@ -145,14 +145,39 @@ def test_add_equals_a_fresh_solve_of_the_bordered_system(fact_set, dtype, monkey
         builder.add(K[i : i + 1], f[i : i + 1])
     assert 26 < builder.m <= 40 and low_rank == [4, 26] + [1] * 10 and builder.rebuilds == 0  # (m grew from 32)
     assert builder.checked == 1 and builder._factor.panels[0].dtype == dtype
-    op = builder._op  # the gadget system of all 280 facts, solved afresh in float64
-    alpha = torch.linalg.solve(op.dense().double(), builder._decoder.codes[builder.facts].double())
-    coef, out_bias = GadgetOperator(*(t.double() for t in (op.gate_features, op.keys_aug, op.feature_transform,
-                                                           op.key_transform))).unknowns(alpha)
-    fresh = torch.cat([coef[:, :, :-1].reshape(-1, K.shape[1]), coef[:, :, -1].reshape(-1, 1)], dim=1)
+    _equals_a_fresh_solve(builder, 1e-10 if dtype == torch.float64 else 1e-4)
+    _stores_all(builder)
+
+
+def _equals_a_fresh_solve(builder, tol):
+    """The builder's up weights and biases match the minimum-norm solution of its stored facts' gadget system
+    (same gate and whitening, tombstones left out) solved afresh in float64, to ``tol`` relative."""
+    op, alive = builder._op, builder._alive
+    kept = GadgetOperator(*(t.double() for t in (op.gate_features[alive], op.keys_aug[alive], op.feature_transform,
+                                                 op.key_transform)))
+    alpha = torch.linalg.solve(kept.dense(), builder._decoder.codes[builder.facts].double())
+    coef, out_bias = kept.unknowns(alpha)
+    fresh = torch.cat([coef[:, :, :-1].reshape(-1, builder.keys.shape[1]), coef[:, :, -1].reshape(-1, 1)], dim=1)
     incremental = torch.cat([builder.mlp.up_weight.detach(), builder.mlp.up_bias.detach()[:, None]], dim=1).double()
-    tol = 1e-10 if dtype == torch.float64 else 1e-4
     assert (incremental - fresh).norm() <= tol * fresh.norm()
+    fresh_bias = builder._decoder.projection.double() @ out_bias  # the gadgets' output biases, through D
+    assert (builder.mlp.down_bias.detach().double() - fresh_bias).norm() <= tol * fresh_bias.norm()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_adds_after_removals_equal_a_fresh_solve(fact_set, dtype):
+    K, V, f = (t.to(dtype) if t.is_floating_point() else t for t in fact_set)
+    builder = FactBuilder(K[:200], V, f[:200], m=32, outputs="values", width_multiplier=2.0)
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    builder.remove([3, 50, 199])  # tombstones: the kept system is solved through the r x r Schur complement
+    _equals_a_fresh_solve(builder, tol)
+    builder.add(K[200:205], f[200:205])  # k < m beside tombstones
+    builder.add(K[205:245], f[205:245])  # k >= m
+    builder.remove([0, builder.num_facts - 1])  # one of the old rows, one of the last panel's
+    builder.add(K[245:250], f[245:250])
+    builder.update([7, 8], torch.tensor([1, 2]))
+    assert builder.rebuilds == 0 and builder.num_facts == 245 and int((~builder._alive).sum()) == 5
+    _equals_a_fresh_solve(builder, tol)
     _stores_all(builder)
 
 
