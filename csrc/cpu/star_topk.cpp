@@ -16,41 +16,54 @@ namespace {
 // Relative squared distance below which the Gram identity cancels too much.
 template <typename T> constexpr T kCloseRel = sizeof(T) == 8 ? T(1e-6) : T(1e-3);
 
-// Each row's running list is a max-heap of (score, j) pairs (the root is the k-th smallest so far; on equal
-// scores the larger j ranks higher, so it leaves first): a new pair costs O(log k) instead of shifting up to k
-// entries of a sorted list, which took over half of a pass at k = 192 (4,096 x 4,096, d = 128).
-template <typename T> FK_INLINE bool heap_above(T s1, int64_t j1, T s2, int64_t j2) {
-  return s1 > s2 || (s1 == s2 && j1 > j2);
+// A (score, j) candidate of a row's list; lists rank by score, then by the lower j.
+template <typename T> struct Pick {
+  T v;
+  int64_t j;
+};
+template <typename T> FK_INLINE bool pick_before(const Pick<T>& a, const Pick<T>& b) {
+  return a.v < b.v || (a.v == b.v && a.j < b.j);
 }
 
-// Replaces the root of the heap v[0, k) by (s, j) (precondition: (s, j) ranks below the root) and sifts it down.
-template <typename T> FK_INLINE void heap_replace_top(T* v, int64_t* ix, int64_t k, T s, int64_t j) {
-  int64_t pos = 0;
-  for (;;) {
-    const int64_t l = 2 * pos + 1;
-    if (l >= k) break;
-    int64_t c = l;
-    if (l + 1 < k && heap_above(v[l + 1], ix[l + 1], v[l], ix[l])) c = l + 1;
-    if (!heap_above(v[c], ix[c], s, j)) break;
-    v[pos] = v[c];
-    ix[pos] = ix[c];
-    pos = c;
-  }
-  v[pos] = s;
-  ix[pos] = j;
-}
+// A row's running k smallest (score, j) pairs: a candidate ranking before the threshold is appended to a buffer
+// of 2k, and a full buffer keeps its k smallest (nth_element), the k-th of them becoming the threshold. Amortized
+// O(1) per candidate: a max-heap's sift-down (log k unpredictable branches per entry) took 0.2 of 0.33 CPU s of a
+// pass at k = 192 (4,096 x 4,096, d = 128).
+template <typename T> struct Picks {
+  Pick<T>* buf = nullptr;  // 2k entries
+  int64_t k = 0, count = 0;
+  T thr = std::numeric_limits<T>::infinity();
+  int64_t thr_j = std::numeric_limits<int64_t>::max();
 
-// The heap v[0, k) as an ascending list (lowest j first on equal scores), in place; o: k scratch pairs.
-template <typename T> void heap_to_sorted(T* v, int64_t* ix, int64_t k, std::vector<std::pair<T, int64_t>>& o) {
-  o.resize(k);
-  for (int64_t t = 0; t < k; ++t) o[t] = {v[t], ix[t]};
-  std::sort(o.begin(), o.end(),
-            [](const auto& a, const auto& b) { return heap_above(b.first, b.second, a.first, a.second); });
-  for (int64_t t = 0; t < k; ++t) {
-    v[t] = o[t].first;
-    ix[t] = o[t].second;
+  void reset(Pick<T>* storage, int64_t k_) {
+    buf = storage;
+    k = k_;
+    count = 0;
+    thr = std::numeric_limits<T>::infinity();
+    thr_j = std::numeric_limits<int64_t>::max();
   }
-}
+  // Whether (x, j) ranks before the threshold (before the first reduction, every pair does).
+  FK_INLINE bool admits(T x, int64_t j) const { return x < thr || (x == thr && j < thr_j); }
+  FK_INLINE void push(T x, int64_t j) {
+    buf[count++] = Pick<T>{x, j};
+    if (count == 2 * k) keep_smallest();
+  }
+  void keep_smallest() {
+    std::nth_element(buf, buf + (k - 1), buf + count, pick_before<T>);
+    count = k;
+    thr = buf[k - 1].v;
+    thr_j = buf[k - 1].j;
+  }
+  // The k smallest ascending into v, ix (+inf and -1 past the pairs seen).
+  void write(T* v, int64_t* ix) {
+    if (count > k) keep_smallest();
+    std::sort(buf, buf + count, pick_before<T>);
+    for (int64_t t = 0; t < k; ++t) {
+      v[t] = t < count ? buf[t].v : std::numeric_limits<T>::infinity();
+      ix[t] = t < count ? buf[t].j : int64_t(-1);
+    }
+  }
+};
 
 // <p, ws - wj> / |ws - wj| from the explicit difference; 0 for identical values.
 template <class Isa, typename T> FK_INLINE T exact_score(Isa, const T* p, const T* ws, const T* wj, int64_t d) {
@@ -92,18 +105,17 @@ template <typename T> void merge(T* av, int64_t* ai, const T* bv, const int64_t*
   std::copy(ti, ti + k, ai);
 }
 
-// Whether (s, j) enters a heap whose root is (root_s, root_j) (the k smallest pairs in (score, j) order).
-template <typename T> FK_INLINE bool ranks_below(T s, int64_t j, T root_s, int64_t root_j) {
-  return s < root_s || (s == root_s && j < root_j);
-}
-
 // Bytes of the per-thread lists the symmetric pass may hold (beyond them it streams every pair twice).
 constexpr int64_t kSymmetricListBytes = int64_t(256) << 20;
+// Longest lists the symmetric pass keeps: it halves the products, but a column's list takes candidates from
+// every block above it. At 4,096 x 128 (one thread) it took 0.046 / 0.083 / 0.126 / 0.169 CPU s at k = 2 / 16 /
+// 32 / 64, the pass by rows 0.078 / 0.105 / 0.122 / 0.155 (at k = 192 0.31 against 0.24).
+constexpr int64_t kSymmetricMaxK = 24;
 
 // Whether every value scores its own star (p = w, rows 0..n-1 in order): the symmetric pass applies.
 template <typename T> bool symmetric_case(const StarTopkArgs<T>& a) {
-  if (a.p != nullptr || a.r != a.n || a.n <= 16 * kNR<T>) return false;
-  if (int64_t(num_threads()) * a.n * a.k * int64_t(sizeof(T) + sizeof(int64_t)) > kSymmetricListBytes) return false;
+  if (a.p != nullptr || a.r != a.n || a.n <= 16 * kNR<T> || a.k > kSymmetricMaxK) return false;
+  if (int64_t(num_threads()) * a.n * 2 * a.k * int64_t(sizeof(Pick<T>)) > kSymmetricListBytes) return false;
   for (int64_t i = 0; i < a.n; ++i)
     if (a.self[i] != i) return false;
   return true;
@@ -119,21 +131,23 @@ template <typename T> void star_topk_symmetric(const StarTopkArgs<T>& a) {
   constexpr int64_t B = 16 * NR;  // values per block: the rows of a task and the values of a packed tile
   const int64_t nb = ceil_div(n, B);
   const int threads = num_threads();
-  const T inf = std::numeric_limits<T>::infinity();
-  std::fill(a.vals, a.vals + n * k, inf);
-  std::fill(a.idx, a.idx + n * k, int64_t(-1));
-  std::vector<T> col_v(size_t(threads) * n * k, inf);  // per thread: the scores rows got as columns
-  std::vector<int64_t> col_i(size_t(threads) * n * k, -1);
+  // per thread: the lists of the rows of its current block, then those of every row as a column
+  const Buffer<Pick<T>> row_store = alloc_buffer<Pick<T>>(threads * B * 2 * k);
+  const Buffer<Pick<T>> col_store = alloc_buffer<Pick<T>>(threads * n * 2 * k);
+  std::vector<Picks<T>> col_picks(size_t(threads) * n);
+  for (int th = 0; th < threads; ++th)
+    for (int64_t j = 0; j < n; ++j) col_picks[size_t(th) * n + j].reset(col_store.get() + (th * n + j) * 2 * k, k);
   const Buffer<T> scratch = alloc_buffer<T>(threads * B * std::max<int64_t>(d, 1));
   const T close = kCloseRel<T>;
   parallel_tasks(nb, [&](int64_t I, int tid, auto isa) FK_LAMBDA_INLINE {
     T* vp = scratch.get() + tid * B * d;
-    T* cv = col_v.data() + size_t(tid) * n * k;
-    int64_t* ci = col_i.data() + size_t(tid) * n * k;
+    Picks<T>* cols_of = col_picks.data() + size_t(tid) * n;
     alignas(64) T c1[kMR * NR];  // <w_i, w_j>
     alignas(64) T sc[NR];
     alignas(64) T dist[NR];
     const int64_t i_begin = I * B, i_end = std::min(n, i_begin + B);
+    Picks<T> rows_of[B];
+    for (int64_t q = 0; q < B; ++q) rows_of[q].reset(row_store.get() + (tid * B + q) * 2 * k, k);
     for (int64_t J = I; J < nb; ++J) {
       const int64_t v0 = J * B, nvt = std::min(B, n - v0), np = ceil_div(nvt, NR);
       for (int64_t q = 0; q < np; ++q)
@@ -161,9 +175,8 @@ template <typename T> void star_topk_symmetric(const StarTopkArgs<T>& a) {
             }
             // row i, as the two-sided pass scores it
             for (int64_t jj = 0; jj < cols; ++jj) sc[jj] = (sqs - g[jj]) / dist[jj];
-            T* v = a.vals + i * k;
-            int64_t* ix = a.idx + i * k;
-            T thr = v[0];  // j grows along the row: a tie with the root never enters
+            Picks<T>& pk = rows_of[i - i_begin];
+            T thr = pk.thr;  // j grows along the row: a tie with the threshold never enters
             for (int64_t jj = 0; jj < cols; ++jj) {
               T x = sc[jj];
               if (x >= thr) continue;
@@ -173,41 +186,42 @@ template <typename T> void star_topk_symmetric(const StarTopkArgs<T>& a) {
                 x = exact_score(isa, wr[ii], wr[ii], a.w + j * a.ldw, d);
                 if (!(x < thr)) continue;
               }
-              heap_replace_top(v, ix, k, x, j);
-              thr = v[0];
+              pk.push(x, j);
+              thr = pk.thr;
             }
             if (J == I) continue;  // the diagonal block scores both orders as rows
             // rows j of block J, column i: <w_j, w_i> and sq_j + sq_i as their own rows would compute them
             for (int64_t jj = 0; jj < cols; ++jj) sc[jj] = (sqj[jj] - g[jj]) / dist[jj];
             for (int64_t jj = 0; jj < cols; ++jj) {
-              const int64_t j = j0 + jj;
-              T* vj = cv + j * k;
-              int64_t* ij = ci + j * k;
+              Picks<T>& cj = cols_of[j0 + jj];
               T x = sc[jj];
+              if (x >= cj.thr && x == x) continue;  // (a tie with the threshold ranks by j below)
               if (x != x) {
-                const T* wj = a.w + j * a.ldw;
+                const T* wj = a.w + (j0 + jj) * a.ldw;
                 x = exact_score(isa, wj, wj, wr[ii], d);
               }
-              if (ranks_below(x, i, vj[0], ij[0])) heap_replace_top(vj, ij, k, x, i);
+              if (cj.admits(x, i)) cj.push(x, i);
             }
           }
         }
       }
     }
+    for (int64_t i = i_begin; i < i_end; ++i) rows_of[i - i_begin].write(a.vals + i * k, a.idx + i * k);
   }, n * n * d / 2);
-  // each row's own heap takes the pairs the threads collected for it, then sorts
-  parallel_tasks(ceil_div(n, B), [&](int64_t t, int, auto) FK_LAMBDA_INLINE {
-    std::vector<std::pair<T, int64_t>> pairs;
+  // each row's list takes the pairs the threads collected for it as a column: the k smallest of all
+  parallel_tasks(ceil_div(n, B), [&](int64_t t, int tid, auto) FK_LAMBDA_INLINE {
+    Picks<T> pk;
     for (int64_t i = t * B, end = std::min(n, (t + 1) * B); i < end; ++i) {
+      pk.reset(row_store.get() + tid * B * 2 * k, k);
       T* v = a.vals + i * k;
       int64_t* ix = a.idx + i * k;
-      for (int th = 0; th < threads; ++th)
-        for (int64_t e = 0; e < k; ++e) {
-          const size_t at = (size_t(th) * n + i) * k + e;
-          if (col_i[at] >= 0 && ranks_below(col_v[at], col_i[at], v[0], ix[0]))
-            heap_replace_top(v, ix, k, col_v[at], col_i[at]);
-        }
-      heap_to_sorted(v, ix, k, pairs);
+      for (int64_t e = 0; e < k && ix[e] >= 0; ++e) pk.push(v[e], ix[e]);
+      for (int th = 0; th < threads; ++th) {
+        const Picks<T>& c = col_picks[size_t(th) * n + i];
+        for (int64_t e = 0; e < c.count; ++e)
+          if (pk.admits(c.buf[e].v, c.buf[e].j)) pk.push(c.buf[e].v, c.buf[e].j);
+      }
+      pk.write(v, ix);
     }
   }, n * k * threads * 8);
 }
@@ -233,18 +247,19 @@ template <typename T> void star_topk(const StarTopkArgs<T>& a) {
   // Chunk 0 writes the outputs in place; later chunks keep their own lists.
   std::vector<T> extra_v((nchunks - 1) * r * k, std::numeric_limits<T>::infinity());
   std::vector<int64_t> extra_i((nchunks - 1) * r * k, -1);
-  std::fill(a.vals, a.vals + r * k, std::numeric_limits<T>::infinity());
-  std::fill(a.idx, a.idx + r * k, int64_t(-1));
   auto lists = [&](int64_t ch, int64_t i, T*& v, int64_t*& ix) {
     v = ch == 0 ? a.vals + i * k : extra_v.data() + ((ch - 1) * r + i) * k;
     ix = ch == 0 ? a.idx + i * k : extra_i.data() + ((ch - 1) * r + i) * k;
   };
 
   const Buffer<T> scratch = alloc_buffer<T>(num_threads() * kVTile * std::max<int64_t>(d, 1));
+  const Buffer<Pick<T>> pick_store = alloc_buffer<Pick<T>>(num_threads() * kRowBlock * 2 * k);
   const T close = kCloseRel<T>;
   parallel_tasks(nrb * nchunks, [&](int64_t t, int tid, auto isa) FK_LAMBDA_INLINE {
     const int64_t rb = t / nchunks, ch = t % nchunks;
     T* vp = scratch.get() + tid * kVTile * d;
+    Picks<T> picks[kRowBlock];  // the task's rows, in order
+    for (int64_t q = 0; q < kRowBlock; ++q) picks[q].reset(pick_store.get() + (tid * kRowBlock + q) * 2 * k, k);
     alignas(64) T c1[kMR * NR];  // <p_i, w_j>
     alignas(64) T c2[kMR * NR];  // <w_s, w_j>
     alignas(64) T sc[NR];
@@ -285,10 +300,8 @@ template <typename T> void star_topk(const StarTopkArgs<T>& a) {
               const T d2 = sqs + sqj[jj] - T(2) * g[ii * NR + jj];
               sc[jj] = d2 > close * (sqs + sqj[jj]) ? sc[jj] : std::numeric_limits<T>::quiet_NaN();
             }
-            T* v;
-            int64_t* ix;
-            lists(ch, i, v, ix);
-            T thr = v[0];  // the heap's root: j grows within a task, so a tie with it never enters
+            Picks<T>& pk = picks[i - i_begin];
+            T thr = pk.thr;  // j grows within a task, so a tie with the threshold never enters
             for (int64_t jj = 0; jj < cols; ++jj) {
               T x = sc[jj];
               if (x >= thr) continue;  // most scores stop here
@@ -298,19 +311,18 @@ template <typename T> void star_topk(const StarTopkArgs<T>& a) {
                 x = exact_score(isa, pr[ii], wr[ii], a.w + j * a.ldw, d);
                 if (!(x < thr)) continue;
               }
-              heap_replace_top(v, ix, k, x, j);
-              thr = v[0];
+              pk.push(x, j);
+              thr = pk.thr;
             }
           }
         }
       }
     }
-    std::vector<std::pair<T, int64_t>> pairs;
     for (int64_t i = i_begin; i < i_end; ++i) {
       T* v;
       int64_t* ix;
       lists(ch, i, v, ix);
-      heap_to_sorted(v, ix, k, pairs);
+      picks[i - i_begin].write(v, ix);
     }
   }, r * n * d * (a.p ? 2 : 1));
 
