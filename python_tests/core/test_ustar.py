@@ -366,6 +366,35 @@ def test_active_lists_are_the_corral_and_the_last_pass(monkeypatch, backend):
     assert torch.allclose(geometry.output_margins(V, U.double()), lo, atol=1e-9)
 
 
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_rows_certified_by_their_last_pass_skip_the_next(monkeypatch, backend):
+    """After a round, a value whose solved u moved less from the direction its last pass streamed than that pass's
+    last score exceeds the hull norm (every constraint off its list still satisfied) is done without a pass: the
+    passes stream fewer rows than with the floor off, and the result carries the dense solver's certificates."""
+    V = _values("sphere", 500, 8, 7)
+    W = geometry.normalized_values(V)
+    streamed = []
+    real = _ops.star_topk
+
+    def recording(values, k, outputs=None, rows=None, **kw):
+        if outputs is not None:
+            streamed.append(outputs.shape[0])
+        return real(values, k, outputs, rows, **kw)
+
+    monkeypatch.setattr(_ops, "star_topk", recording)
+    U, lo, hi, passes = ustar._solve_active_set(W, W, 1e-6, 200, 16, 6, 3, backend, 16, 8)
+    with_floor = sum(streamed)
+    U0, lo0, _ = ustar._margin_optimal(V, 1e-6, 200, method="dense")
+    assert lo0.min() > 1e-3
+    assert torch.allclose(lo, lo0, atol=1e-9) and (U.double() - U0).norm(dim=1).max().item() < 1e-6
+    assert bool((hi - lo <= 1e-6 * hi).all())
+    assert torch.allclose(geometry.output_margins(V, U.double()), lo, atol=1e-9)
+    streamed.clear()
+    monkeypatch.setattr(ustar, "_certified_by_floor", lambda W, U, lo, hi, rs, *a: torch.zeros_like(rs, dtype=torch.bool))
+    _, lo_off, _, _ = ustar._solve_active_set(W, W, 1e-6, 200, 16, 6, 3, backend, 16, 8)
+    assert with_floor < sum(streamed) and torch.allclose(lo_off, lo, atol=1e-9)
+
+
 def test_warm_corral_restarts_at_the_optimum():
     """A round of the active-set method starts from the previous round's corral: given the optimal corral of a
     candidate set, the solver returns the same optimum after one iteration; grown by more candidates, it
