@@ -107,6 +107,32 @@ struct Solver {
     return true;
   }
 
+  // Factors a whole warm corral (XS, S and in_corral hold its m points) at once: the Gram, then the Cholesky factor
+  // of Q + 1 1^T + ridge I column by column (its dot products independent of each other, where bordering point by
+  // point waits on each forward substitution: 0.33 of 1.0 G cycles of a warm round at 4,096 x 128). The same
+  // factor up to rounding; false (nothing kept) where a pivot shows a point (nearly) dependent on those before.
+  template <class Isa> FK_INLINE bool factor_all(Isa isa) {
+    for (int64_t s = 0; s < m; ++s) {
+      gemv(isa, XS.get(), s + 1, d, XS.get() + s * d, wv.get());
+      for (int64_t t = 0; t <= s; ++t) {
+        Q[s * mmax + t] = Q[t * mmax + s] = wv[t];
+        L[s * mmax + t] = wv[t] + 1.0;
+      }
+      L[s * mmax + s] += a.ridge;
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      double* lj = L.get() + j * mmax;
+      const double piv2 = lj[j] - dot(isa, lj, lj, j);
+      if (!(piv2 > kDependentPivot2)) return false;
+      lj[j] = std::sqrt(piv2);
+      for (int64_t i = j + 1; i < m; ++i) {
+        double* li = L.get() + i * mmax;
+        li[j] = (li[j] - dot(isa, li, lj, j)) / lj[j];
+      }
+    }
+    return true;
+  }
+
   // Drops corral member i (factor by a rank-1 update; Gram, vectors, weights and slots shift down).
   FK_INLINE void remove(int64_t i) {
     cholesky_delete(L.get(), mmax, m, i, z.get());
@@ -204,17 +230,27 @@ struct Solver {
         dup = true;
       }
     }
-    // the warm corral (positions into cand), bordered point by point; its weights restart the line search
+    // the warm corral (positions into cand), factored whole; its weights restart the line search
     m = 0;
-    double wsum = 0.0;
-    for (int64_t t = 0; t < A.kw; ++t) {
+    for (int64_t t = 0; t < A.kw && m < mmax; ++t) {
       const int64_t k = A.warm_cols ? A.warm_cols[row * A.kw + t] : -1;
       if (k < 0 || k >= K || !valid[k] || in_corral[k]) continue;
-      if (add(isa, k, kDependentPivot2)) {
-        lam[m - 1] = std::max(A.warm_lam[row * A.kw + t], 0.0);
-        wsum += lam[m - 1];
-      }
+      std::copy(X.get() + k * d, X.get() + (k + 1) * d, XS.get() + m * d);
+      lam[m] = std::max(A.warm_lam[row * A.kw + t], 0.0);
+      S[m++] = k;
+      in_corral[k] = 1;
     }
+    if (!factor_all(isa)) {  // a dependent point: border one by one, leaving such points out
+      for (int64_t s = 0; s < m; ++s) in_corral[S[s]] = 0;
+      const int64_t m0 = m;
+      std::copy(lam.get(), lam.get() + m0, y.get());
+      std::vector<int64_t> ks(S.begin(), S.begin() + m0);
+      m = 0;
+      for (int64_t t = 0; t < m0; ++t)
+        if (add(isa, ks[t], kDependentPivot2)) lam[m - 1] = y[t];
+    }
+    double wsum = 0.0;
+    for (int64_t s = 0; s < m; ++s) wsum += lam[s];
     if (m > 0) {
       for (int64_t s = 0; s < m; ++s) lam[s] = wsum > 0.0 ? lam[s] / wsum : 1.0 / static_cast<double>(m);
       minor(isa);

@@ -215,6 +215,25 @@ def _corral_weights(cols: torch.Tensor, lam: torch.Tensor, K: int) -> torch.Tens
     return dense.scatter_add_(1, torch.where(cols >= 0, cols, K), lam)[:, :K]
 
 
+@needs_kernel
+def test_solve_kernel_warm_corral_with_a_dependent_point():
+    """A warm corral is factored whole; one listing the same star point twice (a candidate repeated: affinely
+    dependent) is bordered point by point instead, the copy left out: the same optimum as the warm start without it."""
+    W, rows, cand, P = _candidate_problem("sphere", 300, 16, 40, seed=316)
+    kw = dict(tol=1e-9, max_iter=200, n_init=8, n_add=4, zero_norm2=corral.ZERO_NORM2)
+    _, _, _, (cols, lam), _ = _ops.corral_solve(W, rows, cand, P, **kw)
+    U0, lo0, hi0, _, _ = _ops.corral_solve(W, rows, cand, P, (cols, lam), **kw)
+    first = cols[:, :1]
+    twice = torch.cat([cand, cand.gather(1, first)], dim=1)  # column K repeats each row's first corral member
+    cols2 = torch.cat([cols, torch.full_like(first, cand.shape[1])], dim=1)
+    lam2 = torch.cat([lam, torch.zeros_like(lam[:, :1])], dim=1)
+    U1, lo1, hi1, (c1, _), _ = _ops.corral_solve(W, rows, twice, P, (cols2, lam2), **kw)
+    assert torch.allclose(lo1, lo0, atol=1e-12, rtol=0) and torch.allclose(hi1, hi0, atol=1e-12, rtol=0)
+    assert torch.allclose(U1, U0, atol=1e-9, rtol=0)
+    members = twice.gather(1, c1.clamp(min=0)).masked_fill(c1 < 0, -1)
+    assert all(len(set(r) - {-1}) == sum(x >= 0 for x in r) for r in members.tolist())  # no value twice
+
+
 needs_cuda_kernel = pytest.mark.skipif(not (torch.cuda.is_available() and _ops.build_info()["cuda"]),
                                        reason="needs a GPU and the CUDA kernels")
 
