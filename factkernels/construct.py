@@ -22,7 +22,7 @@ from .encoder import assemble, build_per_gadget, build_shared_gate, gadget_width
 from .memory import check_fits, estimate_build
 from .mlp import FactMLP
 from .report import ConstructionReport, FactStorageError
-from .solvers import SOLVERS, pick_solver
+from .solvers import PRECONDITIONERS, SOLVERS, pick_solver
 from .validation import (check_choice, check_distinct, check_positive_int, input_problems, raise_input_problems,
                          validate_inputs)
 
@@ -87,13 +87,15 @@ def _gadget_width(num_facts: int, d_in: int, m, width_multiplier: float, hidden:
     return width
 
 
-def _check_options(m, solver, outputs, values, activation, width_multiplier, hidden, whiten, verify, backend) -> None:
+def _check_options(m, solver, outputs, values, activation, width_multiplier, hidden, whiten, verify, backend,
+                   cg_preconditioner) -> None:
     if m is not None and not (isinstance(m, str) and m == "bound"):
         if isinstance(m, bool) or not isinstance(m, int):
             raise TypeError(f"m must be an int, None (smallest m that verifies) or 'bound', got {m!r}")
         if m < 1:
             raise ValueError(f"m must be >= 1, got {m}")
     check_choice("solver", solver, SOLVERS)
+    check_choice("cg_preconditioner", cg_preconditioner, PRECONDITIONERS)
     if isinstance(outputs, torch.Tensor):
         if outputs.shape != values.shape or outputs.dtype != values.dtype or outputs.device != values.device:
             raise ValueError(f"outputs given as a tensor must match V: shape {tuple(values.shape)}, {values.dtype}, "
@@ -135,6 +137,7 @@ def construct(
     gate_scale: float = 1.0,
     cg_tol: float = 1e-4,
     cg_max_iter: Optional[int] = None,
+    cg_preconditioner: str = "auto",
     progress: bool = True,
     max_memory: Optional[int] = None,
 ) -> FactMLP:
@@ -150,6 +153,7 @@ def construct(
             ``whiten`` > 0, U must be the outputs of the whitened values.
         solver: "cholesky" (one factorization of the F×F Gram), "cg" (matrix-free batched
             PCG, no F×F matrix), "per_gadget" (Alg. 3 verbatim, slow reference) or "auto".
+        cg_preconditioner: "auto" | "keys" | "constant" | "jacobi", see :func:`factkernels.solvers.solve_cg`.
         activation: analytic non-polynomial gate activation ("silu", "gelu", "tanh", "sigmoid", "softplus").
         width_multiplier: h̃(d_in+1) ≈ multiplier·F per gadget (>= 1; 1.25–2 is well conditioned).
         hidden: total hidden size instead of the multiplier (h̃ = hidden // m).
@@ -170,7 +174,8 @@ def construct(
     checked_facts = validate_inputs(K, V, f, deferred=True)  # the entries' checks: queued below, read with the first read
     facts = checked_facts.clamp(0, V.shape[0] - 1)
     problems = None  # the entries' checks, once queued (_queued_problems)
-    _check_options(m, solver, outputs, V, activation, width_multiplier, hidden, whiten, verify, backend)
+    _check_options(m, solver, outputs, V, activation, width_multiplier, hidden, whiten, verify, backend,
+                   cg_preconditioner)
     check_positive_int("max_memory", max_memory, allow_none=True)
     num_facts, d_in = K.shape
     device = K.device
@@ -247,7 +252,8 @@ def construct(
         else:
             encoder = build_shared_gate(keys, targets, width_multiplier=width_multiplier, activation=activation,
                                         solver=chosen, generator=generator, backend=backend, gate_scale=gate_scale,
-                                        cg_tol=cg_tol, cg_max_iter=cg_max_iter, progress=progress, gate=gate,
+                                        cg_tol=cg_tol, cg_max_iter=cg_max_iter, cg_preconditioner=cg_preconditioner,
+                                        progress=progress, gate=gate,
                                         deferred=deferred, codes=verify is not False)
         clock.lap("solve")
         projection = decoded["decoder"].projection

@@ -157,6 +157,7 @@ def build_shared_gate(
     gate_scale: float = 1.0,
     cg_tol: float = 1e-4,
     cg_max_iter: Optional[int] = None,
+    cg_preconditioner: str = "auto",
     progress: bool = True,
     gate: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     features: Optional[torch.Tensor] = None,
@@ -168,7 +169,8 @@ def build_shared_gate(
     targets may be a function returning them, called once the work that does not need them is queued
     (the gate and, with solver="cholesky", the Gram and its factorization; see :func:`solve_cholesky`).
 
-    solver: "cholesky" (dense Gram, one factorization) or "cg" (matrix-free).
+    solver: "cholesky" (dense Gram, one factorization) or "cg" (matrix-free; cg_preconditioner: see
+        :func:`factkernels.solvers.solve_cg`).
     gate: a given (gate_weight (h̃, d), gate_bias (h̃,)) instead of a sampled one.
     features: precomputed (F, h̃) gate features of that gate (e.g. σ'(K Gᵀ + b) for the
         non-gated gadget of :mod:`factkernels.nongated`); default σ(K Gᵀ + b) with ``activation``.
@@ -202,7 +204,8 @@ def build_shared_gate(
     elif solver == "cg":
         targets = targets() if callable(targets) else targets
         max_iter = cg_max_iter or cg_iterations_hint(width_multiplier)
-        alpha, info = solve_cg(op, targets, tol=cg_tol, max_iter=max_iter, progress=progress)
+        alpha, info = solve_cg(op, targets, tol=cg_tol, max_iter=max_iter, progress=progress,
+                               preconditioner=cg_preconditioner)
     else:
         raise ValueError(f"solver must be 'cholesky' or 'cg' here, got {solver!r}")
     coef, out_bias = op.unknowns(alpha)  # (m, h̃, d+1), (m,)

@@ -145,6 +145,9 @@ def estimate_build(
     cg_vectors = 4 if solver == "cg" else 0  # residual, direction, preconditioned residual, product
     est.add("targets and dual variables", (2 + cg_vectors) * num_facts * m * item, "m")
     est.add("gate features", 2 * num_facts * (gadget_width + d_in + 1) * item, width_argument)
+    if solver == "cg":  # at most: the keys' span deflated (solvers.deflated_preconditioner), its basis twice and
+        # the k × h̃(d+1) coefficients of its products
+        est.add("CG deflation", (2 * num_facts + gadget_width * (d_in + 1)) * (d_in + 1) * item, "solver")
     est.add("gadget coefficients", 3 * m * gadget_width * (d_in + 1) * item, "m")
     # gate (h̃, d_in), up (m·h̃, d_in + 1) and down (d_out, m·h̃), each built once more during assembly
     est.add("MLP weights", 2 * (gadget_width * (d_in + 1) + hidden * (d_in + 1) + d_out * (hidden + 1)) * item, "m")

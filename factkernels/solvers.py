@@ -29,8 +29,17 @@ from .progress import progress_bar
 
 from . import _ops
 from .memory import available_memory, dense_gram_bytes
+from .validation import check_choice
 
 SOLVERS = ("auto", "cholesky", "cg", "per_gadget")
+# CG preconditioners (Preconditioner): the Gram's diagonal ("jacobi"), plus the deflation of the constant vector
+# ("constant", rank 1) or of the keys' span [K, 1] ("keys", rank d+1); "auto" picks one by auto_preconditioner.
+PRECONDITIONERS = ("auto", "jacobi", "constant", "keys")
+# "auto" deflates the keys' span when their cluster stands out of the bulk (F >= KEYS_DEFLATION_FACTS_PER_DIM (d+1):
+# ~c·F/d against a bulk edge ~3.5, measured c ~ 0.05-0.09) and its setup (d+1 columns of Gram products) costs at
+# most KEYS_DEFLATION_MAX_SETUP CG iterations of m columns; else the constant vector alone (half a column).
+KEYS_DEFLATION_FACTS_PER_DIM = 64
+KEYS_DEFLATION_MAX_SETUP = 16
 # Above this many facts the O(F³) Cholesky is slower than CG on a CPU even when the Gram fits.
 DENSE_MAX_FACTS = 16384
 # Share of the free memory the dense path's peak (dense_gram_bytes plus the rest of the build) may take:
@@ -150,6 +159,9 @@ class SolveInfo:
     # build_shared_gate) and here whether it passed (factored and residual <= tol); the caller settles
     # both with its final report.
     accepted: Optional[torch.Tensor] = None
+    # CG only: its preconditioner (Preconditioner.name) and the columns of Gram products its setup took.
+    preconditioner: str = ""
+    setup_columns: float = 0.0
 
 
 def relative_residual(op: GadgetOperator, alpha: torch.Tensor, targets: torch.Tensor,
@@ -258,6 +270,80 @@ def solve_cholesky(op: GadgetOperator, targets: Union[torch.Tensor, Callable[[],
     return alpha64.to(targets.dtype), SolveInfo("cholesky", "float64 (float32 fallback)", residual)
 
 
+@dataclass
+class Preconditioner:
+    """z = P⁻¹ r for CG on the Gram G (F, F), in the Jacobi-scaled Gram A = D^-1/2 G D^-1/2 (D = diag G):
+
+        P⁻¹ = D^-1/2 (I + U (Θ⁻¹ − I) Uᵀ) D^-1/2
+
+    with U (F, k) orthonormal Ritz vectors of A and Θ their Ritz values: A's eigenvalues on span U move to 1,
+    the mean of its spectrum; without U it is Jacobi. What CG spends its iterations on (the Lanczos estimate
+    from its coefficients, benchmarks/cg_precond.py): A's spectrum is a Marchenko–Pastur-like bulk in about
+    [0.02, 4] plus outliers along the keys' span [K, 1], the constant vector (every row of M̃ shares the
+    mean of σ and the bias column: eigenvalue ~25 at F = 4,096, ~66 at 16,384) and a cluster of d along the
+    keys (~c·F/d: ~11 at F/d = 128). In float32 the big outlier also costs its "ghost" copies. Deflating the
+    d+1 directions of [K, 1] removes them; the bulk is left to CG (no cheap preconditioner narrows a
+    Marchenko–Pastur bulk: the top k eigenvalues of a bulk barely move its condition number).
+
+    scale: (F, 1) D^-1/2;  basis: (F, k) U or None;  shrink: (k, 1) Θ⁻¹ − 1;
+    setup_columns: Gram products the setup took, in columns of a CG iteration's products (k/2; 0 for Jacobi);  name: its PRECONDITIONERS entry.
+    """
+
+    scale: torch.Tensor
+    basis: Optional[torch.Tensor] = None
+    shrink: Optional[torch.Tensor] = None
+    setup_columns: float = 0.0
+    name: str = "jacobi"
+
+    def apply(self, r: torch.Tensor, op: "GadgetOperator") -> torch.Tensor:
+        """P⁻¹ r for r (F, m); with a sharded ``op``, Uᵀ r is all-reduced ((k, m))."""
+        y = self.scale * r
+        if self.basis is not None:
+            y = y.addmm(self.basis, self.shrink * op.total(self.basis.T @ y))
+        return self.scale * y
+
+
+def jacobi_preconditioner(op: GadgetOperator) -> Preconditioner:
+    """The Gram's diagonal alone."""
+    return Preconditioner(op.diagonal().rsqrt().unsqueeze(1))
+
+
+def deflated_preconditioner(op: GadgetOperator, chunk: int, keys: bool = True) -> Preconditioner:
+    """Jacobi plus the deflation of span [K, 1] (the whitened augmented keys' d+1 columns; ``keys=False``: the
+    constant vector alone), see :class:`Preconditioner`: one Rayleigh–Ritz step on the orthonormalized basis Q
+    (F, k): Qᵀ A Q from the products M̃ᵀ D^-1/2 Q (k columns in chunks of ``chunk``, a CG iteration's width and
+    memory, plus their k × h̃(d+1) coefficients: memory.estimate_build's "CG deflation"), then a k×k eigenproblem
+    in float64. Works on a sharded ``op``.
+    Setup: k/(2m) CG iterations of Gram products (one of an iteration's two); ``setup_columns`` counts k/2."""
+    scale = op.diagonal().rsqrt().unsqueeze(1)
+    keys_aug = op.keys_aug
+    basis = keys_aug if keys else torch.ones_like(keys_aug[:, :1])
+    for _ in range(2):  # Cholesky QR twice (once would do for whitened keys: keysᵀ keys ≈ F·I)
+        factor = torch.linalg.cholesky(op.total(basis.T @ basis).double()).to(basis.dtype)
+        basis = torch.linalg.solve_triangular(factor.mT, basis, upper=True, left=False)  # (F, k)
+    # Qᵀ A Q = ||M̃ᵀ D^-1/2 Q||², the Gram of the transposed products' coefficients: half a product per column.
+    rank, chunk = basis.shape[1], max(chunk, 1)
+    coef = basis.new_empty(rank, op.gate_features.shape[1] * keys_aug.shape[1])
+    out_bias = basis.new_empty(rank)
+    for j in range(0, rank, chunk):
+        part, out_bias[j : j + chunk] = op.transpose_matmul(scale * basis[:, j : j + chunk])
+        coef[j : j + chunk] = part.flatten(1)
+    ritz = (coef @ coef.T).double() + torch.outer(out_bias, out_bias).double()
+    del coef
+    theta, vectors = torch.linalg.eigh((ritz + ritz.T) / 2)
+    basis = basis @ vectors.to(basis.dtype)
+    return Preconditioner(scale, basis, (1.0 / theta.clamp_min(1e-12) - 1.0).to(basis.dtype).unsqueeze(1),
+                          basis.shape[1] / 2, "keys" if keys else "constant")
+
+
+def auto_preconditioner(num_facts: int, key_columns: int, columns: int) -> str:
+    """"keys" when F >= KEYS_DEFLATION_FACTS_PER_DIM x (d+1) and (d+1)/2 <= KEYS_DEFLATION_MAX_SETUP x m
+    (``key_columns`` = d+1, ``columns`` = m), else "constant"."""
+    if num_facts >= KEYS_DEFLATION_FACTS_PER_DIM * key_columns and key_columns <= 2 * KEYS_DEFLATION_MAX_SETUP * columns:
+        return "keys"
+    return "constant"
+
+
 def solve_cg(
     op: GadgetOperator,
     targets: torch.Tensor,
@@ -266,16 +352,26 @@ def solve_cg(
     max_iter: int = 1000,
     progress: bool = True,
     x0: Optional[torch.Tensor] = None,
+    preconditioner: str = "auto",
 ) -> tuple[torch.Tensor, SolveInfo]:
-    """Batched Jacobi-preconditioned CG on the matrix-free Gram, all m columns at once.
+    """Batched preconditioned CG on the matrix-free Gram, all m columns at once.
 
     targets: (F, m) -> α (F, m). Memory O(F (h̃ + d) + m h̃ d); no F×F matrix.
     x0: (F, m) start instead of 0 (a warm start, e.g. the solution before a few facts changed).
+    preconditioner: "jacobi" (the diagonal), "constant" or "keys" (the diagonal plus the constant vector or the
+        keys' span deflated, see :class:`Preconditioner`), or "auto" (:func:`auto_preconditioner`). Measured on
+        CPU (benchmarks/cg_precond.py): "keys" takes 1.3-1.7x fewer iterations than Jacobi where F >= 64 (d+1).
     Stops when every column's relative residual is below ``tol``. With a sharded ``op``
     (``op.reduce``), each rank holds its rows of targets and α; an iteration all-reduces the
-    product ``M̃ᵀ p`` (which also gives pᵀ M̃ M̃ᵀ p = ||M̃ᵀ p||²) and 2m scalars.
+    product ``M̃ᵀ p`` (which also gives pᵀ M̃ M̃ᵀ p = ||M̃ᵀ p||²), 2m scalars and, deflated, a (k, m) block.
     """
-    precond = op.diagonal().reciprocal().unsqueeze(1)
+    check_choice("preconditioner", preconditioner, PRECONDITIONERS)
+    if preconditioner == "auto":
+        preconditioner = auto_preconditioner(op.size if op.reduce is None else int(op.total(
+            torch.tensor(float(op.size), dtype=torch.float64, device=targets.device))), op.keys_aug.shape[1],
+            targets.shape[1])
+    precond = (jacobi_preconditioner(op) if preconditioner == "jacobi"
+               else deflated_preconditioner(op, chunk=targets.shape[1], keys=preconditioner == "keys"))
     if x0 is None:
         alpha, r = torch.zeros_like(targets), targets.clone()
     else:
@@ -283,7 +379,7 @@ def solve_cg(
             raise ValueError(f"x0 must have the shape of targets {tuple(targets.shape)}, got {tuple(x0.shape)}")
         alpha = x0.to(targets.dtype).clone()
         r = targets - op.matmul(alpha)
-    z = precond * r
+    z = precond.apply(r, op)
     p = z.clone()
     rz, rr, bb = op.total(torch.stack([(r * z).sum(0), r.square().sum(0), targets.square().sum(0)]))
     bnorm = bb.sqrt().clamp_min(1e-30)
@@ -296,7 +392,7 @@ def solve_cg(
         step = rz / (coef.square().sum((1, 2)) + out_bias.square()).clamp_min(1e-300)  # pᵀ G p = ||M̃ᵀ p||²
         alpha.addcmul_(p, step)
         r.addcmul_(ap, step, value=-1.0)
-        z = precond * r
+        z = precond.apply(r, op)
         rz_new, rr = op.total(torch.stack([(r * z).sum(0), r.square().sum(0)]))
         p = z + p * (rz_new / rz.clamp_min(1e-300))
         rz = rz_new
@@ -313,7 +409,8 @@ def solve_cg(
             RuntimeWarning,
             stacklevel=3,
         )
-    return alpha, SolveInfo("cg", str(targets.dtype).replace("torch.", ""), residual, it)
+    return alpha, SolveInfo("cg", str(targets.dtype).replace("torch.", ""), residual, it,
+                            preconditioner=precond.name, setup_columns=precond.setup_columns)
 
 
 def pick_solver(num_facts: int, device: torch.device, *, dtype: torch.dtype = torch.float32, other_bytes: int = 0,
