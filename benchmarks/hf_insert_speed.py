@@ -2,12 +2,16 @@
 
     OMP_NUM_THREADS=1 python benchmarks/hf_insert_speed.py --facts 50 100 --threads 1
     python benchmarks/hf_insert_speed.py --facts 1000 --device cuda         # on a GPU
+    PYTHONPATH=/tmp/old OMP_NUM_THREADS=1 python benchmarks/hf_insert_speed.py --facts 100 --label before
+
 
 A fact is one request (a case's new object under one edit template); n facts are the first n/5 cases of the
 editing benchmark's known-fact validation draw, with their five edit templates each. Each size writes one JSON
 under benchmarks/results/hf/insert_speed/ (skipped when it exists): the report's timings (wall and CPU seconds of
 background, capture, values, construct, verify, total), contexts, δ steps, efficacy, the load average before and
-after, threads, device and environment. ``--extrapolate`` adds, from the sizes already written, each stage's
+after, threads, device and environment (``--label`` adds a suffix to the file name: the same size run by another
+version of the library, e.g. a checkout of an earlier commit first on PYTHONPATH, for a before/after pair; the
+file records the commit the library came from). ``--extrapolate`` adds, from the sizes already written, each stage's
 least-squares line in the number of facts (a + b·n) and its value at 1,000 facts: an extrapolation, said so in
 the file (of CPU seconds on a CPU, whose wall seconds carry the shared machine's load; of wall seconds on a GPU).
 """
@@ -51,10 +55,11 @@ def run(model, tok, facts: int, device: str, threads: int) -> dict:
 
 
 def _commit() -> str:
-    """The repository's commit the code ran at (its stages change as the insertion does)."""
-    root = Path(__file__).resolve().parent.parent
+    """The commit of the library that ran (its stages change as the insertion does): the repository holding the
+    imported factkernels package, or, for an exported tree outside one, FACTKERNELS_COMMIT."""
+    root = Path(hf.__file__).resolve().parent.parent.parent
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
+    return out.stdout.strip() or os.environ.get("FACTKERNELS_COMMIT", "unknown")
 
 
 def extrapolate(device: str, target: int = 1000) -> dict:
@@ -93,12 +98,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--extrapolate", action="store_true")
+    parser.add_argument("--label", default="", help="file name suffix (a before/after pair at one size)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     OUT.mkdir(parents=True, exist_ok=True)
     model = tok = None
     for facts in args.facts:
-        path = OUT / f"subject_L10_n{facts}_{args.device.replace(':', '')}.json"
+        label = f"_{args.label}" if args.label else ""
+        path = OUT / f"subject_L10_n{facts}_{args.device.replace(':', '')}{label}.json"
         if path.exists():
             print(f"{path} exists, skipped")
             continue

@@ -2,8 +2,10 @@
 
 Batches are right-padded, so every real token keeps its position (and its RoPE phase)
 and causal attention never sees a pad before a real token; ``attention_mask`` marks the
-real tokens. Three capture sites per decoder layer L:
+real tokens. Four capture sites per decoder layer L:
 
+* ``"mlp_residual"``: the residual stream ``h`` entering the MLP's norm (d,): nothing an MLP edit changes comes
+  before it, so an edited model's forward can start there (:class:`MidStates`);
 * ``"mlp_in"``: the MLP's input ``post_attention_layernorm(h)`` (d,), what gate/up see —
   the keys of :func:`factkernels.hf.insert_facts`;
 * ``"down_in"``: the down projection's input ``act(gate(x)) * up(x)`` (intermediate,) —
@@ -31,7 +33,7 @@ from torch.nn.functional import pad as F_pad
 from .layout import mlp_module
 from .requests import Request
 
-SITES = ("mlp_in", "down_in", "block_out")
+SITES = ("mlp_residual", "mlp_in", "down_in", "block_out")
 POSITIONS = ("subject_last", "prompt_last")
 
 
@@ -152,6 +154,11 @@ def site_module(model: Any, layer: int, site: str) -> nn.Module:
     mlp = mlp_module(model, layer)
     if site == "block_out":
         return model.model.layers[layer]
+    if site == "mlp_residual":
+        norm = getattr(model.model.layers[layer], "post_attention_layernorm", None)
+        if not isinstance(norm, nn.Module):
+            raise ValueError(f"site 'mlp_residual' needs model.model.layers[{layer}].post_attention_layernorm")
+        return norm
     return mlp if site == "mlp_in" else mlp.down_proj
 
 
@@ -184,14 +191,67 @@ def tail_hidden(model: Any, layer: int, hidden: torch.Tensor, attention_mask: to
     with its block list cut to those blocks and ``hidden`` as its input embeddings, so masks and rotary
     positions are the model's. Right padding only (positions 0..T-1). Callers check it against
     :func:`final_hidden` once (:func:`tail_matches`): a model that transforms its input embeddings would differ."""
+    with blocks_after(model, layer):
+        return model.model(inputs_embeds=hidden, attention_mask=attention_mask.to(hidden.device),
+                           use_cache=False).last_hidden_state
+
+
+@contextmanager
+def blocks_after(model: Any, layer: int) -> Iterator[None]:
+    """Within it the decoder runs only its blocks after ``layer``: its input embeddings are then the residual
+    stream after block ``layer`` (each block keeps its index into a KV cache)."""
     inner = model.model
     blocks = inner.layers
     inner.layers = torch.nn.ModuleList(list(blocks)[layer + 1:])
     try:
-        return inner(inputs_embeds=hidden, attention_mask=attention_mask.to(hidden.device),
-                     use_cache=False).last_hidden_state
+        yield
     finally:
         inner.layers = blocks
+
+
+@dataclass
+class MidStates:
+    """The residual stream entering ``layer``'s MLP (site "mlp_residual") at every real token of a batch's rows,
+    row-major as :func:`capture` returns a site: states (N, d), lengths (n,) long real tokens per row. Units
+    appended to that MLP change nothing before it, so the edited model's forward starts there (block
+    ``layer``'s output is h + mlp(post_attention_layernorm(h)) with the MLP as it is now) and runs only the
+    later blocks (:func:`shared_head_forwards`; check a model with :func:`mid_matches`)."""
+
+    layer: int
+    states: torch.Tensor
+    lengths: torch.Tensor
+
+    def block_output(self, model: Any, rows: torch.Tensor, begin: torch.Tensor, width: int) -> torch.Tensor:
+        """Block ``layer``'s output in ``model`` now (k, width, d) at positions begin + t (begin (k,)) of
+        ``rows`` (k,), zero past each row's end."""
+        starts = torch.cat([self.lengths.new_zeros(1), self.lengths.cumsum(0)[:-1]])
+        at = begin[:, None] + torch.arange(width)
+        real = at < self.lengths[rows, None]
+        h = self.states.new_zeros(len(rows), width, self.states.shape[1])
+        h[real.to(h.device)] = self.states[(starts[rows, None] + at)[real].to(h.device)]
+        block = model.model.layers[self.layer]
+        return h + block.mlp(block.post_attention_layernorm(h))
+
+
+@torch.no_grad()
+def mlp_inputs(model: Any, layer: int, residual: torch.Tensor, *, chunk: int = 65536) -> torch.Tensor:
+    """Site "mlp_in" from site "mlp_residual" of ``layer``: its MLP's norm of ``residual`` (N, d), per token
+    (in chunks of ``chunk`` tokens: the norm works in float32)."""
+    norm = model.model.layers[layer].post_attention_layernorm
+    return torch.cat([norm(part) for part in residual.split(chunk)]) if len(residual) else residual.clone()
+
+
+@torch.no_grad()
+def mid_matches(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int) -> bool:
+    """Whether a forward from :class:`MidStates` of ``layer`` reproduces the full forward on these rows."""
+    full = final_hidden(model, input_ids, attention_mask)
+    mid = MidStates(layer, capture(model, input_ids, attention_mask, layer, site="mlp_residual"),
+                    attention_mask.sum(1))
+    n, width = input_ids.shape
+    start = mid.block_output(model, torch.arange(n), torch.zeros(n, dtype=torch.long), width)
+    tail = tail_hidden(model, layer, start, attention_mask)
+    real = attention_mask.to(full.device).bool()
+    return bool(torch.allclose(tail[real], full[real], rtol=1e-4, atol=1e-4 * float(full[real].abs().max())))
 
 
 def hidden_with_delta(model: Any, layer: int, batch: "PromptBatch", states: Optional[torch.Tensor],
@@ -274,13 +334,8 @@ def tail_from(model: Any, layer: int, states: torch.Tensor, mask: torch.Tensor, 
     """The decoder's last hidden states (b, S, d) of rows continuing ``past`` from the residual stream after
     block ``layer`` at their positions from there on (``states`` (b, S, d), ``mask`` (b, S); see
     :func:`tail_start`): only the later blocks and the final norm run. Differentiable in ``states``."""
-    inner = model.model
-    blocks = inner.layers
-    inner.layers = torch.nn.ModuleList(list(blocks)[layer + 1:])
-    try:
+    with blocks_after(model, layer):
         return forward_after(model, None, mask, past, inputs_embeds=states).last_hidden_state
-    finally:
-        inner.layers = blocks
 
 
 @torch.no_grad()
@@ -380,20 +435,30 @@ def heads(input_ids: torch.Tensor, shared: torch.Tensor) -> tuple[list[tuple[int
 
 
 def shared_head_forwards(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, shared: torch.Tensor,
-                         batch_size: int) -> Iterator[tuple[str, Any]]:
+                         batch_size: int, mid: Optional[MidStates] = None) -> Iterator[tuple[str, Any]]:
     """Forwards of right-padded rows (b, T) whose first ``shared`` (b,) tokens repeat across rows: each
     distinct head runs once, then every row runs from its head's keys and values (:func:`forward_after`),
     so a row costs only its own tokens. Yields, after each forward, ("heads", (head rows (h,) long: a row
     of each head, widths (h,) long)) or ("rows", (rows (k,) long, start (k,) long: where each row's forward
     began, its output or None)); a capture hook may end a forward early (:class:`_Captured`). Heads run in
     batches of ``batch_size`` heads (the keys and values of one batch are held at a time), their rows in
-    length-sorted chunks."""
+    length-sorted chunks. mid: the rows' :class:`MidStates` (the model's MLP at ``mid.layer`` edited since): the
+    forwards start at that MLP and run only the later blocks."""
     head_list, owner = heads(input_ids, shared)
+
+    def forward(rows: torch.Tensor, ids: torch.Tensor, begin: torch.Tensor, mask: torch.Tensor, past: Optional[Past],
+                cache: Any = None) -> Any:
+        if mid is None:
+            return forward_after(model, ids, mask, past, cache=cache)
+        start = mid.block_output(model, rows, begin, mask.shape[1])  # before the block list is cut
+        with blocks_after(model, mid.layer):
+            return forward_after(model, None, mask, past, cache=cache, inputs_embeds=start)
+
     lengths = attention_mask.sum(1)
     widths = torch.tensor([len(h) for h in head_list], dtype=torch.long)
     order = torch.argsort(widths, stable=True)
     empty = int((widths == 0).sum())  # rows without a head run alone (an all-padding head row is not run)
-    batches = ([order[:empty]] if empty else []) + list(order[empty:].split(batch_size))
+    batches = ([order[:empty]] if empty else []) + [b for b in order[empty:].split(batch_size) if len(b)]
     for batch in batches:
         width = int(widths[batch].max())
         first_row = torch.tensor([int((owner == int(h)).nonzero()[0]) for h in batch])
@@ -404,11 +469,14 @@ def shared_head_forwards(model: Any, input_ids: torch.Tensor, attention_mask: to
 
             cache = DynamicCache()
             try:
-                forward_after(model, input_ids[first_row, :width], head_mask, None, cache=cache)
+                forward(first_row, input_ids[first_row, :width], torch.zeros(len(batch), dtype=torch.long), head_mask,
+                        None, cache)
             except _Captured:
                 pass
             yield "heads", (first_row, widths[batch])
-            past = Past([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers], head_mask)
+            ran = [i > mid.layer if mid is not None else True for i in range(len(cache.layers))]
+            past = Past([layer.keys if r else None for layer, r in zip(cache.layers, ran)],
+                        [layer.values if r else None for layer, r in zip(cache.layers, ran)], head_mask)
         local = torch.full((len(head_list),), -1, dtype=torch.long)
         local[batch] = torch.arange(len(batch))
         rows = (local[owner] >= 0).nonzero().flatten()
@@ -421,7 +489,7 @@ def shared_head_forwards(model: Any, input_ids: torch.Tensor, attention_mask: to
             ids = input_ids[chunk].gather(1, at.clamp(max=input_ids.shape[1] - 1))
             out = None
             try:
-                out = forward_after(model, ids, real.long(), None if past is None else past.rows(local[owner[chunk]]))
+                out = forward(chunk, ids, begin, real.long(), None if past is None else past.rows(local[owner[chunk]]))
             except _Captured:
                 pass
             yield "rows", (chunk, begin, out)

@@ -27,8 +27,8 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from .capture import (PromptBatch, encode_requests, encode_texts, final_hidden, length_sorted_chunks, logits_at,
-                      model_device, pad_id, pad_right, shared_head_forwards)
+from .capture import (MidStates, PromptBatch, encode_requests, encode_texts, final_hidden, length_sorted_chunks,
+                      logits_at, model_device, pad_id, pad_right, shared_head_forwards)
 from .requests import Request, parse_requests
 
 
@@ -112,13 +112,17 @@ def fact_min(values: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def batch_margins(model: Any, batch: PromptBatch, batch_size: int, shared: Optional[torch.Tensor] = None) -> torch.Tensor:
+def batch_margins(model: Any, batch: PromptBatch, batch_size: int, shared: Optional[torch.Tensor] = None,
+                  mid: Optional[MidStates] = None) -> torch.Tensor:
     """Teacher-forced target margins of every row of ``batch``, in slices: per request, the min over its
     target tokens of (target logit − best other logit); > 0 iff greedy decoding produces the whole
     target. Logits only at the target positions. (n,)
     shared: (n,) long, leading tokens of each row that other rows repeat (before the subject): each distinct
     head runs once and the rows continue from its keys and values, as generation does
-    (:func:`~factkernels.hf.capture.shared_head_forwards`)."""
+    (:func:`~factkernels.hf.capture.shared_head_forwards`).
+    mid: the rows' :class:`~factkernels.hf.capture.MidStates` at a layer whose MLP alone changed since they were
+    captured (units appended): the forwards start at that MLP (needs ``shared``; the same margins up to float
+    rounding, without re-running the blocks before it)."""
     out = torch.empty(len(batch))
     batch = batch.scored_tokens()
 
@@ -128,6 +132,8 @@ def batch_margins(model: Any, batch: PromptBatch, batch_size: int, shared: Optio
         logits = logits_at(model, hidden, rows, positions - begin[rows])
         out[chunk] = fact_min(token_margin(logits, tokens.to(logits.device)), rows.to(logits.device), len(sub)).cpu()
 
+    if mid is not None and shared is None:
+        raise ValueError("mid states need shared heads (zeros: none)")
     if shared is None:
         for chunk in length_sorted_chunks(batch.attention_mask.sum(1), batch_size):
             sub = batch.rows(chunk)
@@ -136,7 +142,7 @@ def batch_margins(model: Any, batch: PromptBatch, batch_size: int, shared: Optio
     if bool((shared > batch.prompt_last).any()):
         raise ValueError("shared heads must end before each row's last prompt token (the first target logit)")
     for kind, (rows, begin, *output) in shared_head_forwards(model, batch.input_ids, batch.attention_mask, shared,
-                                                              batch_size):
+                                                              batch_size, mid=mid):
         if kind == "rows":
             put(rows, output[0].last_hidden_state, begin)
     return out

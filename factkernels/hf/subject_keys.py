@@ -45,8 +45,9 @@ import torch.nn.functional as F_nn
 
 from ..mlp import FactMLP
 from ..progress import progress_bar
-from .capture import (PromptBatch, capture, encode_requests, encode_texts, hidden_with_delta, length_sorted_chunks,
-                      logits_at, model_device, tail_from, tail_matches, tail_start)
+from .capture import (MidStates, PromptBatch, capture, encode_requests, encode_texts, hidden_with_delta,
+                      length_sorted_chunks, logits_at, mid_matches, mlp_inputs, model_device, tail_from, tail_matches,
+                      tail_start)
 from .contexts import with_prefixes
 from .evaluate import batch_margins
 from .layout import mlp_module
@@ -338,7 +339,8 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
 class SubjectUnits:
     """What the subject-keyed units are made of: ``ctx`` every training context; ``det`` the detectors
     (:func:`lda_detectors`, one per group), ``group_subject`` (G,) each detector's subject; ``deltas`` (S, d) one
-    δ per subject; ``fit_rows`` (k,) the contexts δ was fit on; ``own`` (R, d) every context's key; ``ramp``."""
+    δ per subject; ``fit_rows`` (k,) the contexts δ was fit on; ``own`` (R, d) every context's key; ``ramp``; ``mid``
+    the contexts' residual entering the MLP (certification starts there; None for a model where that differs)."""
 
     ctx: SubjectContexts
     det: dict
@@ -347,6 +349,7 @@ class SubjectUnits:
     fit_rows: torch.Tensor
     own: torch.Tensor
     ramp: float
+    mid: Optional[MidStates] = None
 
     def mlp(self) -> FactMLP:
         """The units (2 per detector), each adding its subject's δ."""
@@ -380,8 +383,14 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
     timings: dict = {}  # wall and process CPU seconds of each stage
     t, c = time.perf_counter(), time.process_time()
     ctx = subject_contexts(tok, requests, prefixes)
-    states = capture(model, ctx.batch.input_ids, ctx.batch.attention_mask, layer, site="mlp_in", batch_size=batch_size,
-                     shared=ctx.batch.subject_first)
+    # the residual entering the MLP, kept for certification (which then starts at the edited MLP); the keys are
+    # its norm, as the MLP sees it
+    residual = capture(model, ctx.batch.input_ids, ctx.batch.attention_mask, layer, site="mlp_residual",
+                       batch_size=batch_size, shared=ctx.batch.subject_first)
+    probe = ctx.batch.rows(slice(0, 2))
+    mid = (MidStates(layer, residual, ctx.batch.attention_mask.sum(1))
+           if mid_matches(model, probe.input_ids, probe.attention_mask, layer) else None)
+    states = mlp_inputs(model, layer, residual)
     lengths = ctx.batch.attention_mask.sum(1)
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
     key_index = offsets + ctx.batch.subject_last
@@ -414,7 +423,7 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
     if len(group_subject) > len(ctx.subjects):
         det = lda_detectors(own, group, negatives, mentions=mentions[:, group_subject],
                             lookalike_subject=group[alike_row], **options)
-    units = SubjectUnits(ctx, det, group_subject, deltas, fit_rows, own.float(), ramp)
+    units = SubjectUnits(ctx, det, group_subject, deltas, fit_rows, own.float(), ramp, mid)
     firing = detector_firing(det, negatives, ramp)
     alike_firing = detector_firing(det, alike, ramp) if len(alike) else torch.zeros(0, dtype=torch.bool)
     timings["construct"], timings["construct_cpu"] = time.perf_counter() - t, time.process_time() - c
@@ -496,7 +505,7 @@ def insert_subject_keyed(model: Any, tok: Any, requests: list[Request], *, layer
         mlp = built.mlp()
         appended = append_units(model, layer, mlp.swiglu_weights())
         with removed_on_failure(appended), torch.no_grad():
-            margins = batch_margins(model, ctx.batch, batch_size, shared=ctx.batch.subject_first)
+            margins = batch_margins(model, ctx.batch, batch_size, shared=ctx.batch.subject_first, mid=built.mid)
         timed("verify", t, c)
         return mlp, appended, margins
 

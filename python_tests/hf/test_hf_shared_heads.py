@@ -9,9 +9,12 @@ import torch
 from factkernels import hf
 from helpers import TINY_PREFIXES, TINY_TEXTS
 from factkernels.hf import insert, subject_keys
-from factkernels.hf.capture import heads, hidden_with_delta, shared_head_forwards, tail_from, tail_start
+from factkernels.hf.capture import (MidStates, heads, hidden_with_delta, mid_matches, mlp_inputs, shared_head_forwards,
+                                   tail_from, tail_start)
 from factkernels.hf.contexts import with_prefixes
 from factkernels.hf.evaluate import batch_margins
+from factkernels.hf.units import append_units
+from factkernels.mlp import FactMLP
 
 REQUESTS = [
     {"prompt": "the book {} was written by", "subject": "the hobbit", "target_new": "jane austen"},
@@ -135,3 +138,38 @@ def test_failed_certification_leaves_the_model_unchanged(tiny_llama, monkeypatch
     after = model.state_dict()
     assert model.config.to_dict() == config and set(after) == set(before)
     assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_mlp_inputs_are_the_norm_of_the_mlp_residual(tiny_llama, contexts):
+    model, _ = tiny_llama
+    ids, mask = contexts.input_ids, contexts.attention_mask
+    residual, keys = hf.capture(model, ids, mask, 1, site=("mlp_residual", "mlp_in"), batch_size=4,
+                                shared=contexts.subject_first)
+    assert torch.equal(mlp_inputs(model, 1, residual, chunk=7), keys)
+    assert not torch.allclose(residual, keys)
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_margins_from_the_mid_states_equal_the_edited_models_full_forward(tiny_llama, contexts, layer):
+    """Units appended to an MLP change nothing before it: margins from the residual captured there beforehand
+    equal the edited model's full forward (with and without shared heads)."""
+    model, _ = tiny_llama
+    model = copy.deepcopy(model)
+    mid = MidStates(layer, hf.capture(model, contexts.input_ids, contexts.attention_mask, layer, site="mlp_residual",
+                                      shared=contexts.subject_first), contexts.attention_mask.sum(1))
+    assert mid_matches(model, contexts.input_ids[:2], contexts.attention_mask[:2], layer)
+    g = torch.Generator().manual_seed(1)
+    units = FactMLP(torch.randn(6, 32, generator=g), torch.randn(6, generator=g), torch.randn(6, 32, generator=g),
+                    torch.randn(6, generator=g), 3 * torch.randn(32, 6, generator=g), None)
+    before = batch_margins(model, contexts, 4)
+    appended = append_units(model, layer, units.swiglu_weights())
+    try:
+        full = batch_margins(model, contexts, 4)
+        assert (full - before).abs().max() > 0.1  # the units change the margins
+        for shared in (contexts.subject_first, torch.zeros(len(contexts), dtype=torch.long)):
+            torch.testing.assert_close(batch_margins(model, contexts, 4, shared=shared, mid=mid), full,
+                                       rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="need shared heads"):
+            batch_margins(model, contexts, 4, mid=mid)
+    finally:
+        appended.remove()
