@@ -96,7 +96,8 @@ def construct_row(num_facts: int, d: int, preconditioner: str, device: torch.dev
     row = {"F": num_facts, "d": d, "preconditioner": preconditioner, "cpu_s": time.process_time() - cpu,
            "wall_s": time.perf_counter() - wall, "m": report.m, "m_search": report.m_search, "rho": report.rho,
            "accuracy": report.accuracy, "failed": report.failed, "min_margin": report.min_margin,
-           "cg_iterations": report.cg_iterations, "residual": report.residual, "phases_s": report.timings}
+           "cg_iterations": report.cg_iterations, "cg_preconditioner": report.cg_preconditioner,
+           "residual": report.residual, "phases_s": report.timings}
     print(json.dumps(row), flush=True)
     return row
 

@@ -221,6 +221,7 @@ def bench_scale(device: torch.device, d: int, num_facts: int, refuse_facts: int,
         solve = ("solve (one Cholesky's F^3/3 FLOPs)", num_facts**3 / 3 / rate)
     row = {"d": d, "F": num_facts, "values": num_facts, "seconds": seconds, "accuracy": report.accuracy, "m": report.m,
            "m_search": report.m_search, "solver": report.solver, "cg_iterations": report.cg_iterations,
+           "cg_preconditioner": report.cg_preconditioner,
            "gadget_width": width, "phases_s": report.timings, "gemm_float32_flops_per_s": rate,
            "limits_s": {"outputs (one score pass)": score_pass, "m_search (one decode per m tried)":
                         score_pass * len(report.m_search.split("->")), solve[0]: solve[1]}}

@@ -286,7 +286,7 @@ def construct(
         width_multiplier=round(width_multiplier, 4), params=mlp.num_parameters, activation=activation,
         solver=encoder.solve.solver, precision=encoder.solve.precision, residual=residual,
         cg_iterations=encoder.solve.iterations, whiten_alpha=alpha, backend=backend, device=str(device),
-        verified=verify is not False,
+        verified=verify is not False, cg_preconditioner=encoder.solve.preconditioner,
     )
     if verify is not False:
         report.failed, report.accuracy, report.min_margin = failed, 1.0 - failed / num_facts, min_margin

@@ -112,7 +112,7 @@ def construct_sharded(
         rho=rho, outputs=outputs, hidden=mlp.hidden_size, gadget_width=width,
         width_multiplier=round(width_multiplier, 4), params=mlp.num_parameters, activation=activation,
         solver=info.solver, precision=info.precision, residual=float(info.residual), cg_iterations=info.iterations,
-        whiten_alpha=0.0, backend=backend, device=str(K.device), verified=verify is not False,
+        cg_preconditioner=info.preconditioner, whiten_alpha=0.0, backend=backend, device=str(K.device), verified=verify is not False,
         world_size=dist.get_world_size(),
     )
     if verify is not False:

@@ -46,6 +46,7 @@ class ConstructionReport:
     timings: dict = field(default_factory=dict)
     world_size: int = 1
     checked: Optional[int] = None
+    cg_preconditioner: str = ""  # the CG solve's (factkernels.solvers.PRECONDITIONERS), "" for other solvers
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -65,7 +66,8 @@ class ConstructionReport:
             ("hidden size", f"{self.hidden} = {self.m} gadgets x {self.gadget_width} (multiplier {self.width_multiplier})"),
             ("parameters", f"{self.params:,}"),
             ("activation", self.activation),
-            ("solver", f"{self.solver} [{self.precision}]" + (f", {self.cg_iterations} iterations" if self.cg_iterations else "")),
+            ("solver", f"{self.solver} [{self.precision}]" + (f", {self.cg_iterations} iterations" if self.cg_iterations else "")
+             + (f", {self.cg_preconditioner} preconditioner" if self.cg_preconditioner else "")),
             ("relative residual", f"{self.residual:.2e}"),
             ("whitening alpha", f"{self.whiten_alpha:g}"),
             ("backend / device", f"{self.backend} / {self.device}"),

@@ -201,6 +201,16 @@ def test_cg_never_forms_an_f_by_f_matrix(small_facts, monkeypatch):
     assert mlp.report.accuracy == 1.0 and mlp.report.cg_iterations > 0
 
 
+@pytest.mark.parametrize("preconditioner", ["jacobi", "constant", "keys"])
+def test_cg_preconditioners_store_every_fact(small_facts, preconditioner):
+    K, V, f = small_facts
+    report = construct(K, V, f, solver="cg", cg_preconditioner=preconditioner, progress=False).report
+    assert report.accuracy == 1.0 and report.residual < 1e-3 and report.cg_preconditioner == preconditioner
+    assert "preconditioner" in str(report)
+    with pytest.raises(ValueError, match="cg_preconditioner must be one of"):
+        construct(K, V, f, solver="cg", cg_preconditioner="ilu", progress=False)
+
+
 def test_precomputed_outputs_build_the_same_mlp(small_facts):
     K, V, f = small_facts
     built = construct(K, V, f, seed=5, progress=False)
