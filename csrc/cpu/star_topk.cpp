@@ -3,6 +3,7 @@
 // One tile of P W^T and one of W_s W^T (the same packed panel) give numerators and
 // distances; the rare close pairs are recomputed from their explicit difference.
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -16,20 +17,47 @@ namespace {
 // Relative squared distance below which the Gram identity cancels too much.
 template <typename T> constexpr T kCloseRel = sizeof(T) == 8 ? T(1e-6) : T(1e-3);
 
-// A (score, j) candidate of a row's list; lists rank by score, then by the lower j.
-template <typename T> struct Pick {
-  T v;
-  int64_t j;
+// A (score, j) candidate of a row's list; lists rank by score, then by the lower j. In float, one integer key: the
+// score's bits made monotone (the sign flips the rest) above j's 32 bits, so selections and sorts compare integers
+// (the pass at k = 192 spent a third of its time in them with a two-field comparison).
+template <typename T> struct PickCodec;
+template <> struct PickCodec<float> {
+  using Key = uint64_t;
+  static FK_INLINE Key encode(float x, int64_t j) {
+    uint32_t u;
+    x += 0.0f;  // -0 ranks as +0
+    std::memcpy(&u, &x, sizeof u);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return (uint64_t(u) << 32) | uint64_t(uint32_t(j));
+  }
+  static FK_INLINE float score(Key key) {
+    uint32_t u = uint32_t(key >> 32);
+    u = (u & 0x80000000u) ? (u & 0x7fffffffu) : ~u;
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+  }
+  static FK_INLINE int64_t index(Key key) { return int64_t(key & 0xffffffffu); }
+  static FK_INLINE bool before(Key a, Key b) { return a < b; }
 };
-template <typename T> FK_INLINE bool pick_before(const Pick<T>& a, const Pick<T>& b) {
-  return a.v < b.v || (a.v == b.v && a.j < b.j);
-}
+template <> struct PickCodec<double> {
+  struct Key {
+    double v;
+    int64_t j;
+  };
+  static FK_INLINE Key encode(double x, int64_t j) { return Key{x, j}; }
+  static FK_INLINE double score(const Key& key) { return key.v; }
+  static FK_INLINE int64_t index(const Key& key) { return key.j; }
+  static FK_INLINE bool before(const Key& a, const Key& b) { return a.v < b.v || (a.v == b.v && a.j < b.j); }
+};
+template <typename T> using Pick = typename PickCodec<T>::Key;
 
 // A row's running k smallest (score, j) pairs: a candidate ranking before the threshold is appended to a buffer
 // of 2k, and a full buffer keeps its k smallest (nth_element), the k-th of them becoming the threshold. Amortized
 // O(1) per candidate: a max-heap's sift-down (log k unpredictable branches per entry) took 0.2 of 0.33 CPU s of a
 // pass at k = 192 (4,096 x 4,096, d = 128).
 template <typename T> struct Picks {
+  using C = PickCodec<T>;
   Pick<T>* buf = nullptr;  // 2k entries
   int64_t k = 0, count = 0;
   T thr = std::numeric_limits<T>::infinity();
@@ -45,22 +73,22 @@ template <typename T> struct Picks {
   // Whether (x, j) ranks before the threshold (before the first reduction, every pair does).
   FK_INLINE bool admits(T x, int64_t j) const { return x < thr || (x == thr && j < thr_j); }
   FK_INLINE void push(T x, int64_t j) {
-    buf[count++] = Pick<T>{x, j};
+    buf[count++] = C::encode(x, j);
     if (count == 2 * k) keep_smallest();
   }
   void keep_smallest() {
-    std::nth_element(buf, buf + (k - 1), buf + count, pick_before<T>);
+    std::nth_element(buf, buf + (k - 1), buf + count, C::before);
     count = k;
-    thr = buf[k - 1].v;
-    thr_j = buf[k - 1].j;
+    thr = C::score(buf[k - 1]);
+    thr_j = C::index(buf[k - 1]);
   }
   // The k smallest ascending into v, ix (+inf and -1 past the pairs seen).
   void write(T* v, int64_t* ix) {
     if (count > k) keep_smallest();
-    std::sort(buf, buf + count, pick_before<T>);
+    std::sort(buf, buf + count, C::before);
     for (int64_t t = 0; t < k; ++t) {
-      v[t] = t < count ? buf[t].v : std::numeric_limits<T>::infinity();
-      ix[t] = t < count ? buf[t].j : int64_t(-1);
+      v[t] = t < count ? C::score(buf[t]) : std::numeric_limits<T>::infinity();
+      ix[t] = t < count ? C::index(buf[t]) : int64_t(-1);
     }
   }
 };
@@ -218,8 +246,11 @@ template <typename T> void star_topk_symmetric(const StarTopkArgs<T>& a) {
       for (int64_t e = 0; e < k && ix[e] >= 0; ++e) pk.push(v[e], ix[e]);
       for (int th = 0; th < threads; ++th) {
         const Picks<T>& c = col_picks[size_t(th) * n + i];
-        for (int64_t e = 0; e < c.count; ++e)
-          if (pk.admits(c.buf[e].v, c.buf[e].j)) pk.push(c.buf[e].v, c.buf[e].j);
+        for (int64_t e = 0; e < c.count; ++e) {
+          const T x = PickCodec<T>::score(c.buf[e]);
+          const int64_t j = PickCodec<T>::index(c.buf[e]);
+          if (pk.admits(x, j)) pk.push(x, j);
+        }
       }
       pk.write(v, ix);
     }
@@ -231,6 +262,7 @@ template <typename T> void star_topk_symmetric(const StarTopkArgs<T>& a) {
 template <typename T> void star_topk(const StarTopkArgs<T>& a) {
   const int64_t r = a.r, n = a.n, d = a.d, k = a.k;
   if (r <= 0 || k <= 0) return;
+  if (n > int64_t(0xffffffff)) throw std::invalid_argument("star_topk takes fewer than 2^32 values (a list's j)");
   if (symmetric_case(a)) {
     star_topk_symmetric(a);
     return;

@@ -136,13 +136,22 @@ def test_star_topk_kernel_and_twin_agree_on_exact_ties(device, n, d, k, own_outp
 def test_star_topk_kernel_keeps_long_lists_exact_through_many_reductions(k, own_outputs):
     """A row's list keeps its k smallest pairs in a buffer of 2k cut back to k whenever it fills: over 1,500 values
     of small integers (thousands of exactly tied scores, several cuts per row) the lists equal the twin's bit for
-    bit, at k = 20 through the symmetric pass."""
+    bit, at k = 20 through the symmetric pass; in float32 the lists are consistent across k."""
     gen = torch.Generator().manual_seed(k)
     W = torch.randint(-2, 3, (1500, 3), generator=gen).double()
     P = None if own_outputs else torch.randint(-3, 4, (1500, 3), generator=gen).double()
     kernel = _ops.star_topk(W, k, P, backend="kernels")
     twin = _ops.star_topk(W, k, P, backend="torch")
     assert torch.equal(kernel[0], twin[0]) and torch.equal(kernel[1], twin[1])
+    # in float32 (a list entry is one integer key there: the score's bits, then j; its ties are not float64's): each
+    # list ascends by score, then j, and is the first k of the list of k + 50, negative scores included
+    Wf, Pf = W.float(), None if P is None else P.float()
+    vals, index = _ops.star_topk(Wf, k, Pf, backend="kernels")
+    longer = _ops.star_topk(Wf, k + 50, Pf, backend="kernels")
+    assert torch.equal(vals, longer[0][:, :k]) and torch.equal(index, longer[1][:, :k])
+    tie = vals[:, 1:] == vals[:, :-1]
+    assert bool((vals[:, 1:] >= vals[:, :-1]).all()) and bool((index[:, 1:][tie] > index[:, :-1][tie]).all())
+    assert int(tie.sum()) > 1000 and (own_outputs or bool((vals < 0).any()))
 
 
 def test_star_topk_twin_chunks_fit_its_memory_budget(monkeypatch):
