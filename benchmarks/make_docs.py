@@ -221,6 +221,56 @@ def gd_batch() -> str:
     return _rows(header, rows) + _source(*paths)
 
 
+def cg_precond() -> str:
+    """CG on the gadget Gram: Jacobi against the deflation of the constant vector and of the keys' span, on CPU,
+    and the 2^18 x 1,024 GPU solve projected from them."""
+    path, spectrum_path = f"{RESULTS}/cg_precond-cpu.json", f"{RESULTS}/cg_precond-spectrum-cpu.json"
+    data = load(path)
+    spectrum = _rows(["F", "d", "F/(d+1)", "top eigenvalues", "(d+1)-th, (d+2)-th", "median", "min",
+                      "condition (without the d+1 top)", "Ritz on [K, 1]: top, median", "Ritz on the gate span: median"],
+                     [[f"{r['F']:,}", r["d"], f"{r['facts_per_key_column']:.0f}",
+                       ", ".join(f"{v:.1f}" for v in r["top"][:3]),
+                       f"{r['eigenvalue_d_plus_1']:.2f}, {r['eigenvalue_d_plus_2']:.2f}", f"{r['quantiles']['0.5']:.2f}",
+                       f"{r['min']:.3f}", f"{r['condition']:.0f} ({r['condition_without_keys_span']:.0f})",
+                       f"{r['ritz_keys_span']['top'][0]:.1f}, {r['ritz_keys_span']['top'][1]:.1f}; "
+                       f"{r['ritz_keys_span']['median']:.2f}", f"{r['ritz_gate_span']['median']:.2f}"]
+                      for r in load(spectrum_path)["spectrum"]])
+    jacobi = {(r["F"], r["d"]): r for r in data["solve"] if r["preconditioner"] == "jacobi"}
+    rows = []
+    for r in data["solve"]:
+        base = jacobi.get((r["F"], r["d"]))
+        ratio = f"{base['iteration_equivalents'] / r['iteration_equivalents']:.2f}×" if base else "–"
+        rows.append([f"{r['F']:,}", f"{r['d']:,}", f"{r['facts_per_key_column']:.0f}", r["m"], r["preconditioner"]
+                     + (" (auto)" if r["preconditioner"] == r["auto_picks"] else ""), r["iterations"],
+                     f"{r['setup_columns'] / r['m']:.1f}", ratio, f"{r['residual']:.1e}", f"{r['solve_cpu_s']:.1f} s",
+                     f"{r['setup_cpu_s']:.2f} s" if "setup_cpu_s" in r else "–"])
+    text = (spectrum + f"\n\nOne thread, load {data['loadavg_before'][0]:.1f}, tol {data['tol']:g}, unit Gaussian keys, "
+            "width multiplier 1.5, m Gaussian right-hand sides.\n\n"
+            + _rows(["F", "d", "F/(d+1)", "m", "preconditioner", "iterations", "setup (iterations)",
+                     "fewer products than Jacobi", "residual", "solve CPU", "setup CPU"], rows))
+    if data["construct"]:
+        text += "\n\n" + _rows(["construct F", "d", "preconditioner", "m", "accuracy", "min margin", "iterations",
+                                 "residual", "CPU"],
+                                [[f"{r['F']:,}", r["d"], r["preconditioner"], r["m"], f"{r['accuracy']:.3f}",
+                                  f"{r['min_margin']:.3g}", r["cg_iterations"], f"{r['residual']:.1e}",
+                                  f"{r['cpu_s']:.1f} s"] for r in data["construct"]])
+    g = data.get("gpu_projection")
+    if g:
+        b = g["h200_build_session24"]
+        text += (f"\n\nProjected, not measured: F = 2^18, d = 1,024 on an H200 ({g['basis']} {g['ratio']:.2f}): "
+                 f"{g['iterations']} "
+                 f"iterations x {g['seconds_per_iteration']:.2f} s + setup {g['setup_s']:.1f} s = solve "
+                 f"{g['solve_s']:.0f} s (measured with Jacobi: {b['solve_s']:.1f} s in {b['jacobi_iterations']} iterations, "
+                 f"s24 run 2), build {g['total_s']:.0f} s with run 3's other phases ({b['other_phases_s']:.1f} s; run 2's "
+                 f"whole build {b['total_s']:.1f} s; target 45 s)"
+                 + ("; over the rows where auto deflates the keys (ratios "
+                    + " to ".join(f"{p['ratio']:.2f}" for p in g["range_over_auto_keys_rows"]) + "): solve "
+                    + " to ".join(f"{p['solve_s']:.0f} s" for p in g["range_over_auto_keys_rows"]) + ", build "
+                    + " to ".join(f"{p['total_s']:.0f} s" for p in g["range_over_auto_keys_rows"])
+                    if g["range_over_auto_keys_rows"] else "") + ".")
+    return text + _source(spectrum_path, path)
+
+
 def gd_stop() -> str:
     path = f"{RESULTS}/gd_stop.json"
     run = load(path)
@@ -789,6 +839,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "lm-w-vs-f": lm_w_vs_f,
     "editing-scores": editing_scores,
     "gd-stop": gd_stop,
+    "cg-precond": cg_precond,
     "attention-kernel-cpu": attention_kernel_cpu,
     "construction2-f1": construction2_f1,
     "rgr-budget": rgr_budget,

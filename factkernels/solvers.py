@@ -36,8 +36,9 @@ SOLVERS = ("auto", "cholesky", "cg", "per_gadget")
 # ("constant", rank 1) or of the keys' span [K, 1] ("keys", rank d+1); "auto" picks one by auto_preconditioner.
 PRECONDITIONERS = ("auto", "jacobi", "constant", "keys")
 # "auto" deflates the keys' span when their cluster stands out of the bulk (F >= KEYS_DEFLATION_FACTS_PER_DIM (d+1):
-# ~c·F/d against a bulk edge ~3.5, measured c ~ 0.05-0.09) and its setup (d+1 columns of Gram products) costs at
-# most KEYS_DEFLATION_MAX_SETUP CG iterations of m columns; else the constant vector alone (half a column).
+# its top ~0.05-0.09 F/(d+1) against a bulk edge ~4, benchmarks/results/cg_precond-*.json) and its setup ((d+1)/2
+# columns of Gram products) costs at most KEYS_DEFLATION_MAX_SETUP CG iterations of m columns; else the constant
+# vector alone (half a column). At F/(d+1) = 16 (d = 1,024) the keys' setup cost more than they saved.
 KEYS_DEFLATION_FACTS_PER_DIM = 64
 KEYS_DEFLATION_MAX_SETUP = 16
 # Above this many facts the O(F³) Cholesky is slower than CG on a CPU even when the Gram fits.
@@ -360,7 +361,8 @@ def solve_cg(
     x0: (F, m) start instead of 0 (a warm start, e.g. the solution before a few facts changed).
     preconditioner: "jacobi" (the diagonal), "constant" or "keys" (the diagonal plus the constant vector or the
         keys' span deflated, see :class:`Preconditioner`), or "auto" (:func:`auto_preconditioner`). Measured on
-        CPU (benchmarks/cg_precond.py): "keys" takes 1.3-1.7x fewer iterations than Jacobi where F >= 64 (d+1).
+        CPU (benchmarks/results/cg_precond-cpu.json, F = 16,384, setup included): "keys" 1.5x and 2.1x fewer
+        products than Jacobi at F/(d+1) = 127 and 252; at 16 "constant" 1.2x, and "keys" loses to both.
     Stops when every column's relative residual is below ``tol``. With a sharded ``op``
     (``op.reduce``), each rank holds its rows of targets and α; an iteration all-reduces the
     product ``M̃ᵀ p`` (which also gives pᵀ M̃ M̃ᵀ p = ||M̃ᵀ p||²), 2m scalars and, deflated, a (k, m) block.
