@@ -346,6 +346,24 @@ def hadamard_gram(s: torch.Tensor, p: torch.Tensor, *, lower: bool = False, back
     return _registered(_hadamard_gram_op, _hadamard_gram_kernel)(s, p, lower)
 
 
+# Bytes of the (rows, m·h̃) temporary that the gadget_matvec / gadget_rmatvec twins hold per block of rows (one
+# place; memory.estimate_build counts it). Unblocked, the 2^18 x 1,024 cg build's temporary alone was 29.6 GiB (H200,
+# 36.4 GiB peak) and at 2^20 it would be ~474 GiB. A block's GEMM does 2·q flops per temporary element (q = d+1), so
+# a 1 GiB block at d = 1,024 is ~0.55 TFLOP (~10 ms at the H100's 51 TFLOP/s) whatever m·h̃ is: thousands of rows,
+# far above cuBLAS's 128-256-row tiles and the per-launch cost, so the blocked products keep the cg solve's GEMM
+# rate (1.1x its limit per iteration in session 24). GADGET_TWIN_MIN_ROWS keeps a block's GEMM tall when m·h̃ is
+# huge. On a CPU the kernels run under "auto"; their twins' blocks stay small.
+GADGET_TWIN_BYTES = {"cuda": 1 << 30, "cpu": 1 << 26}
+GADGET_TWIN_MIN_ROWS = 256
+
+
+def gadget_twin_rows(columns: int, like: torch.Tensor) -> int:
+    """Rows per block of the gadget twins' (rows, ``columns``) temporary in ``like``'s dtype and device: within
+    GADGET_TWIN_BYTES, at least GADGET_TWIN_MIN_ROWS (and at least 1)."""
+    budget = GADGET_TWIN_BYTES.get(like.device.type, GADGET_TWIN_BYTES["cpu"])
+    return max(1, GADGET_TWIN_MIN_ROWS, budget // max(1, columns * like.element_size()))
+
+
 def gadget_matvec(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     """``M vec(coef_j)`` for m right-hand sides without forming M.
 
@@ -360,9 +378,14 @@ def gadget_matvec(s: torch.Tensor, p: torch.Tensor, coef: torch.Tensor, *, backe
     _same("s", s, p=p, coef=coef)
     if not _use_kernel(backend, "gadget_matvec", s, p, coef):
         m, h, q = coef.shape
-        # (n, q) @ (q, m*h) then reduce over r against s: two GEMM-shaped steps.
-        t = (p @ coef.permute(2, 0, 1).reshape(q, m * h)).view(s.shape[0], m, h)
-        return torch.einsum("ijr,ir->ij", t, s)
+        right = coef.permute(2, 0, 1).reshape(q, m * h)
+        out = s.new_empty(s.shape[0], m)
+        rows = gadget_twin_rows(m * h, s)
+        for i in range(0, s.shape[0], rows):  # (rows, q) @ (q, m*h), then reduce over r against s
+            t = p[i : i + rows] @ right
+            t = t.view(t.shape[0], m, h)
+            out[i : i + rows] = torch.einsum("ijr,ir->ij", t, s[i : i + rows])
+        return out
     return _registered(_gadget_matvec_op, _gadget_matvec_kernel)(s, p, coef)
 
 
@@ -377,8 +400,14 @@ def gadget_rmatvec(s: torch.Tensor, p: torch.Tensor, y: torch.Tensor, *, backend
     _same("s", s, p=p, y=y)
     if not _use_kernel(backend, "gadget_rmatvec", s, p, y):
         n, h = s.shape
-        w = (y.unsqueeze(2) * s.unsqueeze(1)).reshape(n, y.shape[1] * h)  # (n, m*h)
-        return (w.T @ p).view(y.shape[1], h, p.shape[1])
+        m = y.shape[1]
+        out = s.new_zeros(m * h, p.shape[1])
+        rows = gadget_twin_rows(m * h, s)
+        for i in range(0, n, rows):
+            block = s[i : i + rows]
+            w = (y[i : i + rows].unsqueeze(2) * block.unsqueeze(1)).reshape(block.shape[0], m * h)  # (rows, m*h)
+            out.addmm_(w.T, p[i : i + rows])
+        return out.view(m, h, p.shape[1])
     return _registered(_gadget_rmatvec_op, _gadget_rmatvec_kernel)(s, p, y)
 
 

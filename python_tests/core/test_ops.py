@@ -85,6 +85,27 @@ def test_gadget_products(device, n, h, q, m, dtype, seed):
            torch.einsum("ir,ic,jrc->ij", s.double(), p.double(), coef.double()), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gadget_twins_in_row_blocks_match_one_block(monkeypatch, dtype):
+    """The twins bound their (rows, m·h̃) temporary by blocks of rows (_ops.GADGET_TWIN_BYTES): blocks of 256 rows
+    that do not divide n = 1,000 (three full blocks and one of 232) give the one-block result."""
+    gen = torch.Generator().manual_seed(3)
+    n, h, q, m = 1000, 6, 9, 5
+    s, p = _rand(gen, n, h, dtype=dtype), _rand(gen, n, q, dtype=dtype)
+    coef, y = _rand(gen, m, h, q, dtype=dtype), _rand(gen, n, m, dtype=dtype)
+    whole = _ops.gadget_matvec(s, p, coef, backend="torch"), _ops.gadget_rmatvec(s, p, y, backend="torch")
+    monkeypatch.setitem(_ops.GADGET_TWIN_BYTES, "cpu", 1)  # every block as small as GADGET_TWIN_MIN_ROWS allows
+    exact = torch.einsum("ij,ir,ic->jrc", y.double(), s.double(), p.double())
+    for rows in (256, 7, 1):  # 1,000 = 3 x 256 + 232 = 142 x 7 + 6
+        monkeypatch.setattr(_ops, "GADGET_TWIN_MIN_ROWS", rows)
+        assert _ops.gadget_twin_rows(m * h, s) == rows
+        matvec, rmatvec = _ops.gadget_matvec(s, p, coef, backend="torch"), _ops.gadget_rmatvec(s, p, y, backend="torch")
+        assert torch.allclose(matvec, whole[0], rtol=0, atol=8 * torch.finfo(dtype).eps * whole[0].abs().max())
+        # the sum over rows is split into blocks: equal up to rounding, and as close to the float64 sums
+        assert torch.allclose(rmatvec, whole[1], rtol=0, atol=50 * torch.finfo(dtype).eps * whole[1].abs().max())
+        _close(rmatvec, exact, dtype)
+
+
 def test_gadget_products_are_adjoint():
     gen = torch.Generator().manual_seed(0)
     s, p = _rand(gen, 40, 7, dtype=torch.float64), _rand(gen, 40, 9, dtype=torch.float64)
