@@ -358,7 +358,7 @@ def length_sorted_chunks(lengths: torch.Tensor, batch_size: int) -> list[torch.T
     """Row indices in chunks of ``batch_size`` rows of similar length (lengths (n,)): batches of
     right-padded prompts then carry little padding (results go back by index)."""
     order = torch.argsort(lengths, stable=True)
-    return list(order.split(batch_size))
+    return [chunk for chunk in order.split(batch_size) if len(chunk)]  # none for no rows
 
 
 class _Captured(Exception):

@@ -299,22 +299,36 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
     active = torch.arange(len(batch))
     margins = torch.full((len(batch),), float("-inf"))
     from_start = batch.attention_mask.sum(1) - start
+
+    def run(rows: torch.Tensor, train: bool) -> torch.Tensor:
+        """Margins of ``rows`` with the current δ (into ``margins``); with ``train``, the gradient of the summed
+        target cross-entropy of those below the margin accumulated into δ.grad. Returns the rows below it."""
+        below_rows = []
+        for part in length_sorted_chunks(from_start[rows], batch_size):
+            chunk = rows[part]
+            with torch.set_grad_enabled(train):
+                logits, t_rows, t_tokens = target_logits(chunk, batch.rows(chunk))
+            t_tokens = t_tokens.to(logits.device)
+            own = logits.gather(1, t_tokens[:, None]).squeeze(1)
+            other = logits.detach().scatter(1, t_tokens[:, None], float("-inf")).amax(1)
+            row_margin = torch.full((len(chunk),), float("inf"), device=logits.device).scatter_reduce(
+                0, t_rows.to(logits.device), (own.detach() - other), "amin")
+            margins[chunk] = row_margin.cpu()
+            below_rows.append(chunk[margins[chunk] < margin])
+            below = (row_margin < margin)[t_rows.to(logits.device)]
+            if train and bool(below.any()):
+                (F_nn.cross_entropy(logits, t_tokens, reduction="none") * below).sum().backward()
+        return torch.cat(below_rows) if below_rows else rows[:0]
+
     try:
         for _ in progress_bar(range(steps), desc=f"subject values at layer {layer}", enabled=progress, leave=False):
             opt.zero_grad()
-            for part in length_sorted_chunks(from_start[active], batch_size):
-                chunk = active[part]
-                logits, t_rows, t_tokens = target_logits(chunk, batch.rows(chunk))
-                t_tokens = t_tokens.to(logits.device)
-                own = logits.gather(1, t_tokens[:, None]).squeeze(1)
-                other = logits.detach().scatter(1, t_tokens[:, None], float("-inf")).amax(1)
-                row_margin = torch.full((len(chunk),), float("inf"), device=logits.device).scatter_reduce(
-                    0, t_rows.to(logits.device), (own.detach() - other), "amin")
-                margins[chunk] = row_margin.cpu()
-                below = (row_margin < margin)[t_rows.to(logits.device)]
-                loss = (F_nn.cross_entropy(logits, t_tokens, reduction="none") * below).sum()
-                if loss.requires_grad and bool(below.any()):
-                    loss.backward()
+            # rows at the margin at their last step run first without a graph: most stay there and add no gradient
+            # (a backward costs about a forward); those that fell below run again with it, so the gradient is the
+            # same sum over the rows below the margin (up to float rounding: other batches)
+            settled = margins[active] >= margin
+            fell = run(active[settled], train=False)
+            run(torch.cat([active[~settled], fell]), train=True)
             history.append(float(margins.min()))
             # a subject is done when all its rows reach the margin; its rows stop running and its δ stays
             subject_min = torch.full((n_subjects,), float("inf")).scatter_reduce(0, subject, margins, "amin")

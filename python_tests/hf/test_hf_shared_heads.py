@@ -1,5 +1,6 @@
 """The insertion's fast paths on a tiny random Llama: shared heads, cached tails, the background cache, and a
-failed insertion leaving the model as it was. Each fast path is compared with the plain full forward."""
+failed insertion leaving the model as it was, certification from the edited MLP, the values loop. Each fast path is
+compared with the plain full forward."""
 
 import copy
 
@@ -9,10 +10,10 @@ import torch
 from factkernels import hf
 from helpers import TINY_PREFIXES, TINY_TEXTS
 from factkernels.hf import insert, subject_keys
-from factkernels.hf.capture import (MidStates, heads, hidden_with_delta, mid_matches, mlp_inputs, shared_head_forwards,
-                                   tail_from, tail_start)
+from factkernels.hf.capture import (MidStates, heads, hidden_with_delta, logits_at, mid_matches, mlp_inputs,
+                                   shared_head_forwards, tail_from, tail_start)
 from factkernels.hf.contexts import with_prefixes
-from factkernels.hf.evaluate import batch_margins
+from factkernels.hf.evaluate import batch_margins, fact_min, token_margin
 from factkernels.hf.units import append_units
 from factkernels.mlp import FactMLP
 
@@ -173,3 +174,54 @@ def test_margins_from_the_mid_states_equal_the_edited_models_full_forward(tiny_l
             batch_margins(model, contexts, 4, mid=mid)
     finally:
         appended.remove()
+
+
+def _plain_subject_deltas(model, batch, subject, layer, *, margin, steps, lr):
+    """The values loop without its shortcuts: every row in a hooked full forward with a graph at every step."""
+    batch = batch.scored_tokens()
+    n_subjects = int(subject.max()) + 1
+    delta = torch.zeros(n_subjects, model.config.hidden_size, requires_grad=True)
+    opt = torch.optim.Adam([delta], lr=lr)
+    rows, positions, tokens = batch.target_positions()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    try:
+        for _ in range(steps):
+            opt.zero_grad()
+            hidden = hidden_with_delta(model, layer, batch, None, torch.arange(len(batch)), batch.subject_last,
+                                       delta[subject])
+            logits = logits_at(model, hidden, rows, positions)
+            margins = fact_min(token_margin(logits.detach(), tokens), rows, len(batch))
+            subject_min = torch.full((n_subjects,), float("inf")).scatter_reduce(0, subject, margins, "amin")
+            if bool((subject_min >= margin).all()):
+                break
+            (torch.nn.functional.cross_entropy(logits, tokens, reduction="none") * (margins < margin)[rows]).sum().backward()
+            frozen = subject_min >= margin
+            delta.grad[frozen] = 0.0
+            before = delta.detach().clone()
+            opt.step()
+            with torch.no_grad():
+                delta[frozen] = before[frozen]
+    finally:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    return delta.detach()
+
+
+def test_subject_values_equal_the_plain_loop(tiny_llama, contexts, monkeypatch):
+    """The values loop's shortcuts (cached tails, finished subjects left out, rows at the margin first run without a
+    graph) give the δ of the plain loop; rows at the margin did run without a graph. Margins between the rows'
+    unedited ones, so some rows start at the margin and others not (this model's δ moves them little)."""
+    model, _ = tiny_llama
+    subject = torch.tensor([0, 1, 2, 3, 3]).repeat_interleave(len(PREFIXES) + 1)
+    graphs = []
+    spied = subject_keys.tail_from
+    monkeypatch.setattr(subject_keys, "tail_from",
+                        lambda *args, **kwargs: graphs.append(torch.is_grad_enabled()) or spied(*args, **kwargs))
+    unedited = batch_margins(model, contexts, 4)
+    for margin in unedited.quantile(torch.tensor([0.3, 0.6])).tolist():
+        fast, info = subject_keys.fit_subject_deltas(model, contexts, subject, 1, margin=margin, steps=25, lr=0.5,
+                                                     batch_size=4, progress=False)
+        plain = _plain_subject_deltas(model, contexts, subject, 1, margin=margin, steps=25, lr=0.5)
+        torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-4 * float(plain.abs().max()))
+    assert info["value_steps"] > 1 and False in graphs and True in graphs
