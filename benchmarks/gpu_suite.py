@@ -242,7 +242,8 @@ def guard_only(device: torch.device, d: int, num_facts: int, m: int) -> dict:
     from factkernels.memory import MemoryBudgetError, check_fits, estimate_build
 
     width = gadget_width(num_facts, d, 1.5)
-    estimate = estimate_build(num_facts, num_facts, d, d, m=m, gadget_width=width, solver="cg", outputs="values")
+    estimate = estimate_build(num_facts, num_facts, d, d, m=m, gadget_width=width, solver="cg", outputs="values",
+                              device_type=device.type)
     begin = time.perf_counter()
     try:
         check_fits(estimate, device)

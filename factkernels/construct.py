@@ -63,7 +63,7 @@ def _memory_guard(num_facts: int, values: torch.Tensor, d_in: int, m: int, width
                                      and _ops.auto_runs_kernel("gated_forward", values.device.type))
     kwargs = dict(m=m, gadget_width=width, dtype=values.dtype, verify=verify is not False, fused_forward=fused,
                   outputs=outputs if isinstance(outputs, str) else "given",
-                  width_argument="width_multiplier" if hidden is None else "hidden")
+                  width_argument="width_multiplier" if hidden is None else "hidden", device_type=values.device.type)
     shape = (num_facts, values.shape[0], d_in, values.shape[1])
     if solver == "auto":
         rest = estimate_build(*shape, solver="cg", **kwargs).total

@@ -178,10 +178,10 @@ class FactBuilder:
         width = gadget_width(num_facts, d_in, width_multiplier)
         if solver == "auto":
             rest = estimate_build(num_facts, V.shape[0], d_in, V.shape[1], m=m, gadget_width=width, solver="cg",
-                                  dtype=K.dtype, outputs=outputs).total
+                                  dtype=K.dtype, outputs=outputs, device_type=K.device.type).total
             solver = pick_solver(num_facts, K.device, dtype=K.dtype, other_bytes=rest, budget=max_memory)
         self.solver, self.cg_tol, self.outputs = solver, cg_tol, outputs
-        check_fits(self._estimate(num_facts, V.shape[0], d_in, V.shape[1], m, width, K.dtype), K.device, max_memory,
+        check_fits(self._estimate(num_facts, V.shape[0], d_in, V.shape[1], m, width, K), K.device, max_memory,
                    what="FactBuilder")
         self.activation, self.backend, self.verify, self.verify_scope = activation, backend, verify, verify_scope
         self.max_memory, self.width_multiplier, self.gate_scale = max_memory, width_multiplier, gate_scale
@@ -240,7 +240,7 @@ class FactBuilder:
                                 V_new is not None)
         total = self._keys.shape[0] + K_new.shape[0]
         check_fits(self._estimate(total, values.shape[0], d_in, values.shape[1], self.m, self.gadget_width,
-                                  K_new.dtype), K_new.device, self.max_memory, what="FactBuilder.add")
+                                  K_new), K_new.device, self.max_memory, what="FactBuilder.add")
         s_new = self._gate_features(K_new) @ self._op.feature_transform
         p_new = augment(K_new) @ self._op.key_transform
         if self._factor is not None:
@@ -314,9 +314,10 @@ class FactBuilder:
             raise ValueError("indices must not repeat")
         return torch.nonzero(self._alive).flatten()[index]
 
-    def _estimate(self, facts: int, values: int, d_in: int, d_out: int, m: int, width: int, dtype: torch.dtype):
-        return estimate_build(facts, values, d_in, d_out, m=m, gadget_width=width, solver=self.solver, dtype=dtype,
-                              outputs=self.outputs)
+    def _estimate(self, facts: int, values: int, d_in: int, d_out: int, m: int, width: int, like: torch.Tensor):
+        """estimate_build of a build in ``like``'s dtype and device."""
+        return estimate_build(facts, values, d_in, d_out, m=m, gadget_width=width, solver=self.solver, dtype=like.dtype,
+                              outputs=self.outputs, device_type=like.device.type)
 
     def _set_outputs(self, m: int) -> None:
         """Output embeddings of the current values and the smallest m >= the given one that decodes them."""

@@ -18,8 +18,17 @@ from typing import Optional
 
 import torch
 
+from . import _ops
+
 # Most working memory of the U* solver beyond its output (chunk buffers of the score matrix).
 _OUTPUTS_WORK_BYTES = 256 << 20
+# Working memory that no tensor of the build accounts for: BLAS/LAPACK buffers, the allocator's slack, the code
+# pages first used during a build. On a CPU a cg build's peak stood 27-31 MiB above the tensors at F <= 4,096
+# (benchmarks/results/memory_guard-cpu.json), whatever the size.
+_RUNTIME_BYTES = 64 << 20
+# Codes of the m search's trial decoders alive at once, in units of |V|·m: decoder.SEARCH_BATCH = 4 trials of up to
+# M_GROWTH³ = 1.95 m each (1 + 1.25 + 1.56 + 1.95 = 5.8).
+_SEARCH_CODES = 6
 # Rows of keys verified per chunk (bounds the hidden activations of the torch forward).
 VERIFY_CHUNK = 4096
 
@@ -78,17 +87,34 @@ def dense_gram_bytes(num_facts: int, dtype: torch.dtype = torch.float32) -> int:
 
 @dataclass
 class MemoryEstimate:
-    """Peak bytes of a build by part. parts: name -> (bytes, driving argument); args: argument -> value."""
+    """Peak bytes of a build by part. parts: name -> (bytes, driving argument); phases: name -> the phase that holds
+    the part (parts not named there are held throughout); args: argument -> value.
+
+    total: the parts held throughout plus the largest phase (the outputs' pass, the solve, the verification run
+    one after another and free their working memory in between)."""
 
     parts: dict = field(default_factory=dict)
+    phases: dict = field(default_factory=dict)
     args: dict = field(default_factory=dict)
 
-    def add(self, name: str, nbytes: float, argument: str) -> None:
+    def add(self, name: str, nbytes: float, argument: str, phase: Optional[str] = None) -> None:
         self.parts[name] = (int(nbytes), argument)
+        if phase is not None:
+            self.phases[name] = phase
+
+    def phase_bytes(self) -> dict:
+        """phase -> bytes of its parts ("held": the parts held throughout)."""
+        out: dict = {}
+        for name, (nbytes, _) in self.parts.items():
+            phase = self.phases.get(name, "held")
+            out[phase] = out.get(phase, 0) + nbytes
+        return out
 
     @property
     def total(self) -> int:
-        return sum(b for b, _ in self.parts.values())
+        phases = self.phase_bytes()
+        held = phases.pop("held", 0)
+        return held + max(phases.values(), default=0)
 
     def largest(self) -> tuple[str, int, str]:
         """(part name, bytes, driving argument) of the biggest part."""
@@ -124,13 +150,19 @@ def estimate_build(
     verify: bool = True,
     fused_forward: bool = True,
     width_argument: str = "width_multiplier",
+    device_type: str = "cpu",
 ) -> MemoryEstimate:
     """Peak memory of ``construct`` for F keys (d_in), |V| values (d_out), code dimension m and
     gadget width h̃ (hidden = m·h̃), with ``solver`` "cholesky" | "cg" | "per_gadget".
 
     A model of the tensors alive at the peak, not a measurement: accurate to a small factor,
-    which is what a guard against a build 100x too large needs. ``fused_forward``: the
-    verification forward runs the fused kernel (no hidden activations) rather than the torch twin.
+    which is what a guard against a build 100x too large needs. ``fused_forward``: the CPU-only kernels run
+    (_ops.CPU_ONLY_KERNELS: the fused verification forward with no hidden activations, decode and the gadget
+    products with no score chunk or row block; and star_topk's CPU kernel), not their torch twins.
+    ``device_type``: "cpu" | "cuda", whose working-memory budgets (_ops.GADGET_TWIN_BYTES, STAR_TWIN_BYTES) apply.
+    Each part is tagged with the phase that holds it (outputs, solve, verify; untagged: held throughout) and
+    counted as if all of its phase's tensors were alive at once: checked to bound the measured peak in
+    benchmarks/results/memory_guard-cpu.json (benchmarks/memory_guard.py).
     """
     item = torch.finfo(dtype).bits // 8
     hidden = m * gadget_width
@@ -138,28 +170,47 @@ def estimate_build(
                                "solver": repr(solver), width_argument: gadget_width})
     if outputs == "margin_optimal":
         work = min(_OUTPUTS_WORK_BYTES, 4 * num_values * num_values * 8)  # chunks of the |V|×|V| scores
-        est.add("outputs U*", 6 * num_values * d_out * 8 + work, "V")
-    elif outputs == "values":
-        est.add("output margins", 2 * num_values * d_out * 8, "V")
+        est.add("outputs U*", 6 * num_values * d_out * 8 + work, "V", "outputs")
+    elif outputs == "values":  # geometry.checked_value_margins: three float64 copies of V, two in dtype, and the
+        # streaming pass's chunk of scores (star_topk's twin's, within STAR_TWIN_BYTES; its CPU kernel holds none)
+        budget = _ops.STAR_TWIN_BYTES.get(device_type, _ops.STAR_TWIN_BYTES["cpu"])
+        chunk = 0 if fused_forward else min(budget, num_values * num_values * (3 * item + 1))
+        est.add("output margins", (3 * 8 + 2 * item) * num_values * d_out + chunk, "V", "outputs")
     est.add("JL codes", num_values * m * item + d_out * m * 8, "m")
-    cg_vectors = 4 if solver == "cg" else 0  # residual, direction, preconditioned residual, product
-    est.add("targets and dual variables", (2 + cg_vectors) * num_facts * m * item, "m")
-    est.add("gate features", 2 * num_facts * (gadget_width + d_in + 1) * item, width_argument)
+    # _ops.decode's twin (run where the fused forward's is: both kernels are CPU-only) scores VERIFY_CHUNK rows
+    # against all |V| values at a time
+    decode_chunk = 0 if fused_forward else min(num_facts, VERIFY_CHUNK) * num_values * item
+    # decoder.search_m: a batch of up to 4 trial decoders' codes (|V|, m') with m' up to 1.25³ m, and a decode
+    est.add("m search", _SEARCH_CODES * num_values * m * item + decode_chunk, "m", "m search")
+    est.add("targets and dual variables", 2 * num_facts * m * item, "m")
+    if solver == "cg":  # solvers.solve_cg holds r, p, z and Ap beside the targets and α, and at its peak (applying
+        # the preconditioner, or forming the next p) three (F, m) temporaries
+        est.add("CG vectors", 7 * num_facts * m * item, "m", "solve")
+    est.add("gate features", 2 * num_facts * (gadget_width + d_in + 1) * item, width_argument, "solve")
     if solver == "cg":  # at most: the keys' span deflated (solvers.deflated_preconditioner), its basis twice and
-        # the k × h̃(d+1) coefficients of its products
-        est.add("CG deflation", (2 * num_facts + gadget_width * (d_in + 1)) * (d_in + 1) * item, "solver")
-    est.add("gadget coefficients", 3 * m * gadget_width * (d_in + 1) * item, "m")
+        # the k × h̃(d+1) coefficients of its products, with one chunk of m columns (scaled, and its coefficients)
+        rank, coefficients = d_in + 1, gadget_width * (d_in + 1)
+        est.add("CG deflation", ((2 * num_facts + coefficients) * rank + (num_facts + coefficients) * m) * item, "solver",
+                "solve")
+        # the gadget products' twins hold a (rows, m·h̃) block (_ops.gadget_twin_rows); their CPU kernels none
+        budget = _ops.GADGET_TWIN_BYTES.get(device_type, _ops.GADGET_TWIN_BYTES["cpu"])
+        rows = 0 if fused_forward else min(num_facts, max(_ops.GADGET_TWIN_MIN_ROWS, budget // max(1, hidden * item)))
+        est.add("gadget product block", rows * hidden * item, "m", "solve")
+    est.add("gadget coefficients", 3 * m * gadget_width * (d_in + 1) * item, "m", "solve")
     # gate (h̃, d_in), up (m·h̃, d_in + 1) and down (d_out, m·h̃), each built once more during assembly
-    est.add("MLP weights", 2 * (gadget_width * (d_in + 1) + hidden * (d_in + 1) + d_out * (hidden + 1)) * item, "m")
+    est.add("MLP weights", 2 * (gadget_width * (d_in + 1) + hidden * (d_in + 1) + d_out * (hidden + 1)) * item, "m",
+            "verify")
     if solver == "cholesky":
         est.add("dense Gram", dense_gram_bytes(num_facts, dtype), "solver")
     elif solver == "per_gadget":
-        est.add("explicit gadget system", 2 * num_facts * (gadget_width * (d_in + 1) + 1) * 8, width_argument)
+        est.add("explicit gadget system", 2 * num_facts * (gadget_width * (d_in + 1) + 1) * 8, width_argument, "solve")
     if verify:
         rows = min(num_facts, VERIFY_CHUNK)
         activations = 0 if fused_forward else 3 * hidden
-        est.add("verification", num_facts * (8 + m * item) + rows * (d_out + activations) * item, "m")
+        est.add("verification", num_facts * (8 + m * item) + rows * (d_out + activations) * item + decode_chunk, "m",
+                "verify")
     est.add("keys and values", (num_facts * d_in + num_values * d_out) * item, "K")
+    est.add("runtime", _RUNTIME_BYTES, "K")
     return est
 
 

@@ -1,5 +1,7 @@
 """Memory guards: a build that cannot fit raises before allocating; solver='auto' follows the estimate."""
 
+import sys
+
 import pytest
 import torch
 
@@ -22,18 +24,18 @@ def test_huge_m_raises_before_allocating(facts):
     assert "available on cpu" in str(err.value)
 
 
-def test_max_memory_names_the_dense_gram_and_auto_falls_back_to_cg(facts):
-    K, V, f = facts
-    shape = dict(num_facts=256, num_values=256, d_in=16, d_out=16, m=64, gadget_width=gadget_width(256, 16, 1.5),
+def test_max_memory_names_the_dense_gram_and_auto_falls_back_to_cg():
+    K, V, f = random_fact_set(1024, 1024, 16, seed=0, dtype=torch.float64)
+    shape = dict(num_facts=1024, num_values=1024, d_in=16, d_out=16, m=128, gadget_width=gadget_width(1024, 16, 1.5),
                  outputs="values", dtype=torch.float64)
     cg, dense = estimate_build(**shape, solver="cg"), estimate_build(**shape, solver="cholesky")
-    assert dense.parts["dense Gram"][0] == 2 * 256 * 256 * 8 and dense.total > cg.total  # float64: Gram and factor
+    assert dense.parts["dense Gram"][0] == 2 * 1024 * 1024 * 8 and dense.total > cg.total  # float64: Gram and factor
     budget = cg.total + (dense.total - cg.total) // 2
     with pytest.raises(MemoryBudgetError, match=r"dense Gram .*set by solver='cholesky'\); use solver='cg'"):
-        construct(K, V, f, m=64, outputs="values", solver="cholesky", max_memory=budget, progress=False)
-    mlp = construct(K, V, f, m=64, outputs="values", max_memory=budget, progress=False)
+        construct(K, V, f, m=128, outputs="values", solver="cholesky", max_memory=budget, progress=False)
+    mlp = construct(K, V, f, m=128, outputs="values", max_memory=budget, progress=False)
     assert mlp.report.solver == "cg" and mlp.report.failed == 0
-    assert construct(K, V, f, m=64, outputs="values", progress=False).report.solver == "cholesky"
+    assert construct(K, V, f, m=128, outputs="values", progress=False).report.solver == "cholesky"
 
 
 def test_max_memory_is_checked():
@@ -53,3 +55,49 @@ def test_pick_solver_and_estimate_parts():
     assert est.parts["MLP weights"][0] == 2 * 4 * (100 * 17 + 3200 * 17 + 16 * 3201)
     assert available_memory(torch.device("cpu")) > 0
     assert format_bytes(1536) == "1.5 KiB" and format_bytes(3 << 40) == "3.0 TiB"
+
+
+@pytest.mark.parametrize("m", [12, None])
+def test_guard_refuses_before_any_work_with_the_estimate(facts, monkeypatch, m):
+    """Under a budget below the estimate, construct raises before it computes anything (the outputs' pass is the
+    first work) and the message gives the estimate's total and its parts."""
+    construct_module = sys.modules["factkernels.construct"]  # the package's name "construct" is the function
+
+    K, V, f = facts
+    width = gadget_width(256, 16, 1.5)
+    est = estimate_build(256, 256, 16, 16, m=m or 1, gadget_width=width, solver="cg", outputs="values",
+                         dtype=torch.float64, fused_forward=False)  # m=None: the smallest m the search can pick
+
+    def never(*args, **kwargs):
+        raise AssertionError("the build started before the guard refused it")
+
+    monkeypatch.setattr(construct_module, "output_embeddings", never)
+    with pytest.raises(MemoryBudgetError) as err:
+        construct(K, V, f, m=m, outputs="values", solver="cg", backend="torch", max_memory=est.total - 1,
+                  progress=False)
+    message = str(err.value)
+    assert f"would need about {format_bytes(est.total)} but {format_bytes(est.total - 1)} is max_memory" in message
+    assert f"Estimate: {est}" in message
+
+
+def test_estimate_counts_the_cg_transients():
+    """The twins' row block (within _ops.GADGET_TWIN_BYTES, whole when F is small), nine (F, m) CG vectors, the
+    deflation; total = held parts + the largest phase."""
+    from factkernels import _ops
+
+    F, d, m, width = 100_000, 64, 40, 200
+    est = estimate_build(F, F, d, d, m=m, gadget_width=width, solver="cg", outputs="values", device_type="cuda",
+                         fused_forward=False)
+    rows = _ops.GADGET_TWIN_BYTES["cuda"] // (m * width * 4)
+    assert rows < F and est.parts["gadget product block"][0] == rows * m * width * 4
+    cpu = estimate_build(F, F, d, d, m=m, gadget_width=width, solver="cg", outputs="values", fused_forward=False)
+    assert cpu.parts["gadget product block"][0] == (_ops.GADGET_TWIN_BYTES["cpu"] // (m * width * 4)) * m * width * 4
+    small = estimate_build(1000, 1000, d, d, m=m, gadget_width=width, solver="cg", outputs="values", fused_forward=False)
+    assert small.parts["gadget product block"][0] == 1000 * m * width * 4  # one block of all rows
+    kernels = estimate_build(1000, 1000, d, d, m=m, gadget_width=width, solver="cg", outputs="values")
+    assert kernels.parts["gadget product block"][0] == 0  # the CPU kernels hold no block
+    assert est.parts["targets and dual variables"][0] + est.parts["CG vectors"][0] == 9 * F * m * 4
+    phases = est.phase_bytes()
+    assert set(phases) == {"held", "outputs", "m search", "solve", "verify"}
+    assert est.total == phases["held"] + max(v for k, v in phases.items() if k != "held")
+    assert est.total < sum(b for b, _ in est.parts.values())
