@@ -8,8 +8,7 @@ fresh child process: the peak is VmHWM after /proc/self/clear_refs reset it once
 inputs' bytes, against factkernels.memory.estimate_build for the m the build found (the guard's model, phase by
 phase). CG is capped at a few iterations: every iteration allocates the same. backend "auto" runs the CPU kernels
 of the gadget products; "torch" runs their blocked twins (the GPU's path). Then what the guard says, from the same
-estimate, for F = 2^18 and 2^20 at d = 1,024 on an 80 GB and a 141 GB GPU (m = 79, the 2^18 build's on an H200,
-session 24; m grows with log |V| only).
+estimate, for F = 2^18 and 2^20 at d = 1,024 on an 80 GB and a 141 GB GPU (LARGE_BUILDS).
 """
 
 from __future__ import annotations
@@ -28,7 +27,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # Free memory of a whole GPU as torch.cuda.mem_get_info reports it with nothing allocated (about): H100 80 GB,
 # H200 141 GB.
 GPUS = {"H100 80 GB": 79 << 30, "H200 141 GB": 139 << 30}
-LARGE_M = 79
+# (F, m) at d = 1,024: m = 79 is the 2^18 build's (H200, session 24); at 2^20 m grows with log |V| and 1/rho^2,
+# so also a larger one.
+LARGE_BUILDS = ((2**18, 79), (2**20, 79), (2**20, 128))
 
 
 def _status_bytes(key: str) -> int:
@@ -55,7 +56,7 @@ def child(case: dict) -> dict:
     peak = _status_bytes("VmHWM:") - base + inputs
     report = mlp.report
     est = estimate_build(F, F, d, d, m=report.m, gadget_width=report.gadget_width, solver="cg", outputs="values",
-                         device_type="cpu", fused_forward=case["backend"] != "torch")
+                         device_type="cpu", cpu_kernels=case["backend"] != "torch")
     return {**case, "m": report.m, "gadget_width": report.gadget_width, "cg_preconditioner": report.cg_preconditioner,
             "measured_peak_bytes": peak, "estimate_bytes": est.total, "estimate_over_measured": est.total / peak,
             "estimate_phases_bytes": est.phase_bytes(), "estimate_parts_bytes": {k: b for k, (b, _) in est.parts.items()}}
@@ -67,16 +68,16 @@ def guard_verdicts() -> list:
     from factkernels.memory import MemoryBudgetError, check_fits, estimate_build
 
     rows = []
-    for F in (2**18, 2**20):
-        est = estimate_build(F, F, 1024, 1024, m=LARGE_M, gadget_width=gadget_width(F, 1024, 1.5), solver="cg",
-                             outputs="values", device_type="cuda", fused_forward=False)
+    for F, m in LARGE_BUILDS:
+        est = estimate_build(F, F, 1024, 1024, m=m, gadget_width=gadget_width(F, 1024, 1.5), solver="cg",
+                             outputs="values", device_type="cuda", cpu_kernels=False)
         for gpu, free in GPUS.items():
             try:
                 check_fits(est, torch.device("cuda"), free)
                 verdict = {"fits": True}
             except MemoryBudgetError as err:
                 verdict = {"fits": False, "message": str(err)}
-            rows.append({"F": F, "d": 1024, "m": LARGE_M, "gpu": gpu, "free_bytes": free, "estimate_bytes": est.total,
+            rows.append({"F": F, "d": 1024, "m": m, "gpu": gpu, "free_bytes": free, "estimate_bytes": est.total,
                          "estimate_phases_bytes": est.phase_bytes(), "estimate": str(est), **verdict})
     return rows
 

@@ -59,9 +59,9 @@ def _memory_guard(num_facts: int, values: torch.Tensor, d_in: int, m: int, width
                   verify, hidden: Optional[int], max_memory: Optional[int], backend: str) -> str:
     """Check that the build fits before allocating it and resolve solver="auto" from the same
     estimate; returns the solver. Raises MemoryBudgetError naming the argument to change."""
-    fused = backend == "kernels" or (backend == "auto" and _ops.build_info()["compiled"]
-                                     and _ops.auto_runs_kernel("gated_forward", values.device.type))
-    kwargs = dict(m=m, gadget_width=width, dtype=values.dtype, verify=verify is not False, fused_forward=fused,
+    # the CPU-only kernels run only on a CPU ("auto": as estimate_build resolves it)
+    cpu_kernels = None if backend == "auto" else backend == "kernels" and values.device.type == "cpu"
+    kwargs = dict(m=m, gadget_width=width, dtype=values.dtype, verify=verify is not False, cpu_kernels=cpu_kernels,
                   outputs=outputs if isinstance(outputs, str) else "given",
                   width_argument="width_multiplier" if hidden is None else "hidden", device_type=values.device.type)
     shape = (num_facts, values.shape[0], d_in, values.shape[1])

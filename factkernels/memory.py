@@ -97,7 +97,8 @@ class MemoryEstimate:
     phases: dict = field(default_factory=dict)
     args: dict = field(default_factory=dict)
 
-    def add(self, name: str, nbytes: float, argument: str, phase: Optional[str] = None) -> None:
+    def add(self, name: str, nbytes: float, argument: Optional[str], phase: Optional[str] = None) -> None:
+        """``argument``: the one that drives the part (None: none does)."""
         self.parts[name] = (int(nbytes), argument)
         if phase is not None:
             self.phases[name] = phase
@@ -117,8 +118,8 @@ class MemoryEstimate:
         return held + max(phases.values(), default=0)
 
     def largest(self) -> tuple[str, int, str]:
-        """(part name, bytes, driving argument) of the biggest part."""
-        name = max(self.parts, key=lambda k: self.parts[k][0])
+        """(part name, bytes, driving argument) of the biggest part that an argument drives."""
+        name = max((k for k in self.parts if self.parts[k][1] is not None), key=lambda k: self.parts[k][0])
         return name, *self.parts[name]
 
     def __str__(self) -> str:
@@ -148,7 +149,7 @@ def estimate_build(
     dtype: torch.dtype = torch.float32,
     outputs: str = "margin_optimal",
     verify: bool = True,
-    fused_forward: bool = True,
+    cpu_kernels: Optional[bool] = None,
     width_argument: str = "width_multiplier",
     device_type: str = "cpu",
 ) -> MemoryEstimate:
@@ -156,14 +157,17 @@ def estimate_build(
     gadget width h̃ (hidden = m·h̃), with ``solver`` "cholesky" | "cg" | "per_gadget".
 
     A model of the tensors alive at the peak, not a measurement: accurate to a small factor,
-    which is what a guard against a build 100x too large needs. ``fused_forward``: the CPU-only kernels run
+    which is what a guard against a build 100x too large needs. ``cpu_kernels``: the CPU-only kernels run
     (_ops.CPU_ONLY_KERNELS: the fused verification forward with no hidden activations, decode and the gadget
-    products with no score chunk or row block; and star_topk's CPU kernel), not their torch twins.
+    products with no score chunk or row block; and star_topk's CPU kernel), not their torch twins; None: as
+    backend="auto" picks on ``device_type``.
     ``device_type``: "cpu" | "cuda", whose working-memory budgets (_ops.GADGET_TWIN_BYTES, STAR_TWIN_BYTES) apply.
     Each part is tagged with the phase that holds it (outputs, solve, verify; untagged: held throughout) and
     counted as if all of its phase's tensors were alive at once: checked to bound the measured peak in
     benchmarks/results/memory_guard-cpu.json (benchmarks/memory_guard.py).
     """
+    if cpu_kernels is None:
+        cpu_kernels = _ops.build_info()["compiled"] and _ops.auto_runs_kernel("gated_forward", device_type)
     item = torch.finfo(dtype).bits // 8
     hidden = m * gadget_width
     est = MemoryEstimate(args={"m": m, "hidden": hidden, "K": f"({num_facts}, {d_in})", "V": f"({num_values}, {d_out})",
@@ -174,12 +178,12 @@ def estimate_build(
     elif outputs == "values":  # geometry.checked_value_margins: three float64 copies of V, two in dtype, and the
         # streaming pass's chunk of scores (star_topk's twin's, within STAR_TWIN_BYTES; its CPU kernel holds none)
         budget = _ops.STAR_TWIN_BYTES.get(device_type, _ops.STAR_TWIN_BYTES["cpu"])
-        chunk = 0 if fused_forward else min(budget, num_values * num_values * (3 * item + 1))
+        chunk = 0 if cpu_kernels else min(budget, num_values * num_values * (3 * item + 1))
         est.add("output margins", (3 * 8 + 2 * item) * num_values * d_out + chunk, "V", "outputs")
     est.add("JL codes", num_values * m * item + d_out * m * 8, "m")
     # _ops.decode's twin (run where the fused forward's is: both kernels are CPU-only) scores VERIFY_CHUNK rows
     # against all |V| values at a time
-    decode_chunk = 0 if fused_forward else min(num_facts, VERIFY_CHUNK) * num_values * item
+    decode_chunk = 0 if cpu_kernels else min(num_facts, VERIFY_CHUNK) * num_values * item
     # decoder.search_m: a batch of up to 4 trial decoders' codes (|V|, m') with m' up to 1.25³ m, and a decode
     est.add("m search", _SEARCH_CODES * num_values * m * item + decode_chunk, "m", "m search")
     est.add("targets and dual variables", 2 * num_facts * m * item, "m")
@@ -194,7 +198,7 @@ def estimate_build(
                 "solve")
         # the gadget products' twins hold a (rows, m·h̃) block (_ops.gadget_twin_rows); their CPU kernels none
         budget = _ops.GADGET_TWIN_BYTES.get(device_type, _ops.GADGET_TWIN_BYTES["cpu"])
-        rows = 0 if fused_forward else min(num_facts, max(_ops.GADGET_TWIN_MIN_ROWS, budget // max(1, hidden * item)))
+        rows = 0 if cpu_kernels else min(num_facts, max(_ops.GADGET_TWIN_MIN_ROWS, budget // max(1, hidden * item)))
         est.add("gadget product block", rows * hidden * item, "m", "solve")
     est.add("gadget coefficients", 3 * m * gadget_width * (d_in + 1) * item, "m", "solve")
     # gate (h̃, d_in), up (m·h̃, d_in + 1) and down (d_out, m·h̃), each built once more during assembly
@@ -206,11 +210,11 @@ def estimate_build(
         est.add("explicit gadget system", 2 * num_facts * (gadget_width * (d_in + 1) + 1) * 8, width_argument, "solve")
     if verify:
         rows = min(num_facts, VERIFY_CHUNK)
-        activations = 0 if fused_forward else 3 * hidden
+        activations = 0 if cpu_kernels else 3 * hidden
         est.add("verification", num_facts * (8 + m * item) + rows * (d_out + activations) * item + decode_chunk, "m",
                 "verify")
     est.add("keys and values", (num_facts * d_in + num_values * d_out) * item, "K")
-    est.add("runtime", _RUNTIME_BYTES, "K")
+    est.add("runtime", _RUNTIME_BYTES, None)
     return est
 
 

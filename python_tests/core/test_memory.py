@@ -50,7 +50,8 @@ def test_pick_solver_and_estimate_parts():
     assert pick_solver(1024, torch.device("cpu"), other_bytes=1 << 40, budget=1 << 34) == "cg"
     est = estimate_build(1000, 500, 16, 16, m=32, gadget_width=100, solver="cg", outputs="values")
     name, nbytes, argument = est.largest()
-    assert nbytes == max(b for b, _ in est.parts.values()) and argument in est.args
+    assert nbytes == max(b for b, arg in est.parts.values() if arg) and argument in est.args
+    assert est.parts["runtime"] == (64 << 20, None)  # never named as the part to change
     # MLP weights: gate (h̃, d+1), up (m·h̃, d+1), down (d_out, m·h̃ + 1), built twice, float32
     assert est.parts["MLP weights"][0] == 2 * 4 * (100 * 17 + 3200 * 17 + 16 * 3201)
     assert available_memory(torch.device("cpu")) > 0
@@ -66,7 +67,7 @@ def test_guard_refuses_before_any_work_with_the_estimate(facts, monkeypatch, m):
     K, V, f = facts
     width = gadget_width(256, 16, 1.5)
     est = estimate_build(256, 256, 16, 16, m=m or 1, gadget_width=width, solver="cg", outputs="values",
-                         dtype=torch.float64, fused_forward=False)  # m=None: the smallest m the search can pick
+                         dtype=torch.float64, cpu_kernels=False)  # m=None: the smallest m the search can pick
 
     def never(*args, **kwargs):
         raise AssertionError("the build started before the guard refused it")
@@ -87,12 +88,12 @@ def test_estimate_counts_the_cg_transients():
 
     F, d, m, width = 100_000, 64, 40, 200
     est = estimate_build(F, F, d, d, m=m, gadget_width=width, solver="cg", outputs="values", device_type="cuda",
-                         fused_forward=False)
+                         cpu_kernels=False)
     rows = _ops.GADGET_TWIN_BYTES["cuda"] // (m * width * 4)
     assert rows < F and est.parts["gadget product block"][0] == rows * m * width * 4
-    cpu = estimate_build(F, F, d, d, m=m, gadget_width=width, solver="cg", outputs="values", fused_forward=False)
+    cpu = estimate_build(F, F, d, d, m=m, gadget_width=width, solver="cg", outputs="values", cpu_kernels=False)
     assert cpu.parts["gadget product block"][0] == (_ops.GADGET_TWIN_BYTES["cpu"] // (m * width * 4)) * m * width * 4
-    small = estimate_build(1000, 1000, d, d, m=m, gadget_width=width, solver="cg", outputs="values", fused_forward=False)
+    small = estimate_build(1000, 1000, d, d, m=m, gadget_width=width, solver="cg", outputs="values", cpu_kernels=False)
     assert small.parts["gadget product block"][0] == 1000 * m * width * 4  # one block of all rows
     kernels = estimate_build(1000, 1000, d, d, m=m, gadget_width=width, solver="cg", outputs="values")
     assert kernels.parts["gadget product block"][0] == 0  # the CPU kernels hold no block

@@ -92,5 +92,5 @@ def test_estimate_bounds_the_measured_peak_of_a_cg_build(tmp_path, backend):
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     est = estimate_build(F, F, d, d, m=result["m"], gadget_width=result["width"], solver="cg", outputs="values",
-                         fused_forward=backend == "auto")
+                         cpu_kernels=backend == "auto")
     assert est.total >= result["peak"] > 0, (est.total, result, str(est))
