@@ -12,12 +12,15 @@ gate or a tighter threshold would leave). Writes benchmarks/results/hf/text_loca
 
     --settings '{"lookalikes": 0}' --tag no_lookalikes   # insert_facts options over the experiment's
     --named-first                                        # the cases whose subject a held-out text names first
-    --detectors-only --lookalike-weights 0.01,0.03,0.1   # no values: where each detector fires (seconds)
+    --detectors-only --lookalike-weights 0.01,0.03,0.1   # no values: where each detector fires (minutes)
+    --detectors-only --wiki-negatives 0,400              # ... with the first N Wikipedia leads as negatives too
 
 In texts that name an edited subject the KL is split by place: at the subject's last token, on the 5 tokens after
 it, and on the rest of those texts. --detectors-only builds the detectors alone (no δ, nothing appended) with
 look-alike contrast off and at each weight, and counts held-out tokens off a mention that a detector acts on,
-look-alike states that pass a threshold, and the share of held-out-template (paraphrase) keys given the whole δ.
+look-alike states that pass a threshold, and the share of held-out-template (paraphrase) keys given the whole δ;
+also off a mention on 500 held-out Wikipedia leads (~48k tokens, a rate the 2,794 held-out tokens are too few to
+show), and with the first N leads added to the negatives (--wiki-negatives).
 """
 
 import argparse
@@ -31,7 +34,7 @@ import torch
 import torch.nn.functional as F_nn
 
 from factkernels import hf
-from factkernels.datasets import natural_text
+from factkernels.datasets import natural_text, wikipedia_leads
 from factkernels.datasets.editing_benchmark import known_draw
 from factkernels.environment import environment
 from factkernels.experiments.real_lm_editing import OURS_SETTINGS
@@ -46,6 +49,7 @@ from factkernels.hf.subject_keys import (LOOKALIKE_CONTEXTS, RAMP_OVERSHOOT, def
                                          subject_mentions)
 
 MAX_LENGTH = 128
+HELD_OUT_LEADS = slice(9000, 9500)  # Wikipedia leads no insertion reads (--wiki-negatives takes the first ones)
 FIRE = 1e-3  # a detector "acts" on a token when |its fraction of δ| exceeds this
 
 
@@ -229,8 +233,10 @@ def run(n, split, draw, model, tok, ref, texts, layer, settings, top, named_firs
         ins.remove()
 
 
-def detector_probe(n, split, draw, model, tok, ref, texts, layer, weights, named_first=False) -> dict:
-    """The detectors alone (see the module docstring) without look-alike contrast and at each weight."""
+def detector_probe(n, split, draw, model, tok, ref, texts, layer, weights, wiki_negatives=(0,),
+                   named_first=False) -> dict:
+    """The detectors alone (see the module docstring): without look-alike contrast and at each weight, each with the
+    first ``wiki_negatives`` leads (each count) as negatives too."""
     cases = draw_cases(split, draw, n, texts, named_first)
     requests = case_requests(cases)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -249,6 +255,17 @@ def detector_probe(n, split, draw, model, tok, ref, texts, layer, weights, named
     last_ids = ctx.batch.input_ids[torch.arange(len(ctx.requests)), ctx.batch.subject_last]
     similar = lookalike_tokens(tok, model.get_input_embeddings().weight, last_ids)
     alike, alike_row = lookalike_states(model, ctx, layer, similar)
+
+    def wiki(leads):
+        ids, mask = encode_texts(tok, leads, max_length=MAX_LENGTH)
+        x = torch.cat([capture(model, ids[i:i + 64], mask[i:i + 64], layer, site="mlp_in", batch_size=16)
+                       for i in range(0, len(ids), 64)])
+        return x, subject_mentions(tok, ctx.subjects, ids, mask), ids[mask.bool()]
+
+    leads = wikipedia_leads()
+    wiki_x, wiki_mention, wiki_flat = wiki(leads[HELD_OUT_LEADS])
+    extra = wiki(leads[:max(wiki_negatives)]) if max(wiki_negatives) else None
+    lead_tokens = torch.tensor([0] + [min(len(tok(t)["input_ids"]), MAX_LENGTH) for t in leads[:max(wiki_negatives)]])
     held_out = capture(model, ref["ids"], ref["mask"], layer, site="mlp_in", batch_size=32)
     held_mention = subject_mentions(tok, ctx.subjects, ref["ids"], ref["mask"])
     para = encode_requests(tok, [Request(p, c.subject, " " + c.target_new) for c in cases for p in c.paraphrase_prompts])
@@ -259,36 +276,58 @@ def detector_probe(n, split, draw, model, tok, ref, texts, layer, weights, named
     flat = ref["ids"][ref["mask"].bool()]
 
     def fraction(x, det, ramp=12.0):  # the ramp units' fraction of δ at states x (n, G)
-        z = (ramp + RAMP_OVERSHOOT) / (det["own_min"] - det["tau"]) * ((x.double() - det["mu"]) @ det["w"].T - det["tau"])
-        return (F_nn.silu(z) - F_nn.silu(z - ramp)) / ramp
+        out = []
+        for i in range(0, len(x), 16384):
+            z = (ramp + RAMP_OVERSHOOT) / (det["own_min"] - det["tau"]) * (
+                (x[i:i + 16384].double() - det["mu"]) @ det["w"].T - det["tau"])
+            out.append(((F_nn.silu(z) - F_nn.silu(z - ramp)) / ramp).float())
+        return torch.cat(out)
 
     own, rows = states[key_index], []
-    for weight in [None, *weights]:
-        options = {} if weight is None else {"lookalikes": alike, "lookalike_weight": weight}
-        det = lda_detectors(own, ctx.subject, negatives, mentions=mentions,
-                            lookalike_subject=None if weight is None else ctx.subject[alike_row], **options)
-        group, group_subject = detector_groups(ctx.subject, ctx.opens, ~det["separated"])
-        if len(group_subject) > len(ctx.subjects):
-            det = lda_detectors(own, group, negatives, mentions=mentions[:, group_subject],
-                                lookalike_subject=None if weight is None else group[alike_row], **options)
-        off = fraction(held_out, det) * ~held_mention[:, group_subject]
-        acting = off.abs() > FIRE
-        mine = group_subject[None, :] == para_subject[:, None]
-        para_own = (fraction(para_x, det) * mine).sum(1)
-        rows.append({"lookalike_weight": weight, "detectors": len(group_subject),
-                     "separated": int(det["separated"].sum()),
-                     "gap_mean": float((det["own_min"] - det["contrast_max"]).mean()),
-                     "held_out_tokens_acting_off_mention": int(acting.any(1).sum()),
-                     "held_out_fraction_sum_off_mention": float(off.abs().sum()),
-                     "lookalike_states_acting": int((fraction(alike, det).abs() > FIRE).any(1).sum()),
-                     "paraphrase_keys_full_delta": float((para_own > 0.99).double().mean()),
-                     "paraphrase_keys_under_half": float((para_own < 0.5).double().mean()),
-                     "acting": [{"context": tok.decode(flat[max(0, i - 8):i + 1]),
-                                 "subject": ctx.subjects[int(group_subject[g])], "fraction": float(off[i, g])}
-                                for i, g in acting.nonzero().tolist()[:10]]})
+    for count in wiki_negatives:
+        tokens = int(lead_tokens[:count + 1].sum())  # the first ``count`` leads' real tokens
+        neg, neg_mentions = negatives, mentions
+        if count:
+            neg = torch.cat([negatives, extra[0][:tokens]])
+            neg_mentions = torch.cat([mentions, extra[1][:tokens]])
+        for weight in [None, *weights]:
+            options = {} if weight is None else {"lookalikes": alike, "lookalike_weight": weight}
+            det = lda_detectors(own, ctx.subject, neg, mentions=neg_mentions,
+                                lookalike_subject=None if weight is None else ctx.subject[alike_row], **options)
+            group, group_subject = detector_groups(ctx.subject, ctx.opens, ~det["separated"])
+            if len(group_subject) > len(ctx.subjects):
+                det = lda_detectors(own, group, neg, mentions=neg_mentions[:, group_subject],
+                                    lookalike_subject=None if weight is None else group[alike_row], **options)
+            off = fraction(held_out, det) * ~held_mention[:, group_subject]
+            acting = off.abs() > FIRE
+            wiki_off = fraction(wiki_x, det) * ~wiki_mention[:, group_subject]
+            wiki_acting = wiki_off.abs() > FIRE
+            mine = group_subject[None, :] == para_subject[:, None]
+            para_own = (fraction(para_x, det) * mine).sum(1)
+            rows.append({"lookalike_weight": weight, "wiki_negative_leads": count,
+                         "wiki_negative_tokens": tokens, "detectors": len(group_subject),
+                         "separated": int(det["separated"].sum()),
+                         "gap_mean": float((det["own_min"] - det["contrast_max"]).mean()),
+                         "held_out_tokens_acting_off_mention": int(acting.any(1).sum()),
+                         "held_out_fraction_sum_off_mention": float(off.abs().sum()),
+                         "wiki_held_out_tokens": len(wiki_x),
+                         "wiki_tokens_acting_off_mention": int(wiki_acting.any(1).sum()),
+                         "wiki_fraction_sum_off_mention": float(wiki_off.abs().sum()),
+                         "lookalike_states_acting": int((fraction(alike, det).abs() > FIRE).any(1).sum()),
+                         "paraphrase_keys_full_delta": float((para_own > 0.99).double().mean()),
+                         "paraphrase_keys_under_half": float((para_own < 0.5).double().mean()),
+                         "acting": [{"context": tok.decode(flat[max(0, i - 8):i + 1]),
+                                     "subject": ctx.subjects[int(group_subject[g])], "fraction": float(off[i, g])}
+                                    for i, g in acting.nonzero().tolist()[:10]],
+                         "wiki_acting": [{"context": tok.decode(wiki_flat[max(0, i - 8):i + 1]),
+                                          "subject": ctx.subjects[int(group_subject[g])],
+                                          "fraction": float(wiki_off[i, g])}
+                                         for i, g in wiki_acting.nonzero().tolist()[:40]]})
+            print(json.dumps({k: v for k, v in rows[-1].items() if "acting" != k[-6:]}), flush=True)
     return {"n": n, "num_facts": len(cases), "subjects": len(ctx.subjects), "lookalike_states": len(alike),
             "lookalike_contexts": LOOKALIKE_CONTEXTS,
             "lookalike_examples": {tok.decode([i]): [tok.decode([j]) for j in similar[i]] for i in list(similar)[:12]},
+            "wiki_held_out_leads": [HELD_OUT_LEADS.start, HELD_OUT_LEADS.stop],
             "paraphrase_keys": len(para_x), "seconds": seconds, "weights": rows}
 
 
@@ -304,6 +343,7 @@ def main() -> None:
     parser.add_argument("--named-first", action="store_true", help="cases whose subject a held-out text names first")
     parser.add_argument("--detectors-only", action="store_true")
     parser.add_argument("--lookalike-weights", default="0.01,0.03,0.1,0.3")
+    parser.add_argument("--wiki-negatives", default="0", help="first N Wikipedia leads as negatives too (list)")
     args = parser.parse_args()
     settings = {**OURS_SETTINGS, **json.loads(args.settings)}
     layer = settings["layer"]
@@ -324,7 +364,7 @@ def main() -> None:
         if args.detectors_only:
             weights = [float(w) for w in args.lookalike_weights.split(",")]
             result = detector_probe(count, args.split, args.draw, model, tok, ref, texts, layer, weights,
-                                    args.named_first)
+                                    [int(k) for k in args.wiki_negatives.split(",")], args.named_first)
             result.update(split=args.split, draw=args.draw, layer=layer, named_first=args.named_first,
                           seconds_total=time.perf_counter() - t, command=" ".join(["python", *sys.argv]),
                           device="cpu", load_average=os.getloadavg(), environment=environment())

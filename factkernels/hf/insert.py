@@ -46,7 +46,7 @@ from .checkpoint import ChunkCheckpoint, fingerprint
 from .evaluate import batch_margins, fact_min, token_margin
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
-from .subject_keys import check_subject_options, default_prefixes, insert_subject_keyed
+from .subject_keys import WIKIPEDIA_NEGATIVES, check_subject_options, default_prefixes, insert_subject_keyed
 from .units import Insertion, InsertionReport, append_units, removed_on_failure
 
 GATES = ("detector", "generic")
@@ -377,7 +377,8 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
                  progress: bool = True, checkpoint: Union[str, Path, None] = None, keys: str = "request",
                  prefixes: Optional[Sequence[str]] = None, value_prefixes: Optional[int] = None, within: float = 1.0,
                  subject_threshold: float = 0.5, ramp: float = 12.0, repair_rounds: int = 3, lookalikes: int = 6,
-                 lookalike_weight: float = 0.03,
+                 lookalike_weight: float = 0.03, essence: int = 0, essence_weight: float = 1.0,
+                 wikipedia_negatives: int = WIKIPEDIA_NEGATIVES,
                  device: Union[str, torch.device, None] = None) -> Insertion:
     """Insert facts by appending constructed hidden units to one layer's MLP (in place).
 
@@ -409,7 +410,13 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         last token and as many nearest in embedding (" India": " Indian", ...) are put in its place in its
         contexts and kept below its detector's threshold (0 turns it off; ``lookalike_weight`` 0.03: with
         detectors for every validation fact no held-out text token off a mention gets δ, 3 without, 1-5 at
-        0.1-0.3: benchmarks/results/hf/text_locality_detectors_validation0_nall.json).
+        0.1-0.3: benchmarks/results/hf/text_locality_detectors_validation0_nall.json). ``essence`` > 0: the model's
+        own 16-token continuations after each subject under the last ``essence`` prefixes join the δ fit, kept
+        with ``essence_weight`` times their KL to the unedited model (text that names a subject but asks no fact;
+        :func:`~factkernels.hf.subject_keys.fit_subject_deltas`; 0, the default, leaves it out).
+        ``wikipedia_negatives``: the first that many shipped Wikipedia leads (:func:`factkernels.datasets.wikipedia_leads`)
+        join ``background`` as the detectors' negatives (0: ``background`` alone; see
+        :data:`~factkernels.hf.subject_keys.WIKIPEDIA_NEGATIVES`).
     device: where the model runs ("cpu", "cuda", ...): it is moved there in place (``model.to(device)``) and
         stays; default: where it is. Every step runs on the model's device.
     Returns an :class:`Insertion`; raises ValueError for bad requests, layer or options.
@@ -432,7 +439,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         prefixes = default_prefixes() if prefixes is None else list(prefixes)
         value_prefixes = min(1, len(prefixes)) if value_prefixes is None else value_prefixes
         check_subject_options(value_prefixes, prefixes, subject_threshold, ramp, within, repair_rounds, lookalikes,
-                              lookalike_weight)
+                              lookalike_weight, essence, essence_weight, wikipedia_negatives)
     if device is not None:  # after every check: a refused request leaves the model where it was
         model.to(device)
     if background is None:
@@ -442,6 +449,10 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     torch.manual_seed(seed)
     if keys == "subject":
         t, c = time.perf_counter(), time.process_time()
+        if wikipedia_negatives:
+            from ..datasets import wikipedia_leads
+
+            background = list(background) + wikipedia_leads(wikipedia_negatives)
         states = background_states(model, tok, background, layer)
         return insert_subject_keyed(model, tok, parsed, layer=layer, background=states, background_texts=background,
                                   background_seconds=(time.perf_counter() - t, time.process_time() - c),
@@ -449,7 +460,8 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
                                   prefixes=prefixes, value_prefixes=value_prefixes, within=within,
                                   threshold=subject_threshold, ramp=ramp, margin=margin, value_steps=value_steps,
                                   value_lr=value_lr, batch_size=batch_size, progress=progress, start_time=start_time,
-                                  repair_rounds=repair_rounds, lookalikes=lookalikes, lookalike_weight=lookalike_weight)
+                                  repair_rounds=repair_rounds, lookalikes=lookalikes, lookalike_weight=lookalike_weight,
+                                  essence=essence, essence_weight=essence_weight)
 
     t = time.perf_counter()
     batch = encode_requests(tok, parsed, with_target=True)

@@ -20,6 +20,12 @@ fit over many contexts; later layers carry δ to wherever the question ends (as 
   (a penalty in the LDA objective, :func:`lda_detectors`) and they are contrast for every threshold. Without
   them " Indian" of "the Indian Ocean" fired India's (and Pakistan's) detector past its own contexts: at 100
   validation facts that one token was all of the held-out text's KL.
+* **Negatives.** Ordinary text (``background``), by default with the first :data:`WIKIPEDIA_NEGATIVES` shipped
+  Wikipedia leads, and every other position of the contexts. A detector's tail on text it has not seen is what
+  fires it off a mention: at 149 validation subjects 57 of 48k held-out Wikipedia tokens got some δ with the
+  model-written background alone.
+* **Essence (optional).** ``essence`` continuations the model writes after each subject join the δ fit as rows
+  kept, not taught (:func:`fit_subject_deltas`): δ is read by every later token of a text naming the subject.
 * **Units.** Two per detector on one gate row, silu(β(s − τ)) − silu(β(s − τ) − a), a = ``ramp``, β such that the
   lowest own score is 8 past the upper corner: a ramp that is 0 below τ and saturates at a on every training
   context, so each context receives the same δ (down columns ±δ/a) whatever its score.
@@ -49,6 +55,7 @@ from .capture import (MidStates, PromptBatch, capture, encode_requests, encode_t
                       length_sorted_chunks, logits_at, mid_matches, mlp_inputs, model_device, tail_from, tail_matches,
                       tail_start)
 from .contexts import with_prefixes
+from .essence import ESSENCE_TOKENS, bucketed_kl, continuations, essence_reference
 from .evaluate import batch_margins
 from .layout import mlp_module
 from .requests import Request
@@ -259,13 +266,19 @@ def ramp_units(det: dict, deltas: torch.Tensor, *, ramp: float = 12.0) -> FactML
 
 def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, layer: int, *, margin: float = 3.0,
                        steps: int = 40, lr: float = 0.5, batch_size: int = 32, init: Optional[torch.Tensor] = None,
-                       progress: bool = True) -> tuple[torch.Tensor, dict]:
+                       progress: bool = True, essence: Optional[torch.Tensor] = None,
+                       essence_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
     """One δ per subject (S, d), added after ``layer``'s MLP at the subject's last token of each of its rows, fit
     jointly over them: Adam on the summed target cross-entropy of the rows below ``margin`` until every row
     reaches it (or ``steps``). δ changes nothing before the subject's last token: one forward gives the residual
     after ``layer`` from there on and the keys and values before it (:func:`~factkernels.hf.capture.tail_start`),
     and each step runs only the later blocks on the positions from the subject's last token on.
-    init: (S, d) the δ to start from (default zeros); a subject without rows in ``batch`` keeps it."""
+    init: (S, d) the δ to start from (default zeros); a subject without rows in ``batch`` keeps it.
+    essence: (R,) bool, optional: rows whose targets are text the unedited model wrote after the subject
+    (:func:`~factkernels.hf.essence.continuations`), not facts: they are not taught and have no margin; while
+    their subject is fit, ``essence_weight`` times each row's mean KL(p ‖ p_δ) over its target positions (p the
+    unedited model's, over its top :data:`~factkernels.hf.essence.ESSENCE_TOP` tokens and the rest) joins the loss, so δ leaves what the
+    model says after the subject alone where no fact is asked (ROME's essence term, over whole continuations)."""
     device = model_device(model)
     n_subjects = int(subject.max()) + 1 if init is None else len(init)
     delta = (torch.zeros(n_subjects, model.config.hidden_size, device=device) if init is None
@@ -277,11 +290,12 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
     cached = (tail_start(model, batch, layer, start, batch_size=batch_size)
               if tail_matches(model, probe.input_ids, probe.attention_mask, layer) else None)
 
-    def target_logits(chunk: torch.Tensor, sub: PromptBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Logits (k, vocab) of the rows ``chunk`` at their target positions with their subjects' δ, the row
-        (k,) and token (k,) of each."""
+    def target_logits(chunk: torch.Tensor, sub: PromptBatch,
+                      values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits (k, vocab) of the rows ``chunk`` at their target positions with their subjects' ``values`` (δ),
+        the row (k,) and token (k,) of each."""
         t_rows, t_pos, t_tokens = sub.target_positions()
-        step = delta[subject[chunk].to(device)]
+        step = values[subject[chunk].to(device)]
         if cached is None:  # a model whose tail differs: δ by a hook in a full forward
             hidden = hidden_with_delta(model, layer, sub, None, torch.arange(len(chunk)), sub.subject_last, step)
             return logits_at(model, hidden, t_rows, t_pos), t_rows, t_tokens
@@ -299,25 +313,41 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
     active = torch.arange(len(batch))
     margins = torch.full((len(batch),), float("-inf"))
     from_start = batch.attention_mask.sum(1) - start
+    essence = torch.zeros(len(batch), dtype=torch.bool) if essence is None else essence.cpu().bool()
+    margins[essence] = float("inf")  # kept, not taught: never below the margin
+    reference = essence_reference(essence, from_start, batch, batch_size,
+                                  lambda chunk, sub: target_logits(chunk, sub, torch.zeros_like(delta)))
 
     def run(rows: torch.Tensor, train: bool) -> torch.Tensor:
         """Margins of ``rows`` with the current δ (into ``margins``); with ``train``, the gradient of the summed
-        target cross-entropy of those below the margin accumulated into δ.grad. Returns the rows below it."""
+        target cross-entropy of those below the margin (and of the essence rows' KL) accumulated into δ.grad.
+        Returns the rows below it."""
         below_rows = []
         for part in length_sorted_chunks(from_start[rows], batch_size):
             chunk = rows[part]
+            sub = batch.rows(chunk)
             with torch.set_grad_enabled(train):
-                logits, t_rows, t_tokens = target_logits(chunk, batch.rows(chunk))
+                logits, t_rows, t_tokens = target_logits(chunk, sub, delta)
             t_tokens = t_tokens.to(logits.device)
+            kept = essence[chunk].to(logits.device)
             own = logits.gather(1, t_tokens[:, None]).squeeze(1)
             other = logits.detach().scatter(1, t_tokens[:, None], float("-inf")).amax(1)
             row_margin = torch.full((len(chunk),), float("inf"), device=logits.device).scatter_reduce(
-                0, t_rows.to(logits.device), (own.detach() - other), "amin")
+                0, t_rows.to(logits.device), (own.detach() - other), "amin").masked_fill(kept, float("inf"))
             margins[chunk] = row_margin.cpu()
             below_rows.append(chunk[margins[chunk] < margin])
             below = (row_margin < margin)[t_rows.to(logits.device)]
-            if train and bool(below.any()):
-                (F_nn.cross_entropy(logits, t_tokens, reduction="none") * below).sum().backward()
+            if not train or not (bool(below.any()) or bool(kept.any())):
+                continue
+            loss = (F_nn.cross_entropy(logits, t_tokens, reduction="none") * below).sum()
+            if bool(kept.any()) and essence_weight > 0:
+                at = kept[t_rows.to(logits.device)]
+                offset = (sub.target_positions()[1] - sub.prompt_last[t_rows])[at.cpu()]
+                ids, logp = (r[chunk[t_rows[at.cpu()]], offset] for r in reference)
+                kl = bucketed_kl(logp.to(logits.device), logits[at].log_softmax(-1).gather(1, ids.to(logits.device)))
+                lengths = sub.target_len.to(logits.device).float()[t_rows.to(logits.device)[at]]
+                loss = loss + essence_weight * (kl / lengths).sum()
+            loss.backward()
         return torch.cat(below_rows) if below_rows else rows[:0]
 
     try:
@@ -325,11 +355,12 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
             opt.zero_grad()
             # rows at the margin at their last step run first without a graph: most stay there and add no gradient
             # (a backward costs about a forward); those that fell below run again with it, so the gradient is the
-            # same sum over the rows below the margin (up to float rounding: other batches)
-            settled = margins[active] >= margin
+            # same sum over the rows below the margin (up to float rounding: other batches). Essence rows have no
+            # margin: while their subject is fit they always run with the graph
+            settled = (margins[active] >= margin) & ~essence[active]
             fell = run(active[settled], train=False)
             run(torch.cat([active[~settled], fell]), train=True)
-            history.append(float(margins.min()))
+            history.append(float(margins[~essence].min()))
             # a subject is done when all its rows reach the margin; its rows stop running and its δ stays
             subject_min = torch.full((n_subjects,), float("inf")).scatter_reduce(0, subject, margins, "amin")
             if bool((subject_min >= margin).all()):
@@ -388,10 +419,12 @@ def detector_firing(det: dict, states: torch.Tensor, ramp: float) -> torch.Tenso
 def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, layer: int, background: torch.Tensor,
                       background_texts: Sequence[str], prefixes: Sequence[str], value_prefixes: int, within: float,
                       threshold: float, ramp: float, ridge: float, margin: float, value_steps: int, value_lr: float,
-                      batch_size: int, progress: bool, lookalikes: int,
-                      lookalike_weight: float) -> tuple[SubjectUnits, dict]:
+                      batch_size: int, progress: bool, lookalikes: int, lookalike_weight: float, essence: int = 0,
+                      essence_weight: float = 1.0) -> tuple[SubjectUnits, dict]:
     """Build the subject-keyed units for ``requests`` (not yet appended): (units, stats).
     background (N, d): MLP inputs of ``layer`` at the real tokens of ``background_texts`` (ordinary text);
+    essence: per subject, the model's continuations (:data:`~factkernels.hf.essence.ESSENCE_TOKENS` tokens) after it under the last
+    ``essence`` prefixes, kept by the δ fit with ``essence_weight`` (:func:`fit_subject_deltas`; 0: none);
     lookalikes: extensions and embedding neighbours (each) of every subject's last token (:func:`lookalike_tokens`)
     kept below its detector's threshold with ``lookalike_weight`` (:func:`lda_detectors`)."""
     timings: dict = {}  # wall and process CPU seconds of each stage
@@ -424,9 +457,19 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
 
     t, c = time.perf_counter(), time.process_time()
     fit_rows = (ctx.prefix <= value_prefixes).nonzero().flatten()
-    deltas, value_info = fit_subject_deltas(model, ctx.batch.rows(fit_rows), ctx.subject[fit_rows], layer,
-                                            margin=margin, steps=value_steps, lr=value_lr, batch_size=batch_size,
-                                            progress=progress)
+    fit_batch, fit_subject, kept = ctx.batch.rows(fit_rows), ctx.subject[fit_rows], None
+    if essence:
+        openers = [(p + ". {}", s) for s in ctx.subjects for p in prefixes[-essence:]]
+        after = continuations(model, tok, [o.replace("{}", s) for o, s in openers], length=ESSENCE_TOKENS,
+                              batch_size=batch_size)
+        rows = [ctx.requests[i] for i in fit_rows.tolist()] + [Request(o, s, a or " .")
+                                                               for (o, s), a in zip(openers, after)]
+        fit_batch = encode_requests(tok, rows, with_target=True)
+        fit_subject = torch.cat([fit_subject, torch.arange(len(ctx.subjects)).repeat_interleave(essence)])
+        kept = torch.arange(len(rows)) >= len(fit_rows)
+    deltas, value_info = fit_subject_deltas(model, fit_batch, fit_subject, layer, margin=margin, steps=value_steps,
+                                            lr=value_lr, batch_size=batch_size, progress=progress, essence=kept,
+                                            essence_weight=essence_weight)
     timings["values"], timings["values_cpu"] = time.perf_counter() - t, time.process_time() - c
 
     t, c = time.perf_counter(), time.process_time()
@@ -442,6 +485,7 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
     alike_firing = detector_firing(det, alike, ramp) if len(alike) else torch.zeros(0, dtype=torch.bool)
     timings["construct"], timings["construct_cpu"] = time.perf_counter() - t, time.process_time() - c
     stats = {"subjects": len(ctx.subjects), "detectors": len(group_subject), "contexts": len(ctx.requests),
+             "background_tokens": len(background),
              "separated": int(det["separated"].sum()), "own_min_mean": float(det["own_min"].mean()),
              "contrast_max_mean": float(det["contrast_max"].mean()), "tau_mean": float(det["tau"].mean()),
              "negatives_firing": float(firing.double().mean()),
@@ -472,6 +516,12 @@ def refit_uncertified(model: Any, units: SubjectUnits, margins: torch.Tensor, *,
     return {**info, "subjects": len(failing), "rows": len(rows)}
 
 
+# Shipped Wikipedia leads (~40k tokens) that join the detectors' negatives by default (insert_facts'
+# ``wikipedia_negatives``): the 2,794 held-out text tokens are too few to show a detector's tail on ordinary text,
+# 500 held-out leads (48k tokens) are not (benchmarks/results/hf/text_locality_detectors_validation0_nall_wiki.json).
+WIKIPEDIA_NEGATIVES = 400
+
+
 def default_prefixes() -> list[str]:
     """The editing benchmark's edit prefixes (never its held-out ones)."""
     from ..datasets.editing_benchmark import prefixes
@@ -480,7 +530,14 @@ def default_prefixes() -> list[str]:
 
 
 def check_subject_options(value_prefixes: int, prefixes: Sequence[str], threshold: float, ramp: float,
-                          within: float, repair_rounds: int, lookalikes: int, lookalike_weight: float) -> None:
+                          within: float, repair_rounds: int, lookalikes: int, lookalike_weight: float, essence: int = 0,
+                          essence_weight: float = 1.0, wikipedia_negatives: int = 0) -> None:
+    if isinstance(wikipedia_negatives, bool) or not isinstance(wikipedia_negatives, int) or wikipedia_negatives < 0:
+        raise ValueError(f"wikipedia_negatives must be an int >= 0, got {wikipedia_negatives!r}")
+    if isinstance(essence, bool) or not isinstance(essence, int) or not 0 <= essence <= len(prefixes):
+        raise ValueError(f"essence must be an int in [0, {len(prefixes)}] (the number of prefixes), got {essence!r}")
+    if not essence_weight >= 0:
+        raise ValueError(f"essence_weight must be >= 0, got {essence_weight!r}")
     if isinstance(lookalikes, bool) or not isinstance(lookalikes, int) or lookalikes < 0:
         raise ValueError(f"lookalikes must be an int >= 0, got {lookalikes!r}")
     if not lookalike_weight > 0:

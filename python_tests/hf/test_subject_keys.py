@@ -1,4 +1,4 @@
-"""factkernels.hf.subject_keys: detector groups, subject mentions, the LDA threshold's contrast."""
+"""factkernels.hf.subject_keys: detector groups, mentions, the LDA threshold's contrast, negatives, essence rows."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ from factkernels import hf
 from factkernels.hf.capture import encode_texts
 from factkernels.hf.subject_keys import (detector_groups, lda_detectors, lookalike_states, lookalike_tokens, ramp_units,
                                         subject_contexts, subject_mentions)
-from helpers import TINY_TEXTS
+from helpers import TINY_PREFIXES, TINY_TEXTS
 
 
 def test_contexts_say_which_rows_open_with_the_subject(tiny_llama):
@@ -242,3 +242,99 @@ def test_refit_covers_the_failing_subjects_contexts_below_the_margin(strong_llam
                              batch_size=8, progress=False)
     assert info["subjects"] == 1 and units.fit_rows.tolist() == [0, 1, 3, 4] and info["rows"] == 3
     assert torch.equal(units.deltas[1], deltas[1]) and not torch.equal(units.deltas[0], deltas[0])
+
+
+def test_essence_rows_are_kept_not_taught(strong_llama):
+    """Rows marked essence never gate the fit (no margin of their own) and their KL to the unedited model's
+    predictions after the subject joins the loss: with a weight, δ moves them less than without (the tiny model
+    then falls short of the margin: the certification and repair of insert_facts catch that)."""
+    from factkernels.hf.capture import encode_requests, hidden_with_delta, logits_at
+    from factkernels.hf.essence import continuations
+    from factkernels.hf.subject_keys import fit_subject_deltas
+
+    model, tok = strong_llama
+    taught = hf.parse_requests([{"prompt": "who wrote {} ? it was", "subject": "emma", "target_new": "tolstoy"}])
+    after = ["the old house by the river . {}", "music in the city . {}"]
+    kept = [hf.Request(p, "emma", " " + c) for p, c in
+            zip(after, continuations(model, tok, [p.replace("{}", "emma") for p in after], length=4))]
+    batch = encode_requests(tok, taught + kept, with_target=True)
+    essence = torch.tensor([False, True, True])
+    subject = torch.zeros(3, dtype=torch.long)
+
+    def kept_kl(delta):
+        sub = batch.rows(slice(1, 3))
+        rows, pos, _ = sub.target_positions()
+        with torch.no_grad():
+            lp = [logits_at(model, hidden_with_delta(model, 1, sub, None, torch.arange(2), sub.subject_last, d),
+                            rows, pos).log_softmax(-1) for d in (torch.zeros(2, 32), delta[[0, 0]])]
+        return float((lp[0].exp() * (lp[0] - lp[1])).sum(-1).mean())
+
+    kl = {}
+    for weight in (0.0, 3.0):
+        delta, info = fit_subject_deltas(model, batch, subject, 1, margin=0.2, steps=60, lr=0.5, batch_size=8,
+                                         progress=False, essence=essence, essence_weight=weight)
+        kl[weight] = kept_kl(delta)
+        alone, _ = fit_subject_deltas(model, batch.rows(slice(0, 1)), subject[:1], 1, margin=0.2, steps=60, lr=0.5,
+                                      batch_size=8, progress=False)
+        if weight == 0.0:  # weight 0: the essence rows change nothing, and have no margin of their own
+            assert torch.allclose(delta, alone, atol=1e-5) and info["value_min_margin"] >= 0.2
+    assert kl[3.0] < kl[0.0]
+
+
+def test_essence_option_is_checked_and_its_rows_join_the_fit(tiny_llama):
+    """insert_facts(essence=k): k continuations per subject join the δ fit (not the certified contexts); a bad k is
+    refused before anything changes."""
+    import copy
+
+    model, tok = tiny_llama
+    model = copy.deepcopy(model)
+    requests = [{"prompt": "the author of {} is", "subject": "emma", "target_new": "tolstoy"}]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for bad in (3, -1, True):
+        with pytest.raises(ValueError, match="essence"):
+            hf.insert_facts(model, tok, requests, keys="subject", layer=1, prefixes=TINY_PREFIXES, essence=bad)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    ins = hf.insert_facts(model, tok, requests, keys="subject", layer=1, background=TINY_TEXTS, prefixes=TINY_PREFIXES,
+                          essence=2, essence_weight=0.5, value_steps=5, progress=False)
+    try:
+        assert ins.report.num_keys == 3 and len(ins.report.margins) == 3  # certified: the contexts only
+        assert ins.report.construction["value_contexts"] == 2  # bare + the first prefix; essence rows not counted
+    finally:
+        ins.remove()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_a_negative_that_fires_a_detector_raises_its_threshold():
+    """A background state scoring between a detector's threshold and its own contexts fires it; given as a negative
+    too, it sets the contrast and the threshold moves above it."""
+    gen = torch.Generator().manual_seed(0)
+    own = torch.randn(12, 8, generator=gen) * 0.3 + torch.tensor([8.0] + [0.0] * 7)
+    subject = torch.zeros(12, dtype=torch.long)
+    negatives = torch.randn(200, 8, generator=gen)
+    det = lda_detectors(own, subject, negatives)
+    assert bool(det["separated"][0])
+    w, mu = det["w"][0], det["mu"]
+    score = float((det["tau"][0] + det["own_min"][0]) / 2)  # past τ, below every own context
+    stray = (mu + score * w / (w @ w)).float()
+    assert float((stray.double() - mu) @ w) > float(det["tau"][0])
+    again = lda_detectors(own, subject, torch.cat([negatives, stray[None]]))
+    assert float((stray.double() - again["mu"]) @ again["w"][0]) < float(again["tau"][0]) < float(again["own_min"][0])
+
+
+def test_wikipedia_leads_join_the_negatives(tiny_llama):
+    import copy
+
+    from factkernels.datasets import wikipedia_leads
+
+    model, tok = tiny_llama
+    model = copy.deepcopy(model)
+    requests = [{"prompt": "the author of {} is", "subject": "emma", "target_new": "tolstoy"}]
+    tokens = {}
+    for leads in (0, 3):
+        ins = hf.insert_facts(model, tok, requests, keys="subject", layer=1, background=TINY_TEXTS,
+                              prefixes=TINY_PREFIXES, value_steps=2, wikipedia_negatives=leads, progress=False)
+        tokens[leads] = ins.report.construction["background_tokens"]
+        ins.remove()
+    assert tokens[3] - tokens[0] == sum(min(len(tok(t)["input_ids"]), 128) for t in wikipedia_leads(3)) > 0
+    with pytest.raises(ValueError, match="wikipedia_negatives"):
+        hf.insert_facts(model, tok, requests, keys="subject", layer=1, prefixes=TINY_PREFIXES, wikipedia_negatives=-1)
