@@ -14,9 +14,7 @@ version of the library, e.g. a checkout of an earlier commit first on PYTHONPATH
 file records the commit the library came from). ``--extrapolate`` adds, from the sizes already written, each stage's
 least-squares line in the number of facts (a + b·n) and its value at 1,000 facts: an extrapolation, said so in
 the file (of CPU seconds on a CPU, whose wall seconds carry the shared machine's load; of wall seconds on a GPU).
-``--scale CELL --pair BEFORE AFTER`` (labels at ``--facts``' first size) multiplies each stage's CPU seconds of a
-real-lm-editing cell of ours (a larger insertion timed by an earlier version) by that stage's after/before ratio:
-an estimate of the cell under the new code, said so in the file.
+With ``--label`` it extrapolates from the sizes of that label only.
 """
 
 import argparse
@@ -65,11 +63,11 @@ def _commit() -> str:
     return out.stdout.strip() or os.environ.get("FACTKERNELS_COMMIT", "unknown")
 
 
-def extrapolate(device: str, target: int = 1000) -> dict:
+def extrapolate(device: str, label: str = "", target: int = 1000) -> dict:
     """Each stage's least-squares line a + b·facts through the written sizes, and its value at ``target``; the
     background states are a fixed cost (computed once per model, layer and texts, then kept: a later size in
     the same process reads them), so that stage is its largest measurement. The total is the stages' sum."""
-    runs = sorted((json.loads(p.read_text()) for p in OUT.glob(f"subject_L10_n*_{device}.json")),
+    runs = sorted((json.loads(p.read_text()) for p in OUT.glob(f"subject_L10_n*_{device}{label}.json")),
                   key=lambda r: r["facts"])
     if len(runs) < 2:
         raise SystemExit(f"need two sizes on {device} to extrapolate, have {len(runs)}")
@@ -95,25 +93,6 @@ def extrapolate(device: str, target: int = 1000) -> dict:
             "load_averages": [r["load_average_before"] for r in runs], "stages": lines}
 
 
-def scale(cell: Path, before: dict, after: dict) -> dict:
-    """Each stage's CPU seconds of ``cell``'s insertion times after/before of that stage (a stage absent from the
-    cell, such as a repair the larger run did not need, adds nothing), and the total per 1,000 requests."""
-    run = json.loads(cell.read_text())
-    timings, requests = run["result"]["report"]["timings"], run["result"]["report"]["num_facts"]
-    stages = {}
-    for stage, seconds in timings.items():
-        if not stage.endswith("_cpu") or stage.startswith("total"):
-            continue
-        ratio = after["timings"][stage] / before["timings"][stage]
-        stages[stage] = {"measured": seconds, "ratio": ratio, "estimate": seconds * ratio}
-    total = sum(v["estimate"] for v in stages.values())
-    return {"kind": "estimate (each stage of a measured cell times its after/before ratio at a smaller size)",
-            "seconds": "process CPU seconds, one thread", "cell": cell.name, "cell_requests": requests,
-            "pair": {"facts": before["facts"], "commits": [before["commit"], after["commit"]]},
-            "stages": stages, "total_cpu": {"measured": sum(v["measured"] for v in stages.values()), "estimate": total},
-            "estimate_per_1000_requests": total * 1000 / requests}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--facts", type=int, nargs="*", default=[50, 100])
@@ -121,8 +100,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--extrapolate", action="store_true")
     parser.add_argument("--label", default="", help="file name suffix (a before/after pair at one size)")
-    parser.add_argument("--scale", type=Path, help="a real-lm-editing cell of ours to scale by --pair")
-    parser.add_argument("--pair", nargs=2, metavar=("BEFORE", "AFTER"), help="labels of a before/after pair")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -138,18 +115,10 @@ def main() -> None:
         result = run(model, tok, facts, args.device, args.threads)
         path.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps({k: result[k] for k in ("facts", "seconds", "timings", "value_steps", "efficacy")}), flush=True)
-    if args.scale is not None:
-        if not args.pair:
-            raise SystemExit("--scale needs --pair BEFORE AFTER")
-        device = args.device.replace(":", "")
-        before, after = (json.loads((OUT / f"subject_L10_n{args.facts[0]}_{device}_{label}.json").read_text())
-                         for label in args.pair)
-        path = OUT / f"subject_L10_scaled_{args.scale.stem[:60]}_{device}.json"
-        path.write_text(json.dumps(scale(args.scale, before, after), indent=1) + "\n")
-        print(path.read_text())
     if args.extrapolate:
-        path = OUT / f"subject_L10_extrapolated_{args.device.replace(':', '')}.json"
-        path.write_text(json.dumps(extrapolate(args.device.replace(":", "")), indent=1) + "\n")
+        label = f"_{args.label}" if args.label else ""
+        path = OUT / f"subject_L10_extrapolated_{args.device.replace(':', '')}{label}.json"
+        path.write_text(json.dumps(extrapolate(args.device.replace(":", ""), label), indent=1) + "\n")
         print(path.read_text())
 
 
