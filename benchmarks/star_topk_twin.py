@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,17 +21,9 @@ import torch
 
 import factkernels
 from factkernels import _ops
+from factkernels.environment import code_version
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _code_version() -> str:
-    where = Path(factkernels.__file__).resolve().parent
-    try:
-        return subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def sync(device: torch.device) -> None:
@@ -81,7 +72,7 @@ def main() -> None:
     rate = gemm_rate(device)
     for size in args.sizes.split(","):
         n, d, k = (int(x) for x in size.split("x"))
-        row = dict(time_twin(device, n, d, k, args.repeats, rate), label=args.label, code=_code_version(),
+        row = dict(time_twin(device, n, d, k, args.repeats, rate), label=args.label, code=code_version(),
                    device=str(device), threads=args.threads, gemm_float32_flops_per_s=rate)
         report["rows"] = [r for r in report["rows"] if (r["n"], r["d"], r["k"], r["label"], r["device"])
                           != (n, d, k, args.label, str(device))] + [row]

@@ -218,19 +218,6 @@ def _values_floor(report, out: dict) -> dict:
             "cholesky_macs_per_cpu_s": macs["cholesky"] / chol}
 
 
-def _code_version() -> str:
-    """The commit of the factkernels that runs (``+dirty`` with uncommitted changes), or "unknown"."""
-    import factkernels
-
-    where = Path(factkernels.__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--", "."], capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return commit + ("+dirty" if dirty else "")
 
 
 def cases(quick: bool, only: set[str], threads: int, grid_arg: str | None = None,
@@ -276,11 +263,13 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench import device_info  # the shared environment record
 
+    from factkernels.environment import code_version
+
     out = Path(args.out) if args.out else RESULTS / f"ustar_cpu{'-quick' if args.quick else ''}.json"
     report = json.loads(out.read_text()) if out.exists() else {"environment": device_info(torch.device("cpu")),
                                                                  "cases": []}
     report["environment"]["threads"] = args.threads
-    report["environment"]["code"] = _code_version()
+    report["environment"]["code"] = code_version()
     done = {json.dumps({k: v for k, v in c.items() if k in ("kind", "n", "d", "method", "threads")}, sort_keys=True)
             for c in report["cases"]}
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))

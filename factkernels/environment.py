@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import sys
+from pathlib import Path
+from typing import Optional
 
 import networkx
 import numpy as np
@@ -19,10 +22,26 @@ from . import _ops
 OPTIONAL = ("transformers", "tokenizers", "gguf", "accelerate")
 
 
+def code_version(where: Optional[Path] = None) -> str:
+    """The commit of the factkernels that runs (``+dirty`` with uncommitted changes in the package), or "unknown"
+    for an installed copy outside a git checkout: results made by different code must be told apart.
+    where: the folder asked about (default: this package's)."""
+    where = Path(__file__).resolve().parent if where is None else where
+    try:
+        commit = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--", "."], capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
 def environment() -> dict:
-    """Versions (the optional real-model packages when imported), platform, threads and what was compiled."""
+    """Versions (the optional real-model packages when imported), platform, threads, what was compiled and the
+    code's commit."""
     optional = {name: getattr(sys.modules[name], "__version__", "unknown") for name in OPTIONAL if name in sys.modules}
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
             "scipy": scipy.__version__, "networkx": networkx.__version__, **optional, "platform": platform.platform(),
             "processor": platform.processor(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "build": _ops.build_info()}
+            "build": _ops.build_info(), "code": code_version()}
