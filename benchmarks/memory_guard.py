@@ -1,7 +1,9 @@
 """Does the memory guard's estimate bound the measured peak of a cg build?  (issue 33)
 
     OMP_NUM_THREADS=1 python benchmarks/memory_guard.py            # -> results/memory_guard-cpu.json
-    python benchmarks/memory_guard.py --sizes 2048x32 --iters 2     # a smoke run
+    python benchmarks/memory_guard.py --sizes 2048x32 --iters 2 --out /tmp/m.json    # a smoke run
+
+Cases already in the output JSON are kept and skipped (an interrupted run resumes).
 
 Each case is construct(K, V, f, outputs="values", solver="cg") on random unit facts (F = |V|, d in = d out) in a
 fresh child process: the peak is VmHWM after /proc/self/clear_refs reset it once the inputs exist, plus the
@@ -84,11 +86,14 @@ def guard_verdicts() -> list:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", nargs="+", default=["8192x128", "16384x128", "16384x256", "32768x128"],
-                        help="FxD cases (backend auto)")
+    parser.add_argument("--sizes", nargs="+", default=["8192x128", "16384x128", "16384x256", "32768x128",
+                                                       "32768x128x30"],
+                        help="FxD cases (backend auto), FxDxI with I CG iterations instead of --iters")
     parser.add_argument("--torch-sizes", nargs="*", default=["8192x128", "16384x256"],
                         help="FxD cases also run with backend='torch' (the blocked twins)")
-    parser.add_argument("--iters", type=int, default=3, help="CG iterations per build (memory is per iteration)")
+    parser.add_argument("--iters", type=int, default=3,
+                        help="CG iterations per build (each allocates the same; the allocators' retained blocks grow "
+                             "over the first tens, hence one case at 30)")
     parser.add_argument("--out", type=Path, default=RESULTS / "memory_guard-cpu.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -96,10 +101,13 @@ def main(argv=None) -> None:
         print(json.dumps(child(json.loads(args.child))), flush=True)
         return
     cases = [(s, "auto") for s in args.sizes] + [(s, "torch") for s in args.torch_sizes]
-    rows = []
+    rows = json.loads(args.out.read_text())["builds"] if args.out.exists() else []
+    done = {(r["F"], r["d"], r["backend"], r["iters"]) for r in rows}
     for size, backend in cases:
-        F, d = (int(x) for x in size.split("x"))
-        case = {"F": F, "d": d, "backend": backend, "iters": args.iters}
+        F, d, *iters = (int(x) for x in size.split("x"))
+        case = {"F": F, "d": d, "backend": backend, "iters": iters[0] if iters else args.iters}
+        if tuple(case.values()) in done:
+            continue
         proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(case)], capture_output=True, text=True,
                               env=dict(os.environ, OMP_NUM_THREADS="1"))
         if proc.returncode:
