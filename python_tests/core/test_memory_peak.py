@@ -14,7 +14,8 @@ import textwrap
 
 import pytest
 
-CHILD = textwrap.dedent(
+# The children's common start: F, d from argv, a random fact set, status() and the high-water mark reset.
+PRELUDE = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
@@ -33,6 +34,11 @@ CHILD = textwrap.dedent(
 
     base = status("VmRSS:")
     Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark (VmHWM)
+    """
+)
+
+CHILD = PRELUDE + textwrap.dedent(
+    """
     mlp = factkernels.construct(K, V, f, solver="cg", cg_max_iter=2, verify="report", progress=False)
     print(json.dumps({"growth": status("VmHWM:") - base, "outputs": mlp.report.outputs}))
     """
@@ -51,25 +57,9 @@ def test_default_cg_build_has_no_quadratic_allocation(tmp_path):
     assert 0 < result["growth"] < F * F * 4, result  # one float32 F x F matrix is 256 MiB
 
 
-ESTIMATE_CHILD = textwrap.dedent(
+ESTIMATE_CHILD = PRELUDE + textwrap.dedent(
     """
-    import json, sys
-    from pathlib import Path
-    import torch
-    import factkernels
-    from factkernels.embeddings import random_fact_set
-
-    F, d, backend = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    torch.set_num_threads(1)
-    K, V, f = random_fact_set(F, F, d, seed=0)
-
-    def status(key):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-
-    base = status("VmRSS:")
-    Path("/proc/self/clear_refs").write_text("5")
+    backend = sys.argv[3]
     mlp = factkernels.construct(K, V, f, outputs="values", solver="cg", cg_max_iter=2, verify="report",
                                 backend=backend, progress=False)
     r = mlp.report
