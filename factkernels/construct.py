@@ -17,7 +17,7 @@ import torch
 
 from . import _ops, geometry
 from .decoder import (OUTPUTS, JLDecoder, check_decodable, choose_m, code_margins, decoder_failures, jl_decoder,
-                      jl_projection, output_embeddings, verify_margins)
+                      jl_projection, least_m, output_embeddings, verify_margins)
 from .encoder import assemble, build_per_gadget, build_shared_gate, gadget_width
 from .memory import check_fits, estimate_build
 from .mlp import FactMLP
@@ -56,9 +56,11 @@ class _PhaseClock:
 
 
 def _memory_guard(num_facts: int, values: torch.Tensor, d_in: int, m: int, width: int, solver: str, outputs,
-                  verify, hidden: Optional[int], max_memory: Optional[int], backend: str) -> str:
+                  verify, hidden: Optional[int], max_memory: Optional[int], backend: str,
+                  what: str = "construct") -> str:
     """Check that the build fits before allocating it and resolve solver="auto" from the same
-    estimate; returns the solver. Raises MemoryBudgetError naming the argument to change."""
+    estimate; returns the solver. Raises MemoryBudgetError naming the argument to change (``what``: the build
+    it names, with the m assumed when m is not known yet)."""
     # the CPU-only kernels run only on a CPU ("auto": as estimate_build resolves it)
     cpu_kernels = None if backend == "auto" else backend == "kernels" and values.device.type == "cpu"
     kwargs = dict(m=m, gadget_width=width, dtype=values.dtype, verify=verify is not False, cpu_kernels=cpu_kernels,
@@ -68,7 +70,7 @@ def _memory_guard(num_facts: int, values: torch.Tensor, d_in: int, m: int, width
     if solver == "auto":
         rest = estimate_build(*shape, solver="cg", **kwargs).total
         solver = pick_solver(num_facts, values.device, dtype=values.dtype, other_bytes=rest, budget=max_memory)
-    check_fits(estimate_build(*shape, solver=solver, **kwargs), values.device, max_memory)
+    check_fits(estimate_build(*shape, solver=solver, **kwargs), values.device, max_memory, what=what)
     return solver
 
 
@@ -182,11 +184,14 @@ def construct(
     width = _gadget_width(num_facts, d_in, m, width_multiplier, hidden)
     if hidden is not None:
         width_multiplier = width * (d_in + 1) / num_facts
-    # Before anything large: the build with the given m (or the smallest m a search can pick); with an integer m
-    # this also resolves solver="auto".
-    chosen = _memory_guard(num_facts, V, d_in, m if isinstance(m, int) else 1, width,
+    # Before anything large (with an integer m this also resolves solver="auto"); m unknown: the least m it can
+    # reach, not the search's cap 64·d_out, 15x the m found at |V| = 256, d = 16 (it would refuse builds that fit).
+    guard_m = m if isinstance(m, int) else least_m(m, V.shape[0])
+    chosen = _memory_guard(num_facts, V, d_in, guard_m, width,
                            solver if isinstance(m, int) or solver != "auto" else "cg", outputs, verify, hidden,
-                           max_memory, backend)
+                           max_memory, backend,
+                           what="construct" if isinstance(m, int) else
+                           f"construct at m={guard_m} (the least m that m={m!r} can pick, rho <= 1)")
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
     # From here to the report nothing is read back from the device (with an integer m, outputs other than U*

@@ -85,6 +85,12 @@ def initial_m(rho: float, num_values: int) -> int:
     return max(1, math.ceil(math.log(max(num_values, 2)) / rho**2))
 
 
+def least_m(m: Union[str, None], num_values: int) -> int:
+    """The smallest m that :func:`choose_m` can return for m = None (the search's start) or "bound", before ρ is
+    known: both fall as ρ grows, and ρ, a normalized cosine, is at most 1."""
+    return jl_bound(1.0, num_values) if m == "bound" else initial_m(1.0, num_values)
+
+
 def output_embeddings(values: torch.Tensor, outputs: Union[str, torch.Tensor], *, backend: str = "auto",
                       checked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Output embeddings U (|V|, d) and their margin ρ (0-dim tensor on the values' device, not read

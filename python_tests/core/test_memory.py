@@ -1,5 +1,6 @@
 """Memory guards: a build that cannot fit raises before allocating; solver='auto' follows the estimate."""
 
+import math
 import sys
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 
 from factkernels import construct
 from factkernels.embeddings import random_fact_set
+from factkernels.decoder import least_m
 from factkernels.encoder import gadget_width
 from factkernels.memory import MemoryBudgetError, available_memory, estimate_build, format_bytes
 from factkernels.solvers import pick_solver
@@ -66,8 +68,8 @@ def test_guard_refuses_before_any_work_with_the_estimate(facts, monkeypatch, m):
 
     K, V, f = facts
     width = gadget_width(256, 16, 1.5)
-    est = estimate_build(256, 256, 16, 16, m=m or 1, gadget_width=width, solver="cg", outputs="values",
-                         dtype=torch.float64, cpu_kernels=False)  # m=None: the smallest m the search can pick
+    est = estimate_build(256, 256, 16, 16, m=m or least_m(None, 256), gadget_width=width, solver="cg",
+                         outputs="values", dtype=torch.float64, cpu_kernels=False)  # m=None: the least m searched
 
     def never(*args, **kwargs):
         raise AssertionError("the build started before the guard refused it")
@@ -79,6 +81,45 @@ def test_guard_refuses_before_any_work_with_the_estimate(facts, monkeypatch, m):
     message = str(err.value)
     assert f"would need about {format_bytes(est.total)} but {format_bytes(est.total - 1)} is max_memory" in message
     assert f"Estimate: {est}" in message
+
+
+# the build of the fixture's facts that the guard tests below run, and its estimate's arguments but m
+_RUN = dict(outputs="values", solver="cg", backend="torch", progress=False)
+_SHAPE = dict(num_facts=256, num_values=256, d_in=16, d_out=16, gadget_width=gadget_width(256, 16, 1.5), solver="cg",
+              outputs="values", dtype=torch.float64, cpu_kernels=False)
+
+
+@pytest.mark.parametrize("m", [None, "bound"])
+def test_unknown_m_is_guarded_at_the_least_m_it_can_reach(facts, monkeypatch, m):
+    """m=None / "bound": a budget that fits m = 1 but not the least m the search (or the bound) can return is
+    refused before the outputs' pass, naming the m assumed."""
+    construct_module = sys.modules["factkernels.construct"]
+    K, V, f = facts
+    least = least_m(m, 256)
+    assert least == (math.ceil(math.log(256)) if m is None else math.ceil(32 * math.log(4 * 256 * 255 / 0.1)))
+    at_one, at_least = estimate_build(**_SHAPE, m=1), estimate_build(**_SHAPE, m=least)
+    assert at_one.total < at_least.total
+
+    def never(*args, **kwargs):
+        raise AssertionError("the build started before the guard refused it")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(construct_module, "output_embeddings", never)
+        with pytest.raises(MemoryBudgetError) as err:
+            construct(K, V, f, m=m, max_memory=at_one.total, **_RUN)
+    message = str(err.value)
+    assert message.startswith(f"construct at m={least} (the least m that m={m!r} can pick, rho <= 1) would need "
+                              f"about {format_bytes(at_least.total)} but {format_bytes(at_one.total)} is max_memory")
+    assert f"Estimate: {at_least}" in message
+
+
+def test_a_search_that_fits_still_builds(facts):
+    """m=None under a budget that fits the m searched (above the least m): the build and the m are unchanged."""
+    K, V, f = facts
+    searched = construct(K, V, f, m=None, **_RUN).report.m
+    assert searched > least_m(None, 256)
+    mlp = construct(K, V, f, m=None, max_memory=estimate_build(**_SHAPE, m=searched).total, **_RUN)
+    assert mlp.report.m == searched and mlp.report.failed == 0
 
 
 def test_estimate_counts_the_cg_transients():
