@@ -12,6 +12,11 @@ with ||δ|| clamped to ``clamp_norm`` · ||h|| after each step; h is the bare pr
 ``clamp_to="mlp"``) or residual stream after the layer (MEMIT, AlphaEdit, "layer"), where the unedited
 model has it. As the references, a fact stops when its loss falls below ``early_stop`` and the last
 iteration only measures. Facts are independent, so they are trained a chunk at a time.
+
+δ changes nothing before the subject's last token: one forward per chunk keeps the residual stream after
+``layer`` from that token on and the later blocks' keys and values before it
+(:func:`~factkernels.hf.capture.tail_start`), and every step runs only the later blocks on those positions
+(a model whose tail does not match its full forward adds δ by a hook in the full forward instead).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import torch.nn.functional as F_nn
 
 from ..progress import progress_bar
 from .capture import PromptBatch, encode_requests, final_hidden, hidden_with_delta, logits_at, model_device, \
-    tail_matches
+    tail_from, tail_matches, tail_start
 from .checkpoint import ChunkCheckpoint, fingerprint
 from .contexts import with_prefixes
 from .layout import mlp_module
@@ -72,14 +77,16 @@ def layer_output(out: Any) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
-def target_nll(model: Any, batch: PromptBatch, hidden: Optional[torch.Tensor] = None) -> torch.Tensor:
+def target_nll(model: Any, batch: PromptBatch, hidden: Optional[torch.Tensor] = None,
+               begin: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Mean NLL (n,) of each row's target tokens given its prompt (logits only where needed); hidden: the
-    batch's final hidden states (n, T, d) when the caller ran the model already (else a forward runs here)."""
+    batch's final hidden states (n, T, d) when the caller ran the model already (else a forward runs here),
+    from position begin (n,) long of each row on (default 0)."""
     device = model_device(model)
     if hidden is None:
         hidden = final_hidden(model, batch.input_ids, batch.attention_mask)
     rows, positions, targets = batch.target_positions()
-    logits = logits_at(model, hidden, rows, positions)
+    logits = logits_at(model, hidden, rows, positions if begin is None else positions - begin[rows])
     token_nll = F_nn.cross_entropy(logits, targets.to(device), reduction="none")
     return torch.zeros(len(batch), device=device).index_add(0, rows.to(device), token_nll) / batch.target_len.to(device)
 
@@ -89,11 +96,51 @@ def delta_penalty(delta: torch.Tensor, ref_norm: torch.Tensor, weight_decay: flo
     return weight_decay * delta.norm(dim=1) / ref_norm.pow(2)
 
 
-def subject_log_probs(model: Any, batch: PromptBatch, hidden: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Next-token log-probabilities (n, vocab) at each row's subject's last token."""
+def subject_log_probs(model: Any, batch: PromptBatch, hidden: Optional[torch.Tensor] = None,
+                      begin: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Next-token log-probabilities (n, vocab) at each row's subject's last token; hidden, begin: as
+    :func:`target_nll`."""
     if hidden is None:
         hidden = final_hidden(model, batch.input_ids, batch.attention_mask)
-    return F_nn.log_softmax(logits_at(model, hidden, torch.arange(len(batch)), batch.subject_last), dim=-1)
+    positions = batch.subject_last if begin is None else batch.subject_last - begin
+    return F_nn.log_softmax(logits_at(model, hidden, torch.arange(len(batch)), positions), dim=-1)
+
+
+@dataclass
+class _DeltaRows:
+    """Rows that take a δ at their subject's last token: ``batch`` and, where the model's tail matches its full
+    forward, ``cached`` = :func:`~factkernels.hf.capture.tail_start` from the subject's last token (states (n, S,
+    d), mask (n, S), past), else None (δ by a hook in the full forward)."""
+
+    batch: PromptBatch
+    cached: Optional[tuple] = None
+
+    @classmethod
+    def of(cls, model: Any, layer: int, batch: PromptBatch, tail: bool, last: torch.Tensor) -> "_DeltaRows":
+        """The rows of ``batch``, cached when ``tail``, each read up to position last (n,) long (the forward
+        ends there: nothing after it is scored)."""
+        if not tail:
+            return cls(batch)
+        upto = torch.arange(batch.input_ids.shape[1]) <= last[:, None]
+        cut = PromptBatch(batch.input_ids, batch.attention_mask * upto, batch.subject_last, batch.prompt_last,
+                          batch.target_len, batch.subject_first)
+        return cls(batch, tail_start(model, cut, layer, batch.subject_last, batch_size=len(batch)))
+
+    def hidden(self, model: Any, layer: int, index: torch.Tensor,
+               delta: torch.Tensor) -> tuple[PromptBatch, torch.Tensor, Optional[torch.Tensor]]:
+        """Rows ``index`` (k,) long with δ (k, d) added to ``layer``'s MLP output at their subject's last token:
+        (their batch, final hidden states (k, S, d), the position (k,) of each row's first state or None for 0).
+        Differentiable in δ."""
+        sub = self.batch.rows(index.cpu())
+        if self.cached is None:
+            return sub, hidden_with_delta(model, layer, sub, None, torch.arange(len(sub)), sub.subject_last,
+                                          delta), None
+        states, mask, past = self.cached
+        index = index.cpu()
+        span = int(mask[index].sum(1).max())
+        start = states[index.to(states.device), :span]
+        start = torch.cat([start[:, :1] + delta[:, None], start[:, 1:]], 1)
+        return sub, tail_from(model, layer, start, mask[index, :span], past.rows(index)), sub.subject_last
 
 
 def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: int, *, steps: int, lr: float,
@@ -122,8 +169,8 @@ def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: i
     parts: list[tuple[torch.Tensor, ...]] = []
     restored = 0.0
     with frozen(model):
-        # each step runs only the blocks after ``layer`` on its cached output (checked on two prompts against the
-        # full forward; a model whose tail differs keeps the hooked full forward)
+        # each step runs only the blocks after ``layer`` from the subject's last token on (the tail checked on two
+        # prompts against the full forward; a model whose tail differs keeps the hooked full forward)
         probe = encode_requests(tok, list(requests[:2]), with_target=True)
         tail = tail_matches(model, probe.input_ids, probe.attention_mask, layer)
         for start in progress_bar(range(0, len(requests), chunk), desc=f"targets at layer {layer}",
@@ -164,14 +211,15 @@ def _train_chunk(model: Any, tok: Any, part: list[Request], layer: int, prefixes
             where = facts.subject_last.to(device)
             rows = torch.arange(len(facts), device=device)
             mlp_out, layer_out = seen["mlp"][rows, where][bare], seen["layer"][rows, where][bare]
-            fact_states = seen["layer"] if tail else None  # (rows, T, d) after the layer
             base_log_probs = subject_log_probs(model, essence) if kl_factor > 0 else None
-            essence_states = seen["layer"] if tail and kl_factor > 0 else None
     finally:
         for h in hooks:
             h.remove()
+    # the steps read the targets' logits (up to the last target's predecessor) and the essence prompt's at its
+    # subject's last token only
+    fact_rows = _DeltaRows.of(model, layer, facts, tail, facts.prompt_last + facts.target_len - 1)
+    essence_rows = _DeltaRows.of(model, layer, essence, tail, essence.subject_last) if kl_factor > 0 else None
     nll_before = row_nll.view(n, contexts).mean(1)
-    essence_where = essence.subject_last.to(device)
     ref_norm = (mlp_out if clamp_to == "mlp" else layer_out).norm(dim=1, keepdim=True)  # (n, 1)
     delta = torch.zeros_like(mlp_out, requires_grad=True)
     done = torch.zeros(n, dtype=torch.bool, device=device)
@@ -181,18 +229,13 @@ def _train_chunk(model: Any, tok: Any, part: list[Request], layer: int, prefixes
         # facts are independent: only those still training run (same result, less work)
         act = (~done).nonzero().flatten()
         act_rows = (act[:, None] * contexts + torch.arange(contexts, device=device)).flatten()
-        sub = facts.rows(act_rows.cpu())
-        hidden = hidden_with_delta(model, layer, sub, None if fact_states is None else fact_states[act_rows],
-                                   torch.arange(len(act_rows)), where[act_rows], delta[owner[act_rows]])
-        nll = target_nll(model, sub, hidden).view(len(act), contexts).mean(1)
+        sub, hidden, begin = fact_rows.hidden(model, layer, act_rows, delta[owner[act_rows]])
+        nll = target_nll(model, sub, hidden, begin).view(len(act), contexts).mean(1)
         d_act = delta[act]
         loss = nll + delta_penalty(d_act, ref_norm[act].squeeze(1), weight_decay)
-        if base_log_probs is not None:
-            sub_essence = essence.rows(act.cpu())
-            hidden = hidden_with_delta(model, layer, sub_essence,
-                                       None if essence_states is None else essence_states[act],
-                                       torch.arange(len(act)), essence_where[act], d_act)
-            log_probs = subject_log_probs(model, sub_essence, hidden)
+        if essence_rows is not None:
+            sub, hidden, begin = essence_rows.hidden(model, layer, act, d_act)
+            log_probs = subject_log_probs(model, sub, hidden, begin)
             # KL(p_δ || p), as the references' kl_div(init, current, log_target=True)
             kl = (log_probs.exp() * (log_probs - base_log_probs[act])).sum(1)
             loss = loss + kl_factor * kl
@@ -213,8 +256,8 @@ def _train_chunk(model: Any, tok: Any, part: list[Request], layer: int, prefixes
             delta[done] = kept[done]
     delta = kept.detach()
     with torch.no_grad():
-        hidden = hidden_with_delta(model, layer, facts, fact_states, rows, where, delta[owner])
-        nll_after = target_nll(model, facts, hidden).view(n, contexts).mean(1)
+        sub, hidden, begin = fact_rows.hidden(model, layer, rows, delta[owner])
+        nll_after = target_nll(model, sub, hidden, begin).view(n, contexts).mean(1)
     return delta, mlp_out, layer_out, nll_before, nll_after
 
 

@@ -182,30 +182,38 @@ def test_residual_targets_train_each_fact_on_its_own(llama):
     assert bool(stopped.any()) and not bool(stopped.all())  # some facts stopped early, others ran every step
 
 
-def test_residual_targets_run_the_later_blocks_only_as_the_full_forward(llama, monkeypatch):
-    """The residual step runs the blocks after the edited layer on their cached input: same δ, NLLs and early
-    stops as adding δ by a hook in the full forward (the path kept for models whose tail does not match),
-    with the KL prompt too."""
-    import factkernels.hf.residual as editors
+@pytest.mark.parametrize("layer, settings", [
+    (0, dict(steps=15, lr=0.5, weight_decay=0.1, clamp_norm=1e3, clamp_to="mlp", kl_factor=0.05, early_stop=3.5)),
+    # the preset's residual settings: the clamp binds, the KL term and two context prefixes
+    (1, dict(steps=25, lr=0.5, weight_decay=0.5, clamp_norm=0.75, clamp_to="layer", kl_factor=0.0625,
+             early_stop=5e-2, prefixes=["the old house", "people knows that time and music"])),
+])
+def test_residual_targets_run_the_later_blocks_from_the_subject_as_the_full_forward(llama, monkeypatch, layer,
+                                                                                   settings):
+    """Each step runs only the blocks after the edited layer from the subject's last token on, the tokens before
+    it as cached keys and values: same δ, NLLs and early stops as adding δ by a hook in the full forward (the path
+    kept for models whose tail does not match), with the KL prompt, clamping and context prefixes."""
+    import factkernels.hf.residual as residual
 
     model, tok = llama
     requests = hf.parse_requests(REQUESTS + [{"prompt": "the novel {} is by", "subject": "dune",
                                               "target_new": "mary shelley"}])
-    settings = dict(steps=15, lr=0.5, weight_decay=0.1, clamp_norm=1e3, clamp_to="mlp", kl_factor=0.05,
-                    early_stop=3.5, progress=False, chunk=3)
     tails = []
-    import importlib
-
-    capture = importlib.import_module("factkernels.hf.capture")  # the module, not hf.capture (the function)
-    real_tail = capture.tail_hidden
-    monkeypatch.setattr(capture, "tail_hidden", lambda *a: tails.append(1) or real_tail(*a))
-    tail = residual_targets(model, tok, requests, 0, **settings)
-    assert tails, "the tail path did not run"
-    monkeypatch.setattr(editors, "tail_matches", lambda *a: False)
-    hooked = residual_targets(model, tok, requests, 0, **settings)
+    real_tail = residual.tail_from
+    monkeypatch.setattr(residual, "tail_from", lambda *a: tails.append(a[2].shape[1]) or real_tail(*a))
+    tail = residual_targets(model, tok, requests, layer, progress=False, chunk=3, **settings)
+    full_width = hf.encode_requests(tok, requests, with_target=True).input_ids.shape[1]
+    assert tails and max(tails) < full_width - 2, "the steps did not start at the subject"
+    monkeypatch.setattr(residual, "tail_matches", lambda *a: False)
+    hooked = residual_targets(model, tok, requests, layer, progress=False, chunk=3, **settings)
     for name in ("delta", "mlp_out", "layer_out", "nll_before", "nll_after"):
-        torch.testing.assert_close(getattr(tail, name), getattr(hooked, name), rtol=1e-4, atol=1e-5)
-    assert float(tail.delta.abs().max()) > 0
+        torch.testing.assert_close(getattr(tail, name), getattr(hooked, name), rtol=1e-5, atol=2e-5)
+    assert float(tail.delta.abs().max()) > 0.5
+    if settings["early_stop"] > 1:  # some facts stopped early, others ran every step
+        stopped = tail.nll_after < settings["early_stop"]
+        assert bool(stopped.any()) and not bool(stopped.all())
+    else:  # the clamp binds: ||δ|| = 0.75 ||h||
+        torch.testing.assert_close(tail.delta.norm(dim=1), 0.75 * tail.layer_out.norm(dim=1), rtol=1e-4, atol=0)
 
 
 def test_environment_records_the_real_model_packages_once_imported(llama):
@@ -245,18 +253,18 @@ def test_residual_targets_resume_from_a_chunk_checkpoint(llama, tmp_path, monkey
                     progress=False)
     whole = residual_targets(model, tok, requests, 1, chunk=2, **settings)
     path = tmp_path / "targets.safetensors"
-    real, calls = residual.hidden_with_delta, []
+    real, calls = residual.tail_start, []
 
-    def stop_in_second_chunk(model, layer, batch, states, rows, where, delta):
+    def stop_in_second_chunk(model, batch, *args, **kwargs):
         calls.append(len(batch))
         if len(calls) > 1 and len(batch) == 1:  # the second chunk (one request) starts: the session ends
             raise KeyboardInterrupt
-        return real(model, layer, batch, states, rows, where, delta)
+        return real(model, batch, *args, **kwargs)
 
-    monkeypatch.setattr(residual, "hidden_with_delta", stop_in_second_chunk)
+    monkeypatch.setattr(residual, "tail_start", stop_in_second_chunk)
     with pytest.raises(KeyboardInterrupt):
         residual_targets(model, tok, requests, 1, chunk=2, checkpoint=path, **settings)
-    monkeypatch.setattr(residual, "hidden_with_delta", real)
+    monkeypatch.setattr(residual, "tail_start", real)
     resumed = residual_targets(model, tok, requests, 1, chunk=2, checkpoint=path, **settings)
     for name in ("delta", "mlp_out", "layer_out", "nll_before", "nll_after"):
         torch.testing.assert_close(getattr(resumed, name), getattr(whole, name), rtol=1e-5, atol=1e-6)
