@@ -221,6 +221,13 @@ class MidStates:
     states: torch.Tensor
     lengths: torch.Tensor
 
+    def rows(self, index: torch.Tensor) -> "MidStates":
+        """The states of rows ``index`` (k,) long only, in that order (as :meth:`PromptBatch.rows` picks them)."""
+        starts = torch.cat([self.lengths.new_zeros(1), self.lengths.cumsum(0)[:-1]])
+        tokens = torch.cat([torch.arange(int(s), int(s + n)) for s, n in zip(starts[index], self.lengths[index])]) \
+            if len(index) else torch.zeros(0, dtype=torch.long)
+        return MidStates(self.layer, self.states[tokens.to(self.states.device)], self.lengths[index])
+
     def block_output(self, model: Any, rows: torch.Tensor, begin: torch.Tensor, width: int) -> torch.Tensor:
         """Block ``layer``'s output in ``model`` now (k, width, d) at positions begin + t (begin (k,)) of
         ``rows`` (k,), zero past each row's end."""

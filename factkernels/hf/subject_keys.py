@@ -400,6 +400,22 @@ class SubjectUnits:
         """The units (2 per detector), each adding its subject's δ."""
         return ramp_units(self.det, self.deltas[self.group_subject], ramp=self.ramp).to(self.own.device)
 
+    def reached_rows(self, model: Any, subjects: torch.Tensor) -> Optional[torch.Tensor]:
+        """(R,) bool: the contexts whose margins a new δ for ``subjects`` (k,) long may change: their own, and those
+        with a token where one of their units passes more than :data:`REFIT_REACH` of its δ (at every other
+        token a δ change reaches the MLP output scaled by less than that). None without mid states (then every
+        context)."""
+        if self.mid is None:
+            return None
+        groups = torch.isin(self.group_subject, subjects.to(self.group_subject.device)).nonzero().flatten()
+        det = {k: self.det[k][groups] for k in ("w", "tau", "own_min")}
+        passed = torch.cat([detector_firing({**det, "mu": self.det["mu"]}, part, self.ramp, REFIT_REACH)
+                            for part in mlp_inputs(model, self.mid.layer, self.mid.states).split(65536)])
+        row = torch.repeat_interleave(torch.arange(len(self.mid.lengths)), self.mid.lengths)
+        reached = torch.zeros(len(self.mid.lengths), dtype=torch.bool)
+        reached[row[passed.cpu()]] = True
+        return reached | torch.isin(self.ctx.subject, subjects.cpu())
+
     def value_error(self, mlp: FactMLP) -> float:
         """max over contexts of ‖mlp(key) − δ‖ over the mean ‖δ‖ (subjects whose targets already win by the
         margin keep δ = 0)."""
@@ -408,12 +424,18 @@ class SubjectUnits:
                          / self.deltas.norm(dim=1).mean().clamp_min(1e-12))
 
 
-def detector_firing(det: dict, states: torch.Tensor, ramp: float) -> torch.Tensor:
-    """(N,) bool: some detector passes more than 1e-3 of its subject's δ at states (N, d) (its ramp's output
-    over ``ramp``), whatever the δ."""
+# A repair round certifies again only the contexts where a refit subject's units pass more than this fraction of its
+# δ at some token (SubjectUnits.reached_rows): elsewhere the new δ moves the MLP output by less than 1e-6 of its
+# change, and the margins are the last certification's.
+REFIT_REACH = 1e-6
+
+
+def detector_firing(det: dict, states: torch.Tensor, ramp: float, fraction: float = 1e-3) -> torch.Tensor:
+    """(N,) bool: some detector passes more than ``fraction`` of its subject's δ at states (N, d) (its ramp's
+    output over ``ramp``), whatever the δ."""
     unit = ramp_units(det, torch.eye(len(det["w"]), dtype=torch.float64), ramp=ramp).to(states.device)
     with torch.no_grad():
-        return unit(states.float()).abs().amax(1) > 1e-3
+        return unit(states.float()).abs().amax(1) > fraction
 
 
 def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, layer: int, background: torch.Tensor,
@@ -571,12 +593,20 @@ def insert_subject_keyed(model: Any, tok: Any, requests: list[Request], *, layer
         timings[stage] += time.perf_counter() - t
         timings[stage + "_cpu"] += time.process_time() - c
 
-    def certify() -> tuple[FactMLP, AppendedUnits, torch.Tensor]:
+    def certify(last: Optional[torch.Tensor] = None,
+                rows: Optional[torch.Tensor] = None) -> tuple[FactMLP, AppendedUnits, torch.Tensor]:
+        """Append the units and measure the contexts' margins: ``rows`` (k,) long only, the others kept from
+        ``last`` (R,); every context without them."""
         t, c = time.perf_counter(), time.process_time()
         mlp = built.mlp()
         appended = append_units(model, layer, mlp.swiglu_weights())
         with removed_on_failure(appended), torch.no_grad():
-            margins = batch_margins(model, ctx.batch, batch_size, shared=ctx.batch.subject_first, mid=built.mid)
+            if rows is None:
+                margins = batch_margins(model, ctx.batch, batch_size, shared=ctx.batch.subject_first, mid=built.mid)
+            else:
+                margins = last.clone()
+                sub = ctx.batch.rows(rows)
+                margins[rows] = batch_margins(model, sub, batch_size, shared=sub.subject_first, mid=built.mid.rows(rows))
         timed("verify", t, c)
         return mlp, appended, margins
 
@@ -588,8 +618,12 @@ def insert_subject_keyed(model: Any, tok: Any, requests: list[Request], *, layer
         repairs.append(refit_uncertified(model, built, margins, layer=layer, below=options["margin"],
                                          **{k: options[k] for k in ("margin", "value_steps", "value_lr",
                                                                     "batch_size", "progress")}))
+        # only the contexts the refit subjects' units reach can change (and those within 0.01 of the sign flipping)
+        reached = built.reached_rows(model, (built.deltas != kept[0]).any(1).nonzero().flatten())
+        again = None if reached is None else (reached | (margins.abs() < 1e-2)).nonzero().flatten()
         timed("repair", t, c)
-        fact_mlp, units, margins = certify()
+        fact_mlp, units, margins = certify(margins, again)
+        repairs[-1]["recertified"] = len(ctx.requests) if again is None else len(again)
         left = int((margins <= 0).sum())
         repairs[-1].update(uncertified=left, kept=left < int((best[1] <= 0).sum()))
         if not repairs[-1]["kept"]:  # no fewer unanswered: undone (the same units give the same model and margins)

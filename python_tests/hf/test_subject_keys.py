@@ -338,3 +338,35 @@ def test_wikipedia_leads_join_the_negatives(tiny_llama):
     assert tokens[3] - tokens[0] == sum(min(len(tok(t)["input_ids"]), 128) for t in wikipedia_leads(3)) > 0
     with pytest.raises(ValueError, match="wikipedia_negatives"):
         hf.insert_facts(model, tok, requests, keys="subject", layer=1, prefixes=TINY_PREFIXES, wikipedia_negatives=-1)
+
+
+
+def test_a_repair_round_certifies_again_only_the_contexts_the_refit_reaches(strong_llama, monkeypatch):
+    """After a refit, only the contexts of the subjects whose δ changed and those where their units pass more than
+    REFIT_REACH of δ at some token are measured again; the others keep their margins. The report's margins still
+    equal the edited model's own on every context (a full certification's). A stand-in refit moves one subject's
+    δ far (the tiny model's real refit fails every subject)."""
+    import copy
+
+    from factkernels.hf import subject_keys
+
+    def refit(model, units, margins, **_):
+        units.deltas = units.deltas.clone()
+        units.deltas[0] += 5.0
+        return {}
+
+    monkeypatch.setattr(subject_keys, "refit_uncertified", refit)
+    model, tok = strong_llama
+    requests = [{"prompt": "who wrote {} ? it was", "subject": "war and peace", "target_new": "orwell"},
+                {"prompt": "the novel {} is by", "subject": "dune", "target_new": "shelley"},
+                {"prompt": "the book {} was written by", "subject": "emma", "target_new": "tolstoy"},
+                {"prompt": "the author of {} is", "subject": "ulysses", "target_new": "austen"}]
+    contexts = hf.parse_requests([{**r, "prompt": (p + ". " if p else "") + r["prompt"]}
+                                  for r in requests for p in ["", *CERT_PREFIXES]])
+    edited = copy.deepcopy(model)
+    ins = hf.insert_facts(edited, tok, requests, keys="subject", layer=1, background=TINY_TEXTS, prefixes=CERT_PREFIXES,
+                          value_prefixes=0, value_steps=5, margin=1.0, repair_rounds=1, progress=False)
+    repair = ins.report.values["repairs"]
+    assert len(repair) == 1 and 4 <= repair[0]["recertified"] < len(contexts)
+    torch.testing.assert_close(torch.tensor(ins.report.margins), hf.fact_margins(edited, tok, contexts),
+                               rtol=0, atol=1e-4)
