@@ -225,3 +225,16 @@ def test_subject_values_equal_the_plain_loop(tiny_llama, contexts, monkeypatch):
         plain = _plain_subject_deltas(model, contexts, subject, 1, margin=margin, steps=25, lr=0.5)
         torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-4 * float(plain.abs().max()))
     assert info["value_steps"] > 1 and False in graphs and True in graphs
+
+
+def test_subject_values_without_cached_tails_equal_the_plain_loop(tiny_llama, contexts, monkeypatch):
+    """A model whose tail from the cached states differs runs each chunk of rows in a hooked full forward; with the
+    unembedding over several chunks at once (more rows than batch_size) δ is the plain loop's."""
+    model, _ = tiny_llama
+    monkeypatch.setattr(subject_keys, "tail_matches", lambda *args: False)
+    subject = torch.tensor([0, 1, 2, 3, 3]).repeat_interleave(len(PREFIXES) + 1)
+    margin = float(batch_margins(model, contexts, 4).quantile(0.5))
+    fast, _ = subject_keys.fit_subject_deltas(model, contexts, subject, 1, margin=margin, steps=10, lr=0.5,
+                                              batch_size=3, progress=False)
+    plain = _plain_subject_deltas(model, contexts, subject, 1, margin=margin, steps=10, lr=0.5)
+    torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-4 * float(plain.abs().max()))
