@@ -31,12 +31,12 @@ import torch
 
 from ..editing import (AlphaEditHparams, MEMITHparams, ROMEHparams, as_dict, get_method, hparams as make_hparams,
                        null_space_projector, nullspace_threshold, update_weight)
-from .capture import PromptBatch, encode_requests, model_device
+from .capture import capture, encode_requests
 from .checkpoint import fingerprint
 from .contexts import context_prefixes, with_prefixes
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
-from .residual import ResidualTargets, layer_output, residual_targets
+from .residual import ResidualTargets, residual_targets
 from .statistics import key_second_moments, mom2_texts, second_moment_tokens
 
 WEIGHT_EDITORS = ("rome", "memit", "alphaedit")
@@ -229,42 +229,21 @@ def _batches(method: str, hp: Any, n: int) -> list[list[int]]:
     return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
 
-@torch.no_grad()
-def keys_and_states(model: Any, batch: PromptBatch, layer: int, state_layer: int,
-                    batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """In one pass: ``layer``'s down-projection inputs (n, intermediate) and the residual stream after
-    ``state_layer`` (n, d), both at the subject's last token."""
-    device = model_device(model)
-    seen: dict[str, torch.Tensor] = {}
-    hooks = [mlp_module(model, layer).down_proj.register_forward_pre_hook(
-                 lambda _m, args: seen.__setitem__("key", args[0])),
-             model.model.layers[state_layer].register_forward_hook(
-                 lambda _m, _a, out: seen.__setitem__("state", layer_output(out)))]
-    keys, states = [], []
-    try:
-        for start in range(0, len(batch), batch_size):
-            part = batch.rows(slice(start, start + batch_size))
-            model.model(input_ids=part.input_ids.to(device), attention_mask=part.attention_mask.to(device),
-                        use_cache=False)
-            rows, where = torch.arange(len(part), device=device), part.subject_last.to(device)
-            keys.append(seen["key"][rows, where])
-            states.append(seen["state"][rows, where])
-    finally:
-        for h in hooks:
-            h.remove()
-    return torch.cat(keys), torch.cat(states)
-
-
 def context_keys(model: Any, tok: Any, requests: Sequence[Request], prefixes: Sequence[str], layer: int,
                  state_layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(keys averaged over the bare prompt and ``prefixes`` (n, intermediate), the bare prompt's keys
     (n, intermediate), the bare prompt's residual stream after ``state_layer`` (n, d)), at the subject's
-    last token: MEMIT's ``compute_ks`` and the current z."""
+    last token: MEMIT's ``compute_ks`` and the current z. Each forward stops at the layer it reads, and the
+    tokens before a subject (a prefix, a template's words) run once for every row that repeats them
+    (:func:`~factkernels.hf.capture.capture`'s shared heads)."""
     contexts = 1 + len(prefixes)
     batch = encode_requests(tok, with_prefixes(requests, prefixes))
-    keys, states = keys_and_states(model, batch, layer, state_layer)
-    keys = keys.view(len(requests), contexts, -1)
-    return keys.mean(1), keys[:, 0], states.view(len(requests), contexts, -1)[:, 0]
+    keys = capture(model, batch.input_ids, batch.attention_mask, layer, site="down_in", positions=batch.subject_last,
+                   shared=batch.subject_first).view(len(requests), contexts, -1)
+    bare = encode_requests(tok, requests)  # context 0's rows
+    states = capture(model, bare.input_ids, bare.attention_mask, state_layer, site="block_out",
+                     positions=bare.subject_last, shared=bare.subject_first)
+    return keys.mean(1), keys[:, 0], states
 
 
 def _apply_rome(model: Any, tok: Any, reqs: Sequence[Request], prefixes: Sequence[str], hp: ROMEHparams,
@@ -282,23 +261,22 @@ def _apply_spread(model: Any, tok: Any, reqs: Sequence[Request], prefixes: Seque
                   targets: ResidualTargets, covs: dict[int, torch.Tensor], projectors: dict[int, torch.Tensor],
                   previous: dict[int, Optional[torch.Tensor]]) -> None:
     """MEMIT's spreading of z* − z over the layers (low to high) with MEMIT's or AlphaEdit's rule; AlphaEdit's
-    ``previous`` key Grams grow by this batch's keys (read after the batch's edits, as its reference)."""
+    ``previous`` key Grams grow by this batch's keys (read after the batch's edits, as its reference: a layer's
+    keys depend only on the layers below it, so they are the ones its own update used)."""
     goal = targets.layer_out + targets.delta  # z* (n, d) after the last layer
     layers = hp.layers
     for i, layer in enumerate(layers):
-        keys, _, current = context_keys(model, tok, reqs, prefixes, layer, layers[-1])
+        mean_keys, _, current = context_keys(model, tok, reqs, prefixes, layer, layers[-1])
         down = mlp_module(model, layer).down_proj
         weight = down.weight.detach()
-        keys = keys.to(weight)
+        keys = mean_keys.to(weight)
         values = keys @ weight.T + ((goal - current) / (len(layers) - i)).to(weight)
         down.weight.copy_(update_weight(hp, weight, keys, values, covs[layer].to(weight),
                                         projector=projectors.get(layer), previous=previous[layer]))
-    if isinstance(hp, AlphaEditHparams):
-        for layer in layers:
-            keys = context_keys(model, tok, reqs, prefixes, layer, layer)[0].to(torch.float64)
-            gram = keys.T @ keys
+        if isinstance(hp, AlphaEditHparams):
+            gram = mean_keys.to(torch.float64).T @ mean_keys.to(torch.float64)
             previous[layer] = gram if previous[layer] is None else previous[layer] + gram
 
 
-__all__ = ["WEIGHT_EDITORS", "EditResult", "edit", "resolve_hparams", "context_keys", "keys_and_states",
+__all__ = ["WEIGHT_EDITORS", "EditResult", "edit", "resolve_hparams", "context_keys",
            "weight_restorer", "targets_file"]

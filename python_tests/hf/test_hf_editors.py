@@ -102,6 +102,27 @@ def test_rome_writes_its_targets_exactly(llama, tmp_path):
         result.restore()
 
 
+def test_context_keys_are_the_full_forwards_keys_and_states(llama):
+    """Keys over the contexts (shared heads, each forward stopped at its layer) are the down projection's inputs of
+    a full forward of every row, and the current z its residual stream after the state layer on the bare prompt."""
+    model, tok = llama
+    requests = hf.parse_requests(REQUESTS + [{"prompt": "{} was written by", "subject": "dune", "target_new": "x"}])
+    prefixes = ["the old house", "people knows that time and music"]
+    mean_keys, keys, states = context_keys(model, tok, requests, prefixes, 0, 1)
+    rows = hf.encode_requests(tok, [hf.Request(c.format(r.prompt), r.subject, r.target_new) for r in requests
+                                    for c in ["{}"] + [p + ". {}" for p in prefixes]])
+    from factkernels.hf.capture import record_inputs
+
+    with record_inputs(model.model.layers[0].mlp.down_proj) as seen, torch.no_grad():
+        out = model.model(input_ids=rows.input_ids, attention_mask=rows.attention_mask, output_hidden_states=True)
+    at = torch.arange(len(rows)), rows.subject_last
+    full_keys = seen[0][at].view(len(requests), 3, -1)
+    torch.testing.assert_close(keys, full_keys[:, 0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(mean_keys, full_keys.mean(1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(states, out.hidden_states[2][at].view(len(requests), 3, -1)[:, 0], rtol=1e-5,
+                               atol=1e-6)
+
+
 def test_reused_targets_give_the_same_edit_and_are_checked(llama, tmp_path, monkeypatch):
     """An update-rule grid reuses δ: the same mom2_weight gives the same weights without a residual step."""
     model, tok = llama
@@ -439,6 +460,42 @@ def test_alphaedit_runs_sequential_batches_and_records_its_null_space(llama, tmp
     with pytest.raises(ValueError, match="sequential"):
         edit(model, tok, REQUESTS, method="alphaedit", layers=[1], stats=stats, batch_size=1, targets=object(),
              **FEW)
+
+
+def test_alphaedit_keeps_the_earlier_batches_keys_read_after_their_edits(llama, tmp_path, monkeypatch):
+    """Batch 2's update at each layer gets the Gram of batch 1's keys (averaged over the contexts) as the model
+    edited by all of batch 1 reads them (AlphaEdit's reference reads them after the batch)."""
+    import factkernels.hf.editors as editors
+
+    model, tok = llama
+    stats = key_second_moments(model, tok, [0, 1], texts=TEXTS, cache_dir=tmp_path)
+    previous, after_first = [], {}
+    real = editors.update_weight
+
+    def recording(hp, weight, keys, values, cov, **kwargs):
+        previous.append(kwargs.get("previous"))
+        if len(previous) == 3:  # batch 2's first layer: the model holds batch 1's edits and nothing else
+            after_first.update({i: model.model.layers[i].mlp.down_proj.weight.detach().clone() for i in (0, 1)})
+        return real(hp, weight, keys, values, cov, **kwargs)
+
+    monkeypatch.setattr(editors, "update_weight", recording)
+    result = edit(model, tok, REQUESTS, method="alphaedit", layers=[0, 1], stats=stats, progress=False,
+                  batch_size=1, nullspace_threshold=1.0, l2=1e-4, **STRONG, **FEW)
+    result.restore()
+    assert len(previous) == 4 and previous[0] is None and previous[1] is None
+    originals = [model.model.layers[i].mlp.down_proj.weight.detach().clone() for i in (0, 1)]
+    try:
+        with torch.no_grad():
+            for i, weight in after_first.items():
+                model.model.layers[i].mlp.down_proj.weight.copy_(weight)
+        for layer, gram in zip((0, 1), previous[2:]):
+            keys = context_keys(model, tok, hf.parse_requests(REQUESTS[:1]), result.report["prefixes"], layer,
+                                layer)[0].double()
+            torch.testing.assert_close(gram, keys.T @ keys, rtol=1e-6, atol=1e-9)
+    finally:
+        with torch.no_grad():
+            for i, weight in zip((0, 1), originals):
+                model.model.layers[i].mlp.down_proj.weight.copy_(weight)
 
 
 @pytest.mark.parametrize("method, extra", [("grace", {"eps": 1.0, "steps": 30}), ("wise", {"steps": 30})])
