@@ -345,6 +345,18 @@ def tail_from(model: Any, layer: int, states: torch.Tensor, mask: torch.Tensor, 
         return forward_after(model, None, mask, past, inputs_embeds=states).last_hidden_state
 
 
+def tail_with_delta(model: Any, layer: int, cached: tuple, rows: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden states (k, S, d) of rows ``rows`` (k,) long of a :func:`tail_start` result
+    ``cached`` (states, mask, past) with δ (k, d) added to ``layer``'s MLP output at each row's start (its first
+    state): only the later blocks run, on the rows' positions from their start on. Differentiable in δ."""
+    states, mask, past = cached
+    rows = rows.cpu()
+    span = int(mask[rows].sum(1).max())
+    start = states[rows.to(states.device), :span]
+    start = torch.cat([start[:, :1] + delta[:, None], start[:, 1:]], 1)
+    return tail_from(model, layer, start, mask[rows, :span], past.rows(rows))
+
+
 @torch.no_grad()
 def block_outputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, layer: int, *,
                   batch_size: int = 64) -> torch.Tensor:

@@ -32,7 +32,7 @@ import torch.nn.functional as F_nn
 
 from ..progress import progress_bar
 from .capture import PromptBatch, encode_requests, final_hidden, hidden_with_delta, logits_at, model_device, \
-    tail_from, tail_matches, tail_start
+    tail_matches, tail_start, tail_with_delta
 from .checkpoint import ChunkCheckpoint, fingerprint
 from .contexts import with_prefixes
 from .layout import mlp_module
@@ -135,12 +135,7 @@ class _DeltaRows:
         if self.cached is None:
             return sub, hidden_with_delta(model, layer, sub, None, torch.arange(len(sub)), sub.subject_last,
                                           delta), None
-        states, mask, past = self.cached
-        index = index.cpu()
-        span = int(mask[index].sum(1).max())
-        start = states[index.to(states.device), :span]
-        start = torch.cat([start[:, :1] + delta[:, None], start[:, 1:]], 1)
-        return sub, tail_from(model, layer, start, mask[index, :span], past.rows(index)), sub.subject_last
+        return sub, tail_with_delta(model, layer, self.cached, index, delta), sub.subject_last
 
 
 def residual_targets(model: Any, tok: Any, requests: Sequence[Request], layer: int, *, steps: int, lr: float,

@@ -52,8 +52,8 @@ import torch.nn.functional as F_nn
 from ..mlp import FactMLP
 from ..progress import progress_bar
 from .capture import (MidStates, PromptBatch, capture, encode_requests, encode_texts, hidden_with_delta,
-                      length_sorted_chunks, mid_matches, mlp_inputs, model_device, tail_from, tail_matches,
-                      tail_start)
+                      length_sorted_chunks, mid_matches, mlp_inputs, model_device, tail_matches, tail_start,
+                      tail_with_delta)
 from .contexts import with_prefixes
 from .essence import ESSENCE_TOKENS, bucketed_kl, continuations, essence_reference
 from .evaluate import batch_margins
@@ -314,12 +314,8 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
                 out = hidden_with_delta(model, layer, part, None, torch.arange(len(piece)), part.subject_last,
                                         step[piece.to(device)])
             else:
-                states, mask, past = cached
                 rows_of = chunk[piece]
-                span = int(mask[rows_of].sum(1).max())
-                x = states[rows_of.to(states.device), :span]
-                x = torch.cat([x[:, :1] + step[piece.to(device), None], x[:, 1:]], 1)
-                out = tail_from(model, layer, x, mask[rows_of, :span], past.rows(rows_of))
+                out = tail_with_delta(model, layer, cached, rows_of, step[piece.to(device)])
                 pos = pos - start[rows_of][rows]
             hidden.append(out[rows.to(out.device), pos.to(out.device)])
         return model.lm_head(torch.cat(hidden)).float(), t_rows, t_tokens

@@ -220,8 +220,14 @@ def test_residual_targets_run_the_later_blocks_from_the_subject_as_the_full_forw
     requests = hf.parse_requests(REQUESTS + [{"prompt": "the novel {} is by", "subject": "dune",
                                               "target_new": "mary shelley"}])
     tails = []
-    real_tail = residual.tail_from
-    monkeypatch.setattr(residual, "tail_from", lambda *a: tails.append(a[2].shape[1]) or real_tail(*a))
+    real_tail = residual.tail_with_delta
+
+    def spied(*args):
+        hidden = real_tail(*args)
+        tails.append(hidden.shape[1])
+        return hidden
+
+    monkeypatch.setattr(residual, "tail_with_delta", spied)
     tail = residual_targets(model, tok, requests, layer, progress=False, chunk=3, **settings)
     full_width = hf.encode_requests(tok, requests, with_target=True).input_ids.shape[1]
     assert tails and max(tails) < full_width - 2, "the steps did not start at the subject"

@@ -215,8 +215,8 @@ def test_subject_values_equal_the_plain_loop(tiny_llama, contexts, monkeypatch):
     model, _ = tiny_llama
     subject = torch.tensor([0, 1, 2, 3, 3]).repeat_interleave(len(PREFIXES) + 1)
     graphs = []
-    spied = subject_keys.tail_from
-    monkeypatch.setattr(subject_keys, "tail_from",
+    spied = subject_keys.tail_with_delta
+    monkeypatch.setattr(subject_keys, "tail_with_delta",
                         lambda *args, **kwargs: graphs.append(torch.is_grad_enabled()) or spied(*args, **kwargs))
     unedited = batch_margins(model, contexts, 4)
     for margin in unedited.quantile(torch.tensor([0.3, 0.6])).tolist():
