@@ -147,6 +147,13 @@ template <typename T, class Isa> struct Vec {
   static FK_INLINE type splat(T x) { return type{} + x; }
 };
 
+// Asks for the cache lines of bytes [p, p + bytes) ahead of their use. A plain function, not a lambda: GCC 12
+// deleted a lambda's loop of __builtin_prefetch as code without effect (corral_solve's "two ahead" fetch was gone).
+FK_INLINE void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o);
+}
+
 // sum_k x[k] * y[k], vectorized (the compiler may not reorder a scalar FP sum).
 template <class Isa, typename T> FK_INLINE T dot(Isa, const T* x, const T* y, int64_t n) {
   using VT = Vec<T, Isa>;
