@@ -5,7 +5,9 @@
 
 Every case runs in a fresh child process (peak memory = its own: /proc/self/clear_refs resets the
 high-water mark after the inputs exist, VmHWM is read after the call). Cases already in the output
-JSON are skipped, so an interrupted run resumes. Threads follow --threads (1 on a loaded machine).
+JSON are skipped, so an interrupted run resumes. Threads follow --threads (1 on a loaded machine). --repeat N times
+the ustar and construct_default calls N - 1 more times in the same process (cpu_seconds_runs, seconds_runs and their
+best: on a loaded machine one call's CPU seconds vary by +-10%, more than the changes measured).
 
   ustar              margin_optimal_outputs(V, method=...) for spherical V: seconds, rho, streaming
                      passes (calls of the fused star_topk kernel), peak extra memory; for the active set
@@ -119,6 +121,14 @@ def child(case: dict) -> dict:
         if kind == "values_vs_chol":  # the single timed call above, against the fastest Cholesky
             out["ratio_to_cholesky"] = out["seconds"] / out["cholesky_fastest_s"]
             out["floor"] = _values_floor(result.report, out)
+    if case.get("repeat", 1) > 1 and kind in ("ustar", "construct_default"):
+        runs = [(out["seconds"], out["cpu_seconds"])]
+        for _ in range(case["repeat"] - 1):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            runs.append((time.perf_counter() - start, time.process_time() - start_cpu))
+        out["seconds_runs"], out["cpu_seconds_runs"] = [r[0] for r in runs], [r[1] for r in runs]
+        out["seconds_best"], out["cpu_seconds_best"] = min(out["seconds_runs"]), min(out["cpu_seconds_runs"])
     return out
 
 
@@ -251,6 +261,7 @@ def main() -> None:
     parser.add_argument("--only", default="ustar,construct,values")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per case")
+    parser.add_argument("--repeat", type=int, default=1, help="timed calls of the ustar and construct_default cases")
     parser.add_argument("--ustar-grid", default=None,
                         help="U* cases instead of the default grid, e.g. 4096x128:active_set,16384x128:dense")
     parser.add_argument("--cholesky-sizes", default=None, help="F of the cholesky cases, e.g. 4096 (default 1,024-8,192)")
@@ -274,6 +285,8 @@ def main() -> None:
             for c in report["cases"]}
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     for case in cases(args.quick, set(args.only.split(",")), args.threads, args.ustar_grid, args.cholesky_sizes):
+        if args.repeat > 1:
+            case["repeat"] = args.repeat
         key = json.dumps(case, sort_keys=True)
         if key in done:
             continue
