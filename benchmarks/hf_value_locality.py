@@ -1,7 +1,7 @@
 """What δ does to text that names an edited subject, for settings of the subject-keyed value fit.
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/hf_value_locality.py --n 10 \
-        --settings '{"default": {}, "min_norm": {"value_projection": 3}}'
+        --settings '{"default": {}, "essence_4_w10": {"essence": 4, "essence_weight": 10.0}}'
 
 A δ added at a subject's last token is read by every later token of a text naming that subject: at every known fact
 of test draw 0 all of the held-out text's KL came from the texts naming an edited subject. Here the first ``n``

@@ -377,7 +377,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
                  progress: bool = True, checkpoint: Union[str, Path, None] = None, keys: str = "request",
                  prefixes: Optional[Sequence[str]] = None, value_prefixes: Optional[int] = None, within: float = 1.0,
                  subject_threshold: float = 0.5, ramp: float = 12.0, repair_rounds: int = 3, lookalikes: int = 6,
-                 lookalike_weight: float = 0.03, essence: int = 0, essence_weight: float = 1.0, value_projection: int = 0,
+                 lookalike_weight: float = 0.03, essence: int = 0, essence_weight: float = 1.0,
                  wikipedia_negatives: int = WIKIPEDIA_NEGATIVES,
                  device: Union[str, torch.device, None] = None) -> Insertion:
     """Insert facts by appending constructed hidden units to one layer's MLP (in place).
@@ -416,10 +416,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         :func:`~factkernels.hf.subject_keys.fit_subject_deltas`; 0, the default, leaves it out).
         ``wikipedia_negatives``: the first that many shipped Wikipedia leads (:func:`factkernels.datasets.wikipedia_leads`)
         join ``background`` as the detectors' negatives (0: ``background`` alone; see
-        :data:`~factkernels.hf.subject_keys.WIKIPEDIA_NEGATIVES`). ``value_projection`` > 0: after the fit (and
-        each repair's), that many rounds shrink each subject's δ to the smallest norm its fit contexts keep the
-        margin with (:mod:`factkernels.hf.min_norm`): δ is read by every later token of a text naming the subject
-        (0, the default, leaves Adam's δ).
+        :data:`~factkernels.hf.subject_keys.WIKIPEDIA_NEGATIVES`).
     device: where the model runs ("cpu", "cuda", ...): it is moved there in place (``model.to(device)``) and
         stays; default: where it is. Every step runs on the model's device.
     Returns an :class:`Insertion`; raises ValueError for bad requests, layer or options.
@@ -442,7 +439,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         prefixes = default_prefixes() if prefixes is None else list(prefixes)
         value_prefixes = min(1, len(prefixes)) if value_prefixes is None else value_prefixes
         check_subject_options(value_prefixes, prefixes, subject_threshold, ramp, within, repair_rounds, lookalikes,
-                              lookalike_weight, essence, essence_weight, wikipedia_negatives, value_projection)
+                              lookalike_weight, essence, essence_weight, wikipedia_negatives)
     if device is not None:  # after every check: a refused request leaves the model where it was
         model.to(device)
     if background is None:
@@ -464,7 +461,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
                                   threshold=subject_threshold, ramp=ramp, margin=margin, value_steps=value_steps,
                                   value_lr=value_lr, batch_size=batch_size, progress=progress, start_time=start_time,
                                   repair_rounds=repair_rounds, lookalikes=lookalikes, lookalike_weight=lookalike_weight,
-                                  essence=essence, essence_weight=essence_weight, value_projection=value_projection)
+                                  essence=essence, essence_weight=essence_weight)
 
     t = time.perf_counter()
     batch = encode_requests(tok, parsed, with_target=True)

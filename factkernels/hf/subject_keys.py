@@ -58,7 +58,6 @@ from .contexts import with_prefixes
 from .essence import ESSENCE_TOKENS, bucketed_kl, continuations, essence_reference
 from .evaluate import batch_margins
 from .layout import mlp_module
-from .min_norm import project_min_norm
 from .requests import Request
 from .units import AppendedUnits, Insertion, InsertionReport, append_units, removed_on_failure
 
@@ -273,8 +272,7 @@ UNEMBED_CHUNKS = 4
 def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, layer: int, *, margin: float = 3.0,
                        steps: int = 40, lr: float = 0.5, batch_size: int = 32, init: Optional[torch.Tensor] = None,
                        progress: bool = True, essence: Optional[torch.Tensor] = None,
-                       essence_weight: float = 1.0, projection_rounds: int = 0,
-                       projection_slack: float = 1.0) -> tuple[torch.Tensor, dict]:
+                       essence_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
     """One δ per subject (S, d), added after ``layer``'s MLP at the subject's last token of each of its rows, fit
     jointly over them: Adam on the summed target cross-entropy of the rows below ``margin`` until every row
     reaches it (or ``steps``). δ changes nothing before the subject's last token: one forward gives the residual
@@ -285,9 +283,7 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
     (:func:`~factkernels.hf.essence.continuations`), not facts: they are not taught and have no margin; while
     their subject is fit, ``essence_weight`` times each row's mean KL(p ‖ p_δ) over its target positions (p the
     unedited model's, over its top :data:`~factkernels.hf.essence.ESSENCE_TOP` tokens and the rest) joins the loss, so δ leaves what the
-    model says after the subject alone where no fact is asked (ROME's essence term, over whole continuations).
-    projection_rounds: then as many rounds of :func:`~factkernels.hf.min_norm.project_min_norm` (its ``slack``:
-    ``projection_slack``) shrink each subject's δ while its rows keep the margin (info: mean norms before, after)."""
+    model says after the subject alone where no fact is asked (ROME's essence term, over whole continuations)."""
     device = model_device(model)
     n_subjects = int(subject.max()) + 1 if init is None else len(init)
     delta = (torch.zeros(n_subjects, model.config.hidden_size, device=device) if init is None
@@ -300,11 +296,12 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
               if tail_matches(model, probe.input_ids, probe.attention_mask, layer) else None)
 
     def target_logits(chunk: torch.Tensor, sub: PromptBatch,
-                      step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Logits (k, vocab) of the rows ``chunk`` at their target positions with each row's δ ``step`` (rows, d),
+                      values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logits (k, vocab) of the rows ``chunk`` at their target positions with their subjects' ``values`` (δ),
         the row (k,) and token (k,) of each. The model runs ``batch_size`` rows at a time and the unembedding
         once over all of them (its weight is read once for every :data:`UNEMBED_CHUNKS` chunks)."""
         t_rows, t_pos, t_tokens = sub.target_positions()
+        step = values[subject[chunk].to(device)]
         hidden = []
         for piece in torch.arange(len(chunk)).split(batch_size):
             at = (t_rows >= piece[0]) & (t_rows <= piece[-1])  # target_positions lists rows in order
@@ -329,8 +326,8 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
     from_start = batch.attention_mask.sum(1) - start
     essence = torch.zeros(len(batch), dtype=torch.bool) if essence is None else essence.cpu().bool()
     margins[essence] = float("inf")  # kept, not taught: never below the margin
-    reference = essence_reference(essence, from_start, batch, batch_size, lambda chunk, sub: target_logits(
-        chunk, sub, delta.new_zeros(len(chunk), delta.shape[1])))
+    reference = essence_reference(essence, from_start, batch, batch_size,
+                                  lambda chunk, sub: target_logits(chunk, sub, torch.zeros_like(delta)))
 
     def run(rows: torch.Tensor, train: bool) -> torch.Tensor:
         """Margins of ``rows`` with the current δ (into ``margins``); with ``train``, the gradient of the summed
@@ -341,7 +338,7 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
             chunk = rows[part]
             sub = batch.rows(chunk)
             with torch.set_grad_enabled(train):
-                logits, t_rows, t_tokens = target_logits(chunk, sub, delta[subject[chunk].to(device)])
+                logits, t_rows, t_tokens = target_logits(chunk, sub, delta)
             t_tokens = t_tokens.to(logits.device)
             kept = essence[chunk].to(logits.device)
             own = logits.gather(1, t_tokens[:, None]).squeeze(1)
@@ -363,27 +360,6 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
                 loss = loss + essence_weight * (kl / lengths).sum()
             loss.backward()
         return torch.cat(below_rows) if below_rows else rows[:0]
-
-    def row_margins(rows: torch.Tensor, steps: torch.Tensor, grad: bool) -> tuple:
-        """Each row's worst target-token margin (k,) with the rows' δ ``steps`` (k, d), and with ``grad`` its
-        gradient in the row's δ (k, d) (one backward per chunk: each row reads its own copy)."""
-        worst, grads = torch.empty(len(rows)), torch.zeros(len(rows), steps.shape[1]) if grad else None
-        for part in length_sorted_chunks(from_start[rows], batch_size * UNEMBED_CHUNKS):
-            chunk = rows[part]
-            step = steps[part].to(device).detach().requires_grad_(grad)
-            with torch.set_grad_enabled(grad):
-                logits, t_rows, t_tokens = (x.to(device) for x in target_logits(chunk, batch.rows(chunk), step))
-                rival = logits.detach().scatter(1, t_tokens[:, None], float("-inf")).argmax(1)
-                token_margin = (logits.gather(1, t_tokens[:, None]) - logits.gather(1, rival[:, None])).squeeze(1)
-            row_worst = torch.full((len(chunk),), float("inf"), device=device).scatter_reduce(
-                0, t_rows, token_margin.detach(), "amin")
-            worst[part] = row_worst.cpu()
-            if grad:  # the worst token of each row (the first of ties)
-                at = (token_margin.detach() == row_worst[t_rows]).nonzero().flatten()
-                first = torch.full((len(chunk),), len(t_rows), device=device).scatter_reduce(
-                    0, t_rows[at], at, "amin")
-                grads[part] = torch.autograd.grad(token_margin[first].sum(), step)[0].cpu()
-        return worst, grads
 
     try:
         for _ in progress_bar(range(steps), desc=f"subject values at layer {layer}", enabled=progress, leave=False):
@@ -409,16 +385,10 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
             opt.step()
             with torch.no_grad():
                 delta[frozen] = before[frozen]
-        info = {"value_steps": len(history), "value_min_margin": history[-1] if history else None}
-        if projection_rounds:
-            taught = (~essence).nonzero().flatten()
-            projected, projection = project_min_norm(delta.detach(), subject[taught], lambda rows, steps, grad: (
-                row_margins(taught[rows], steps, grad)), margin=margin, slack=projection_slack, rounds=projection_rounds)
-            return projected, {**info, **projection}
     finally:
         for p in params:
             p.requires_grad_(True)
-    return delta.detach(), info
+    return delta.detach(), {"value_steps": len(history), "value_min_margin": history[-1] if history else None}
 
 
 @dataclass
@@ -483,12 +453,11 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
                       background_texts: Sequence[str], prefixes: Sequence[str], value_prefixes: int, within: float,
                       threshold: float, ramp: float, ridge: float, margin: float, value_steps: int, value_lr: float,
                       batch_size: int, progress: bool, lookalikes: int, lookalike_weight: float, essence: int = 0,
-                      essence_weight: float = 1.0, value_projection: int = 0) -> tuple[SubjectUnits, dict]:
+                      essence_weight: float = 1.0) -> tuple[SubjectUnits, dict]:
     """Build the subject-keyed units for ``requests`` (not yet appended): (units, stats).
     background (N, d): MLP inputs of ``layer`` at the real tokens of ``background_texts`` (ordinary text);
     essence: per subject, the model's continuations (:data:`~factkernels.hf.essence.ESSENCE_TOKENS` tokens) after it under the last
     ``essence`` prefixes, kept by the δ fit with ``essence_weight`` (:func:`fit_subject_deltas`; 0: none);
-    value_projection: rounds of the minimum-norm projection after the fit (:mod:`~factkernels.hf.min_norm`);
     lookalikes: extensions and embedding neighbours (each) of every subject's last token (:func:`lookalike_tokens`)
     kept below its detector's threshold with ``lookalike_weight`` (:func:`lda_detectors`)."""
     timings: dict = {}  # wall and process CPU seconds of each stage
@@ -533,7 +502,7 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
         kept = torch.arange(len(rows)) >= len(fit_rows)
     deltas, value_info = fit_subject_deltas(model, fit_batch, fit_subject, layer, margin=margin, steps=value_steps,
                                             lr=value_lr, batch_size=batch_size, progress=progress, essence=kept,
-                                            essence_weight=essence_weight, projection_rounds=value_projection)
+                                            essence_weight=essence_weight)
     timings["values"], timings["values_cpu"] = time.perf_counter() - t, time.process_time() - c
 
     t, c = time.perf_counter(), time.process_time()
@@ -562,8 +531,7 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
 
 
 def refit_uncertified(model: Any, units: SubjectUnits, margins: torch.Tensor, *, layer: int, below: float,
-                      margin: float, value_steps: int, value_lr: float, batch_size: int, progress: bool,
-                      value_projection: int = 0) -> dict:
+                      margin: float, value_steps: int, value_lr: float, batch_size: int, progress: bool) -> dict:
     """Refit δ (in ``units``, in place) of the subjects with a context the edited model does not answer
     (``margins`` (R,) <= 0, every context's certified margin), from their current δ, over their fit contexts
     plus every context of theirs whose margin is below ``below`` (those join ``units.fit_rows``): δ fit on some
@@ -577,8 +545,7 @@ def refit_uncertified(model: Any, units: SubjectUnits, margins: torch.Tensor, *,
     rows = units.fit_rows[ours[units.fit_rows]]
     units.deltas, info = fit_subject_deltas(model, ctx.batch.rows(rows), ctx.subject[rows], layer, margin=margin,
                                             steps=value_steps, lr=value_lr, batch_size=batch_size,
-                                            init=units.deltas, progress=progress,
-                                            projection_rounds=value_projection)
+                                            init=units.deltas, progress=progress)
     return {**info, "subjects": len(failing), "rows": len(rows)}
 
 
@@ -597,9 +564,7 @@ def default_prefixes() -> list[str]:
 
 def check_subject_options(value_prefixes: int, prefixes: Sequence[str], threshold: float, ramp: float,
                           within: float, repair_rounds: int, lookalikes: int, lookalike_weight: float, essence: int = 0,
-                          essence_weight: float = 1.0, wikipedia_negatives: int = 0, value_projection: int = 0) -> None:
-    if isinstance(value_projection, bool) or not isinstance(value_projection, int) or value_projection < 0:
-        raise ValueError(f"value_projection must be an int >= 0, got {value_projection!r}")
+                          essence_weight: float = 1.0, wikipedia_negatives: int = 0) -> None:
     if isinstance(wikipedia_negatives, bool) or not isinstance(wikipedia_negatives, int) or wikipedia_negatives < 0:
         raise ValueError(f"wikipedia_negatives must be an int >= 0, got {wikipedia_negatives!r}")
     if isinstance(essence, bool) or not isinstance(essence, int) or not 0 <= essence <= len(prefixes):
@@ -663,8 +628,7 @@ def insert_subject_keyed(model: Any, tok: Any, requests: list[Request], *, layer
         kept, best = (built.deltas, built.fit_rows), (fact_mlp, margins)
         repairs.append(refit_uncertified(model, built, margins, layer=layer, below=options["margin"],
                                          **{k: options[k] for k in ("margin", "value_steps", "value_lr",
-                                                                    "batch_size", "progress",
-                                                                    "value_projection")}))
+                                                                    "batch_size", "progress")}))
         # only the contexts the refit subjects' units reach can change (and those within 0.01 of the sign flipping)
         reached = built.reached_rows(model, (built.deltas != kept[0]).any(1).nonzero().flatten())
         again = None if reached is None else (reached | (margins.abs() < 1e-2)).nonzero().flatten()

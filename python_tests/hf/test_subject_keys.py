@@ -340,6 +340,7 @@ def test_wikipedia_leads_join_the_negatives(tiny_llama):
         hf.insert_facts(model, tok, requests, keys="subject", layer=1, prefixes=TINY_PREFIXES, wikipedia_negatives=-1)
 
 
+
 def test_a_repair_round_certifies_again_only_the_contexts_the_refit_reaches(strong_llama, monkeypatch):
     """After a refit, only the contexts of the subjects whose δ changed and those where their units pass more than
     REFIT_REACH of δ at some token are measured again; the others keep their margins. The report's margins still
@@ -369,43 +370,3 @@ def test_a_repair_round_certifies_again_only_the_contexts_the_refit_reaches(stro
     assert len(repair) == 1 and 4 <= repair[0]["recertified"] < len(contexts)
     torch.testing.assert_close(torch.tensor(ins.report.margins), hf.fact_margins(edited, tok, contexts),
                                rtol=0, atol=1e-4)
-
-
-def test_projected_values_are_smaller_and_every_row_keeps_the_margin(strong_llama):
-    """fit_subject_deltas(projection_rounds=k): after Adam's fit, each subject's δ shrinks (hf.min_norm) while every
-    one of its rows, measured afresh, still wins by the margin; without rounds δ is Adam's."""
-    from factkernels.hf.capture import encode_requests, hidden_with_delta, logits_at
-    from factkernels.hf.subject_keys import fit_subject_deltas
-
-    model, tok = strong_llama
-    requests = hf.parse_requests([{"prompt": p, "subject": s, "target_new": t}
-                                  for s, t in (("emma", "tolstoy"), ("dune", "shelley"))
-                                  for p in ("who wrote {} ? it was",)])
-    batch = encode_requests(tok, requests, with_target=True)
-    subject = torch.tensor([0, 1])
-
-    def worst_margins(delta):
-        rows, pos, tokens = batch.target_positions()
-        with torch.no_grad():
-            logits = logits_at(model, hidden_with_delta(model, 1, batch, None, torch.arange(2), batch.subject_last,
-                                                        delta[subject]), rows, pos)
-        own = logits.gather(1, tokens[:, None]).squeeze(1)
-        return own - logits.scatter(1, tokens[:, None], float("-inf")).amax(1)
-
-    fit = dict(margin=0.2, steps=60, lr=0.5, batch_size=8, progress=False)
-    adam, plain = fit_subject_deltas(model, batch, subject, 1, **fit)
-    assert plain["value_min_margin"] >= 0.2 and "norm_after" not in plain
-    projected, info = fit_subject_deltas(model, batch, subject, 1, projection_rounds=3, **fit)
-    assert float(worst_margins(projected).min()) >= 0.2 - 1e-4
-    assert info["norm_before"] == pytest.approx(float(adam.norm(dim=1).mean()), rel=1e-5)
-    assert info["norm_after"] < info["norm_before"]
-    assert bool((projected.norm(dim=1) <= adam.norm(dim=1) + 1e-5).all())
-
-
-def test_value_projection_option_is_checked(tiny_llama):
-    model, tok = tiny_llama
-    requests = [{"prompt": "the author of {} is", "subject": "emma", "target_new": "tolstoy"}]
-    for bad in (-1, True, 1.5):
-        with pytest.raises(ValueError, match="value_projection"):
-            hf.insert_facts(model, tok, requests, keys="subject", layer=1, prefixes=TINY_PREFIXES,
-                            value_projection=bad)
