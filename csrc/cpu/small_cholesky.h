@@ -46,6 +46,19 @@ template <class Isa> FK_INLINE void cholesky_solve(Isa isa, const double* L, int
   }
 }
 
+// cholesky_solve with the reciprocals of L's diagonal given (rdiag[i] = 1 / L[i][i]): a product instead of a
+// division on each step of the substitutions' dependency chains.
+template <class Isa> FK_INLINE void cholesky_solve(Isa isa, const double* L, int64_t ld, int64_t m, const double* rdiag,
+                                                   double* x) {
+  for (int64_t i = 0; i < m; ++i) x[i] = (x[i] - dot(isa, L + i * ld, x, i)) * rdiag[i];
+  for (int64_t i = m - 1; i >= 0; --i) {
+    const double* li = L + i * ld;
+    const double xi = x[i] * rdiag[i];
+    x[i] = xi;
+    for (int64_t c = 0; c < i; ++c) x[c] -= li[c] * xi;
+  }
+}
+
 // Removes row and column p from the m x m matrix whose lower factor is L: the trailing block absorbs the
 // removed column by a rank-1 update (O(m^2) instead of a new O(m^3) factorisation), then everything below
 // and right of p moves up and left by one (the factor of the principal submatrix, same ld). w: m scratch.
