@@ -27,6 +27,8 @@ process (``_baseline``); "unedited" cells write them, and a grid runs each draw'
 weight editors keep their δ in the cache folder (``hf.edit(checkpoint=<cache>/residual_targets)``, a file
 named by everything δ depends on): a cell stopped mid-δ resumes it, and MEMIT's and AlphaEdit's cells of the
 same draw, whose δ settings agree (SmolLM2 preset; AlphaEdit's batches of 100 hold 10 cases), train it once.
+Ours keeps its values fit's chunks of subjects likewise (``checkpoint=<cache>/subject_values``; with the CPU
+seconds they took: "targets_restored_cpu").
 
     factkernels experiment real-lm-editing --out benchmarks/results/experiments --methods unedited,ours \
         --sizes 10 --kind known --split test --draws 0,1,2 --resume
@@ -209,6 +211,10 @@ def _edit(config: dict, model: Any, tok: Any, requests: list, tiny: bool):
 
     method, settings = config["method"], dict(config["settings"])
     if method == "ours":
+        if not tiny:  # the values fit's finished chunks, in a file named by what they depend on
+            from ..hf.statistics import default_cache_dir
+
+            settings["checkpoint"] = default_cache_dir() / "subject_values"
         applied = hf.insert_facts(model, tok, requests, progress=False, background=_texts("stats", tiny), **settings)
         return applied.remove, {k: v for k, v in applied.report.to_dict().items() if k != "margins"}
     stats = None
@@ -229,8 +235,12 @@ def _timed_edit(config: dict, model: Any, tok: Any, requests: list, tiny: bool):
     wall, cpu = time.perf_counter(), time.process_time()
     undo, method_report = _edit(config, model, tok, requests, tiny)
     seconds = {"edit": time.perf_counter() - wall, "edit_cpu": time.process_time() - cpu}
+    values = method_report.get("values") or {}
     if method_report.get("targets_restored_seconds"):
         seconds["targets_restored"] = method_report["targets_restored_seconds"]
+    elif values.get("value_restored_seconds"):  # ours: δ chunks read back, with the CPU seconds they took
+        seconds["targets_restored"] = values["value_restored_seconds"]
+        seconds["targets_restored_cpu"] = values["value_restored_cpu"]
     return undo, method_report, seconds
 
 

@@ -3,8 +3,8 @@
 A row is one (model, kind, split, method, settings, protocol, n) over its draws: every numeric metric of
 ``hf.metrics.score_cases`` as its mean and 95 % Student-t interval over the draws (``metrics.over_draws``),
 the harmonic mean of the three mean scores (efficacy, paraphrase, neighbourhood), and the edit's wall and
-CPU seconds (an edit that restored its fitted targets from another cell counts that fit's wall seconds; its CPU
-seconds are then unknown).
+CPU seconds (an edit that restored its fitted targets from a checkpoint counts that fit's wall seconds, and its
+CPU seconds where recorded (ours); an editor's CPU seconds are then unknown).
 
 Figures: ``real_lm_triangle`` — reliability (efficacy score), generalization (paraphrase score) and locality
 (neighbourhood score) in three aligned panels (stacked, methods shared), one bar per method and number of
@@ -39,9 +39,12 @@ def _size_key(n: Any) -> float:
 
 
 def _edit_cpu(seconds: dict, wall: str) -> float:
-    """A cell's CPU seconds, or NaN when unknown: a cell that restored its fitted targets from another cell's
-    checkpoint ("targets_restored": that fit's wall seconds, added to its wall time) has no CPU count of the fit."""
-    return math.nan if "targets_restored" in seconds else seconds.get(f"{wall}_cpu", math.nan)
+    """A cell's CPU seconds, or NaN when unknown: a cell that restored its fitted targets from a checkpoint
+    ("targets_restored": that fit's wall seconds, added to its wall time) adds their CPU seconds
+    ("targets_restored_cpu", ours) or, the editors' without them, has no CPU count of the fit."""
+    if "targets_restored" in seconds and "targets_restored_cpu" not in seconds:
+        return math.nan
+    return seconds.get(f"{wall}_cpu", math.nan) + seconds.get("targets_restored_cpu", 0.0)
 
 
 def settings_text(settings: dict) -> str:

@@ -1,8 +1,8 @@
 """Chunk checkpoints: the finished chunks of a long per-request computation, kept in one safetensors file.
 
-Optimising residual deltas through a 30-layer model takes hours for 1,000 requests on a CPU. Requests are
-independent there, so the work runs in chunks and each finished chunk is written at once; run again with
-the same file, the chunks it holds are read instead of computed. The file records a fingerprint of what
+Optimising residual deltas through a 30-layer model takes hours for 1,000 requests on a CPU. Requests (or
+subjects: :func:`resumable_subject_fit`) are independent there, so the work runs in chunks and each finished
+chunk is written at once; run again with the same file, the chunks it holds are read instead of computed. The file records a fingerprint of what
 it was made for (model, layer, token ids, settings) and is refused for anything else.
 
 File: tensors "{start}/{name}" per chunk (``start`` = the chunk's first request), metadata
@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
+from .capture import PromptBatch, model_device
 from .layout import mlp_module
 
 
@@ -70,3 +72,50 @@ class ChunkCheckpoint:
         save_file(flat, str(tmp), metadata={"fingerprint": self.fingerprint,
                                             "infos": json.dumps({str(s): i for s, (_, i) in self.chunks.items()})})
         tmp.replace(self.path)
+
+
+# Subjects per chunk of a resumable subject values fit: ~250 rows, a few CPU minutes at layer 10 of SmolLM2-135M.
+VALUE_CHUNK_SUBJECTS = 100
+
+
+def resumable_subject_fit(fit: Callable[..., tuple[torch.Tensor, dict]], model: Any, batch: PromptBatch,
+                          subject: torch.Tensor, layer: int, *, checkpoint: Union[str, Path],
+                          essence: Optional[torch.Tensor] = None, subjects_per_chunk: int = VALUE_CHUNK_SUBJECTS,
+                          **options: Any) -> tuple[torch.Tensor, dict]:
+    """``fit`` (:func:`~factkernels.hf.subject_keys.fit_subject_deltas`) in chunks of ``subjects_per_chunk``
+    subjects, each chunk's δ written to ``checkpoint`` (a .safetensors file, or a folder: then a file in it named by
+    the fingerprint) the moment it is done and read back instead of fit on a rerun. A subject's δ sees only its own
+    rows and Adam is elementwise (a subject at the margin stays frozen), so chunks give one joint fit's δ up to float
+    rounding. The file records the model (every weight), layer, rows and settings and is refused for others.
+    subject (R,) 0..S-1, rows for every subject; essence (R,) bool; options: fit's (margin, steps, lr, batch_size,
+    progress, essence_weight). Returns δ (S, d) and fit's info (steps: the most of any chunk) with
+    "value_restored_seconds" / "value_restored_cpu": wall and CPU seconds earlier runs spent on chunks read back."""
+    essence = torch.zeros(len(batch), dtype=torch.bool) if essence is None else essence.cpu().bool()
+    settings = {k: options.get(k) for k in ("margin", "steps", "lr", "essence_weight")}
+    key = fingerprint(model, layer, (batch.input_ids, batch.attention_mask, batch.subject_last, batch.prompt_last,
+                                     batch.target_len, subject, essence, *model.parameters()),
+                      {**settings, "subjects_per_chunk": subjects_per_chunk})
+    path = Path(checkpoint)
+    saved = ChunkCheckpoint(path if path.suffix == ".safetensors" else path / f"values_{key[:20]}.safetensors", key)
+    n_subjects, width = int(subject.max()) + 1, model.config.hidden_size
+    deltas = torch.zeros(n_subjects, width, device=model_device(model))
+    restored, infos = [0.0, 0.0], []
+    for start in range(0, n_subjects, subjects_per_chunk):
+        end = min(n_subjects, start + subjects_per_chunk)
+        if start in saved.chunks:
+            info = saved.chunks[start][1]
+            restored = [restored[0] + info["seconds"], restored[1] + info["cpu"]]
+        else:
+            t, c = time.perf_counter(), time.process_time()
+            rows = ((subject >= start) & (subject < end)).nonzero().flatten()
+            part, info = fit(model, batch.rows(rows), subject[rows] - start, layer, essence=essence[rows],
+                             init=torch.zeros(end - start, width), **options)
+            saved.put(start, {"delta": part}, {**info, "seconds": time.perf_counter() - t,
+                                               "cpu": time.process_time() - c})
+        tensors, info = saved.chunks[start]
+        deltas[start:end] = tensors["delta"].to(deltas)
+        infos.append(info)
+    margins = [i["value_min_margin"] for i in infos if i["value_min_margin"] is not None]
+    return deltas, {"value_steps": max(i["value_steps"] for i in infos), "value_min_margin": min(margins, default=None),
+                    "value_chunks": len(infos), "value_restored_seconds": restored[0],
+                    "value_restored_cpu": restored[1]}

@@ -396,14 +396,15 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     sharpness, threshold, adaptive_threshold: the detector gate's (see :func:`detector_mlp`).
     checkpoint: a .safetensors file keeping the values (δ) of finished chunks of requests when they need the
         model (any layer but the last, or subject keys), so a long insertion can be stopped and run again
-        (see :func:`optimise_deltas`).
+        (see :func:`optimise_deltas`; subject keys: chunks of subjects,
+        :func:`~factkernels.hf.checkpoint.resumable_subject_fit`, which also takes a folder).
     keys: "request" (one unit per request's key, above) or "subject" (:mod:`factkernels.hf.subject_keys`: per
         subject an LDA detector on its last token under every request prompt × ``prefixes`` (default: the
         editing benchmark's edit prefixes) and one δ fit over the prompts bare and under the first
         ``value_prefixes`` prefixes (default 1; 0 left 58 of 550 validation contexts unanswered, 1 left 2);
         ``within`` weighs the within-subject spread in the whitening, ``subject_threshold`` places τ between the
         contrast and own scores, ``ramp`` is the units' saturation; ``position``, ``gate``, ``threshold``,
-        ``contrast`` and ``checkpoint`` do not apply). The report's margins are then every context's (request ×
+        ``contrast`` do not apply). The report's margins are then every context's (request ×
         prefix) in the edited model; up to ``repair_rounds`` times, the subjects of those <= 0 get δ refit and all
         are certified again; what stays unanswered is in ``report.construction["uncertified"]`` as [request,
         context] (context 0 the bare prompt, c the c-th prefix). ``lookalikes`` tokens that extend each subject's
@@ -461,7 +462,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
                                   threshold=subject_threshold, ramp=ramp, margin=margin, value_steps=value_steps,
                                   value_lr=value_lr, batch_size=batch_size, progress=progress, start_time=start_time,
                                   repair_rounds=repair_rounds, lookalikes=lookalikes, lookalike_weight=lookalike_weight,
-                                  essence=essence, essence_weight=essence_weight)
+                                  essence=essence, essence_weight=essence_weight, checkpoint=checkpoint)
 
     t = time.perf_counter()
     batch = encode_requests(tok, parsed, with_target=True)

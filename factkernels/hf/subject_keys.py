@@ -44,7 +44,9 @@ import bisect
 import resource
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F_nn
@@ -54,6 +56,7 @@ from ..progress import progress_bar
 from .capture import (MidStates, PromptBatch, capture, encode_requests, encode_texts, hidden_with_delta,
                       length_sorted_chunks, mid_matches, mlp_inputs, model_device, tail_matches, tail_start,
                       tail_with_delta)
+from .checkpoint import resumable_subject_fit
 from .contexts import with_prefixes
 from .essence import ESSENCE_TOKENS, bucketed_kl, continuations, essence_reference
 from .evaluate import batch_margins
@@ -453,11 +456,14 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
                       background_texts: Sequence[str], prefixes: Sequence[str], value_prefixes: int, within: float,
                       threshold: float, ramp: float, ridge: float, margin: float, value_steps: int, value_lr: float,
                       batch_size: int, progress: bool, lookalikes: int, lookalike_weight: float, essence: int = 0,
-                      essence_weight: float = 1.0) -> tuple[SubjectUnits, dict]:
+                      essence_weight: float = 1.0,
+                      checkpoint: Union[str, Path, None] = None) -> tuple[SubjectUnits, dict]:
     """Build the subject-keyed units for ``requests`` (not yet appended): (units, stats).
     background (N, d): MLP inputs of ``layer`` at the real tokens of ``background_texts`` (ordinary text);
     essence: per subject, the model's continuations (:data:`~factkernels.hf.essence.ESSENCE_TOKENS` tokens) after it under the last
     ``essence`` prefixes, kept by the δ fit with ``essence_weight`` (:func:`fit_subject_deltas`; 0: none);
+    checkpoint: where the values fit keeps its finished chunks
+    (:func:`~factkernels.hf.checkpoint.resumable_subject_fit`; None: one joint fit, nothing written);
     lookalikes: extensions and embedding neighbours (each) of every subject's last token (:func:`lookalike_tokens`)
     kept below its detector's threshold with ``lookalike_weight`` (:func:`lda_detectors`)."""
     timings: dict = {}  # wall and process CPU seconds of each stage
@@ -500,10 +506,13 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
         fit_batch = encode_requests(tok, rows, with_target=True)
         fit_subject = torch.cat([fit_subject, torch.arange(len(ctx.subjects)).repeat_interleave(essence)])
         kept = torch.arange(len(rows)) >= len(fit_rows)
-    deltas, value_info = fit_subject_deltas(model, fit_batch, fit_subject, layer, margin=margin, steps=value_steps,
-                                            lr=value_lr, batch_size=batch_size, progress=progress, essence=kept,
-                                            essence_weight=essence_weight)
-    timings["values"], timings["values_cpu"] = time.perf_counter() - t, time.process_time() - c
+    fit = (fit_subject_deltas if checkpoint is None
+           else partial(resumable_subject_fit, fit_subject_deltas, checkpoint=checkpoint))
+    deltas, value_info = fit(model, fit_batch, fit_subject, layer, margin=margin, steps=value_steps, lr=value_lr,
+                             batch_size=batch_size, progress=progress, essence=kept, essence_weight=essence_weight)
+    # chunks read from a checkpoint count the seconds they took then, so a resumed insertion's are one run's
+    timings["values"] = time.perf_counter() - t + value_info.get("value_restored_seconds", 0.0)
+    timings["values_cpu"] = time.process_time() - c + value_info.get("value_restored_cpu", 0.0)
 
     t, c = time.perf_counter(), time.process_time()
     options = dict(within=within, ridge=ridge, threshold=threshold, lookalikes=alike, lookalike_weight=lookalike_weight)
@@ -592,7 +601,9 @@ def insert_subject_keyed(model: Any, tok: Any, requests: list[Request], *, layer
     """``insert_facts(keys="subject")``: build (:func:`build_subject_units`), append, certify every context, and up
     to ``repair_rounds`` times refit the unanswered ones' subjects (:func:`refit_uncertified`) and certify again.
     options: :func:`build_subject_units`'s; start_time, start_cpu: when the call began (wall, process CPU);
-    background_seconds: (wall, CPU) of the background states."""
+    background_seconds: (wall, CPU) of the background states. With ``checkpoint`` only the first values fit is kept
+    (:func:`~factkernels.hf.checkpoint.resumable_subject_fit`): a rerun captures, certifies and repairs again
+    (repairs refit only the subjects with an unanswered context)."""
     built, stats = build_subject_units(model, tok, requests, layer=layer, ridge=1e-2, **options)
     ctx, batch_size, repairs = built.ctx, options["batch_size"], []
     # wall and process CPU seconds of each stage (the CPU ones count every thread; on a shared machine the wall
@@ -646,7 +657,9 @@ def insert_subject_keyed(model: Any, tok: Any, requests: list[Request], *, layer
         background = options["background"]
         background_ratio = float(fact_mlp(background).norm(dim=1).mean()
                                  / mlp_module(model, layer)(background).norm(dim=1).mean())
-    timings.update(total=time.perf_counter() - start_time, total_cpu=time.process_time() - start_cpu)
+    restored = (stats["values"].get("value_restored_seconds", 0.0), stats["values"].get("value_restored_cpu", 0.0))
+    timings.update(total=time.perf_counter() - start_time + restored[0],
+                   total_cpu=time.process_time() - start_cpu + restored[1])
     contexts = 1 + int(ctx.prefix.max())
     stats.update(uncertified=[[int(i) // contexts, int(i) % contexts] for i in (margins <= 0).nonzero().flatten()],
                  value_contexts=len(built.fit_rows))

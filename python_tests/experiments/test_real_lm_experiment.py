@@ -118,6 +118,9 @@ def test_seconds_count_a_fit_restored_from_another_cell():
     row, = report.summarize(cells)["rows"]
     assert row["seconds"]["mean"] == pytest.approx((10.0 + 110.0) / 2)
     assert math.isnan(row["cpu_seconds"]["mean"])  # that fit's CPU time was not recorded
+    cells[1].result["seconds"]["targets_restored_cpu"] = 80.0  # ours' values chunks record theirs
+    row, = report.summarize(cells)["rows"]
+    assert row["cpu_seconds"]["mean"] == pytest.approx((5.0 + 85.0) / 2)
 
 
 def test_comparison_puts_ours_against_the_best_other_method():

@@ -370,3 +370,90 @@ def test_a_repair_round_certifies_again_only_the_contexts_the_refit_reaches(stro
     assert len(repair) == 1 and 4 <= repair[0]["recertified"] < len(contexts)
     torch.testing.assert_close(torch.tensor(ins.report.margins), hf.fact_margins(edited, tok, contexts),
                                rtol=0, atol=1e-4)
+
+
+RESUME_REQUESTS = [{"prompt": "who wrote {} ? it was", "subject": "war and peace", "target_new": "orwell"},
+                   {"prompt": "the novel {} is by", "subject": "dune", "target_new": "shelley"},
+                   {"prompt": "the book {} was written by", "subject": "emma", "target_new": "tolstoy"},
+                   {"prompt": "the author of {} is", "subject": "ulysses", "target_new": "austen"},
+                   {"prompt": "{} was written by", "subject": "dune", "target_new": "shelley"}]
+
+
+def test_values_resume_from_their_chunk_checkpoint(strong_llama, tmp_path):
+    """resumable_subject_fit stopped while fitting its second chunk of subjects and run again with the same file
+    gives the δ of an uninterrupted run and of one joint fit, reading the saved chunk instead of fitting it again;
+    a file made with other settings is refused, and a folder holds one file per fingerprint."""
+    from factkernels.hf.capture import encode_requests
+    from factkernels.hf.checkpoint import resumable_subject_fit
+    from factkernels.hf.subject_keys import fit_subject_deltas
+
+    model, tok = strong_llama
+    requests = hf.parse_requests(RESUME_REQUESTS)
+    subjects = {s: i for i, s in enumerate(dict.fromkeys(r.subject for r in requests))}
+    batch = encode_requests(tok, requests, with_target=True)
+    subject = torch.tensor([subjects[r.subject] for r in requests])
+    options = dict(margin=1.0, steps=20, lr=0.3, batch_size=8, progress=False)
+    joint, joint_info = fit_subject_deltas(model, batch, subject, 1, **options)
+    assert joint_info["value_steps"] > 1 and bool((joint.norm(dim=1) > 0).all())  # every subject's δ is fit
+    whole, whole_info = resumable_subject_fit(fit_subject_deltas, model, batch, subject, 1, subjects_per_chunk=2,
+                                              checkpoint=tmp_path / "whole.safetensors", **options)
+    torch.testing.assert_close(whole, joint, rtol=0, atol=1e-5)
+    assert whole_info["value_steps"] == joint_info["value_steps"] and whole_info["value_chunks"] == 2
+    assert whole_info["value_min_margin"] == pytest.approx(joint_info["value_min_margin"], abs=1e-4)
+    assert whole_info["value_restored_seconds"] == 0.0
+    calls = []
+
+    def stopped(*args, **kw):
+        calls.append(len(args[2]))  # the chunk's rows
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # killed while fitting the second chunk
+        return fit_subject_deltas(*args, **kw)
+
+    path = tmp_path / "values.safetensors"
+    with pytest.raises(KeyboardInterrupt):
+        resumable_subject_fit(stopped, model, batch, subject, 1, checkpoint=path, subjects_per_chunk=2, **options)
+    calls.clear()
+    resumed, info = resumable_subject_fit(lambda *a, **kw: calls.append(len(a[2])) or fit_subject_deltas(*a, **kw),
+                                          model, batch, subject, 1, checkpoint=path, subjects_per_chunk=2, **options)
+    assert calls == [int((subject >= 2).sum())]  # only the second chunk (subjects 2, 3) is fit again
+    assert torch.equal(resumed, whole) and info["value_restored_seconds"] > 0 and info["value_restored_cpu"] > 0
+    with pytest.raises(ValueError, match="other requests, layer, model or settings"):
+        resumable_subject_fit(fit_subject_deltas, model, batch, subject, 1, checkpoint=path, subjects_per_chunk=2,
+                              **{**options, "lr": 0.4})
+    for lr in (0.3, 0.4):
+        resumable_subject_fit(fit_subject_deltas, model, batch, subject, 1, checkpoint=tmp_path / "folder",
+                              subjects_per_chunk=2, **{**options, "lr": lr})
+    assert len(list((tmp_path / "folder").glob("values_*.safetensors"))) == 2
+
+
+def test_an_insertion_killed_after_its_values_resumes_them(strong_llama, tmp_path, monkeypatch):
+    """insert_facts(keys="subject", checkpoint=folder) killed after its values fit (building the detectors) and run
+    again reads the values back instead of fitting them: the same units and margins as an insertion without a
+    checkpoint, and the first run's values seconds counted in the second's timings."""
+    import copy
+
+    from factkernels.hf import subject_keys
+
+    model, tok = strong_llama
+    options = dict(keys="subject", layer=1, background=TINY_TEXTS, prefixes=CERT_PREFIXES, value_prefixes=0,
+                   value_steps=10, margin=1.0, repair_rounds=0, progress=False)
+    plain = hf.insert_facts(copy.deepcopy(model), tok, RESUME_REQUESTS, **options)
+
+    def killed(*args, **kw):
+        raise KeyboardInterrupt
+
+    detectors = subject_keys.lda_detectors
+    monkeypatch.setattr(subject_keys, "lda_detectors", killed)
+    edited = copy.deepcopy(model)
+    with pytest.raises(KeyboardInterrupt):
+        hf.insert_facts(edited, tok, RESUME_REQUESTS, checkpoint=tmp_path, **options)
+    assert all(torch.equal(a, b) for a, b in zip(edited.parameters(), model.parameters()))  # nothing appended
+    monkeypatch.setattr(subject_keys, "lda_detectors", detectors)
+    monkeypatch.setattr(subject_keys, "fit_subject_deltas", killed)  # the values are read, never fit again
+    resumed = hf.insert_facts(edited, tok, RESUME_REQUESTS, checkpoint=tmp_path, **options)
+    assert resumed.report.margins == pytest.approx(plain.report.margins, abs=1e-4)
+    for name, weight in plain.mlp.swiglu_weights().items():
+        torch.testing.assert_close(resumed.mlp.swiglu_weights()[name], weight, rtol=1e-5, atol=1e-6)
+    restored = resumed.report.values["value_restored_seconds"]
+    assert restored > 0 and resumed.report.timings["values"] >= restored
+    assert resumed.report.timings["total"] >= restored + resumed.report.timings["construct"]
