@@ -82,7 +82,7 @@ def resumable_subject_fit(fit: Callable[..., tuple[torch.Tensor, dict]], model: 
                           subject: torch.Tensor, layer: int, *, checkpoint: Union[str, Path],
                           essence: Optional[torch.Tensor] = None, subjects_per_chunk: int = VALUE_CHUNK_SUBJECTS,
                           **options: Any) -> tuple[torch.Tensor, dict]:
-    """``fit`` (:func:`~factkernels.hf.subject_keys.fit_subject_deltas`) in chunks of ``subjects_per_chunk``
+    """``fit`` (:func:`~factkernels.hf.subject_values.fit_subject_deltas`) in chunks of ``subjects_per_chunk``
     subjects, each chunk's δ written to ``checkpoint`` (a .safetensors file, or a folder: then a file in it named by
     the fingerprint) the moment it is done and read back instead of fit on a rerun. A subject's δ sees only its own
     rows and Adam is elementwise (a subject at the margin stays frozen), so chunks give one joint fit's δ up to float

@@ -5,7 +5,7 @@ the question it was fit for: at 10 validation facts whose subject a held-out tex
 was all δ's (mean norm 140), read at the mention and by everything after it
 (benchmarks/results/hf/text_locality_validation0_n10_named_first.json). ROME keeps one such position ("{} is
 a"); here whole continuations the unedited model writes after "{prefix}. {subject}" are rows of the fit
-(:func:`~factkernels.hf.subject_keys.fit_subject_deltas`) whose KL to the unedited model's next-token
+(:func:`~factkernels.hf.subject_values.fit_subject_deltas`) whose KL to the unedited model's next-token
 distributions joins the loss, over each position's top :data:`ESSENCE_TOP` tokens and the rest as one bucket, so
 the reference costs k numbers a position instead of the vocabulary.
 """

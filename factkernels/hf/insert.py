@@ -414,7 +414,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         0.1-0.3: benchmarks/results/hf/text_locality_detectors_validation0_nall.json). ``essence`` > 0: the model's
         own 16-token continuations after each subject under the last ``essence`` prefixes join the δ fit, kept
         with ``essence_weight`` times their KL to the unedited model (text that names a subject but asks no fact;
-        :func:`~factkernels.hf.subject_keys.fit_subject_deltas`; 0, the default, leaves it out).
+        :func:`~factkernels.hf.subject_values.fit_subject_deltas`; 0, the default, leaves it out).
         ``wikipedia_negatives``: the first that many shipped Wikipedia leads (:func:`factkernels.datasets.wikipedia_leads`)
         join ``background`` as the detectors' negatives (0: ``background`` alone; see
         :data:`~factkernels.hf.subject_keys.WIKIPEDIA_NEGATIVES`).

@@ -25,7 +25,7 @@ fit over many contexts; later layers carry δ to wherever the question ends (as 
   fires it off a mention: at 149 validation subjects 57 of 48k held-out Wikipedia tokens got some δ with the
   model-written background alone.
 * **Essence (optional).** ``essence`` continuations the model writes after each subject join the δ fit as rows
-  kept, not taught (:func:`fit_subject_deltas`): δ is read by every later token of a text naming the subject.
+  kept, not taught (:func:`~factkernels.hf.subject_values.fit_subject_deltas`): δ is read by every later token of a text naming the subject.
 * **Units.** Two per detector on one gate row, silu(β(s − τ)) − silu(β(s − τ) − a), a = ``ramp``, β such that the
   lowest own score is 8 past the upper corner: a ramp that is 0 below τ and saturates at a on every training
   context, so each context receives the same δ (down columns ±δ/a) whatever its score.
@@ -52,16 +52,14 @@ import torch
 import torch.nn.functional as F_nn
 
 from ..mlp import FactMLP
-from ..progress import progress_bar
-from .capture import (MidStates, PromptBatch, capture, encode_requests, encode_texts, hidden_with_delta,
-                      length_sorted_chunks, mid_matches, mlp_inputs, model_device, tail_matches, tail_start,
-                      tail_with_delta)
+from .capture import MidStates, PromptBatch, capture, encode_requests, encode_texts, mid_matches, mlp_inputs
 from .checkpoint import resumable_subject_fit
 from .contexts import with_prefixes
-from .essence import ESSENCE_TOKENS, bucketed_kl, continuations, essence_reference
+from .essence import ESSENCE_TOKENS, continuations
 from .evaluate import batch_margins
 from .layout import mlp_module
 from .requests import Request
+from .subject_values import fit_subject_deltas
 from .units import AppendedUnits, Insertion, InsertionReport, append_units, removed_on_failure
 
 
@@ -269,131 +267,6 @@ def ramp_units(det: dict, deltas: torch.Tensor, *, ramp: float = 12.0) -> FactML
 
 # The values' unembedding runs over this many chunks of rows at once: the (vocab, d) weight is then read once for
 # all of them (at 32 rows a chunk ~20 % of a forward is the unembedding of ~70 target positions).
-UNEMBED_CHUNKS = 4
-
-
-def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, layer: int, *, margin: float = 3.0,
-                       steps: int = 40, lr: float = 0.5, batch_size: int = 32, init: Optional[torch.Tensor] = None,
-                       progress: bool = True, essence: Optional[torch.Tensor] = None,
-                       essence_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
-    """One δ per subject (S, d), added after ``layer``'s MLP at the subject's last token of each of its rows, fit
-    jointly over them: Adam on the summed target cross-entropy of the rows below ``margin`` until every row
-    reaches it (or ``steps``). δ changes nothing before the subject's last token: one forward gives the residual
-    after ``layer`` from there on and the keys and values before it (:func:`~factkernels.hf.capture.tail_start`),
-    and each step runs only the later blocks on the positions from the subject's last token on.
-    init: (S, d) the δ to start from (default zeros); a subject without rows in ``batch`` keeps it.
-    essence: (R,) bool, optional: rows whose targets are text the unedited model wrote after the subject
-    (:func:`~factkernels.hf.essence.continuations`), not facts: they are not taught and have no margin; while
-    their subject is fit, ``essence_weight`` times each row's mean KL(p ‖ p_δ) over its target positions (p the
-    unedited model's, over its top :data:`~factkernels.hf.essence.ESSENCE_TOP` tokens and the rest) joins the loss, so δ leaves what the
-    model says after the subject alone where no fact is asked (ROME's essence term, over whole continuations)."""
-    device = model_device(model)
-    n_subjects = int(subject.max()) + 1 if init is None else len(init)
-    delta = (torch.zeros(n_subjects, model.config.hidden_size, device=device) if init is None
-             else init.detach().to(device).clone()).requires_grad_(True)
-    opt = torch.optim.Adam([delta], lr=lr)
-    batch = batch.scored_tokens()
-    probe = batch.rows(slice(0, 2))
-    start = batch.subject_last
-    cached = (tail_start(model, batch, layer, start, batch_size=batch_size)
-              if tail_matches(model, probe.input_ids, probe.attention_mask, layer) else None)
-
-    def target_logits(chunk: torch.Tensor, sub: PromptBatch,
-                      values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Logits (k, vocab) of the rows ``chunk`` at their target positions with their subjects' ``values`` (δ),
-        the row (k,) and token (k,) of each. The model runs ``batch_size`` rows at a time and the unembedding
-        once over all of them (its weight is read once for every :data:`UNEMBED_CHUNKS` chunks)."""
-        t_rows, t_pos, t_tokens = sub.target_positions()
-        step = values[subject[chunk].to(device)]
-        hidden = []
-        for piece in torch.arange(len(chunk)).split(batch_size):
-            at = (t_rows >= piece[0]) & (t_rows <= piece[-1])  # target_positions lists rows in order
-            rows, pos = t_rows[at] - piece[0], t_pos[at]
-            if cached is None:  # a model whose tail differs: δ by a hook in a full forward
-                part = sub.rows(piece)
-                out = hidden_with_delta(model, layer, part, None, torch.arange(len(piece)), part.subject_last,
-                                        step[piece.to(device)])
-            else:
-                rows_of = chunk[piece]
-                out = tail_with_delta(model, layer, cached, rows_of, step[piece.to(device)])
-                pos = pos - start[rows_of][rows]
-            hidden.append(out[rows.to(out.device), pos.to(out.device)])
-        return model.lm_head(torch.cat(hidden)).float(), t_rows, t_tokens
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        p.requires_grad_(False)
-    history = []
-    active = torch.arange(len(batch))
-    margins = torch.full((len(batch),), float("-inf"))
-    from_start = batch.attention_mask.sum(1) - start
-    essence = torch.zeros(len(batch), dtype=torch.bool) if essence is None else essence.cpu().bool()
-    margins[essence] = float("inf")  # kept, not taught: never below the margin
-    reference = essence_reference(essence, from_start, batch, batch_size,
-                                  lambda chunk, sub: target_logits(chunk, sub, torch.zeros_like(delta)))
-
-    def run(rows: torch.Tensor, train: bool) -> torch.Tensor:
-        """Margins of ``rows`` with the current δ (into ``margins``); with ``train``, the gradient of the summed
-        target cross-entropy of those below the margin (and of the essence rows' KL) accumulated into δ.grad.
-        Returns the rows below it."""
-        below_rows = []
-        for part in length_sorted_chunks(from_start[rows], batch_size * UNEMBED_CHUNKS):
-            chunk = rows[part]
-            sub = batch.rows(chunk)
-            with torch.set_grad_enabled(train):
-                logits, t_rows, t_tokens = target_logits(chunk, sub, delta)
-            t_tokens = t_tokens.to(logits.device)
-            kept = essence[chunk].to(logits.device)
-            own = logits.gather(1, t_tokens[:, None]).squeeze(1)
-            other = logits.detach().scatter(1, t_tokens[:, None], float("-inf")).amax(1)
-            row_margin = torch.full((len(chunk),), float("inf"), device=logits.device).scatter_reduce(
-                0, t_rows.to(logits.device), (own.detach() - other), "amin").masked_fill(kept, float("inf"))
-            margins[chunk] = row_margin.cpu()
-            below_rows.append(chunk[margins[chunk] < margin])
-            below = (row_margin < margin)[t_rows.to(logits.device)]
-            if not train or not (bool(below.any()) or bool(kept.any())):
-                continue
-            loss = (F_nn.cross_entropy(logits, t_tokens, reduction="none") * below).sum()
-            if bool(kept.any()) and essence_weight > 0:
-                at = kept[t_rows.to(logits.device)]
-                offset = (sub.target_positions()[1] - sub.prompt_last[t_rows])[at.cpu()]
-                ids, logp = (r[chunk[t_rows[at.cpu()]], offset] for r in reference)
-                kl = bucketed_kl(logp.to(logits.device), logits[at].log_softmax(-1).gather(1, ids.to(logits.device)))
-                lengths = sub.target_len.to(logits.device).float()[t_rows.to(logits.device)[at]]
-                loss = loss + essence_weight * (kl / lengths).sum()
-            loss.backward()
-        return torch.cat(below_rows) if below_rows else rows[:0]
-
-    try:
-        for _ in progress_bar(range(steps), desc=f"subject values at layer {layer}", enabled=progress, leave=False):
-            opt.zero_grad()
-            # rows at the margin at their last step run first without a graph: most stay there and add no gradient
-            # (a backward costs about a forward); those that fell below run again with it, so the gradient is the
-            # same sum over the rows below the margin (up to float rounding: other batches). Essence rows have no
-            # margin: while their subject is fit they always run with the graph
-            settled = (margins[active] >= margin) & ~essence[active]
-            fell = run(active[settled], train=False)
-            run(torch.cat([active[~settled], fell]), train=True)
-            history.append(float(margins[~essence].min()))
-            # a subject is done when all its rows reach the margin; its rows stop running and its δ stays
-            subject_min = torch.full((n_subjects,), float("inf")).scatter_reduce(0, subject, margins, "amin")
-            if bool((subject_min >= margin).all()):
-                break
-            active = (subject_min[subject] < margin).nonzero().flatten()
-            with torch.no_grad():
-                frozen = (subject_min >= margin).to(device)
-                if delta.grad is not None:
-                    delta.grad[frozen] = 0.0
-            before = delta.detach().clone()
-            opt.step()
-            with torch.no_grad():
-                delta[frozen] = before[frozen]
-    finally:
-        for p in params:
-            p.requires_grad_(True)
-    return delta.detach(), {"value_steps": len(history), "value_min_margin": history[-1] if history else None}
-
-
 @dataclass
 class SubjectUnits:
     """What the subject-keyed units are made of: ``ctx`` every training context; ``det`` the detectors
@@ -461,7 +334,7 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
     """Build the subject-keyed units for ``requests`` (not yet appended): (units, stats).
     background (N, d): MLP inputs of ``layer`` at the real tokens of ``background_texts`` (ordinary text);
     essence: per subject, the model's continuations (:data:`~factkernels.hf.essence.ESSENCE_TOKENS` tokens) after it under the last
-    ``essence`` prefixes, kept by the δ fit with ``essence_weight`` (:func:`fit_subject_deltas`; 0: none);
+    ``essence`` prefixes, kept by the δ fit with ``essence_weight`` (:func:`~factkernels.hf.subject_values.fit_subject_deltas`; 0: none);
     checkpoint: where the values fit keeps its finished chunks
     (:func:`~factkernels.hf.checkpoint.resumable_subject_fit`; None: one joint fit, nothing written);
     lookalikes: extensions and embedding neighbours (each) of every subject's last token (:func:`lookalike_tokens`)

@@ -9,7 +9,7 @@ import torch
 
 from factkernels import hf
 from helpers import TINY_PREFIXES, TINY_TEXTS
-from factkernels.hf import insert, subject_keys
+from factkernels.hf import insert, subject_keys, subject_values
 from factkernels.hf.capture import (MidStates, heads, hidden_with_delta, logits_at, mid_matches, mlp_inputs,
                                    shared_head_forwards, tail_from, tail_start)
 from factkernels.hf.contexts import with_prefixes
@@ -215,13 +215,13 @@ def test_subject_values_equal_the_plain_loop(tiny_llama, contexts, monkeypatch):
     model, _ = tiny_llama
     subject = torch.tensor([0, 1, 2, 3, 3]).repeat_interleave(len(PREFIXES) + 1)
     graphs = []
-    spied = subject_keys.tail_with_delta
-    monkeypatch.setattr(subject_keys, "tail_with_delta",
+    spied = subject_values.tail_with_delta
+    monkeypatch.setattr(subject_values, "tail_with_delta",
                         lambda *args, **kwargs: graphs.append(torch.is_grad_enabled()) or spied(*args, **kwargs))
     unedited = batch_margins(model, contexts, 4)
     for margin in unedited.quantile(torch.tensor([0.3, 0.6])).tolist():
-        fast, info = subject_keys.fit_subject_deltas(model, contexts, subject, 1, margin=margin, steps=25, lr=0.5,
-                                                     batch_size=4, progress=False)
+        fast, info = subject_values.fit_subject_deltas(model, contexts, subject, 1, margin=margin, steps=25, lr=0.5,
+                                                       batch_size=4, progress=False)
         plain = _plain_subject_deltas(model, contexts, subject, 1, margin=margin, steps=25, lr=0.5)
         torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-4 * float(plain.abs().max()))
     assert info["value_steps"] > 1 and False in graphs and True in graphs
@@ -231,10 +231,10 @@ def test_subject_values_without_cached_tails_equal_the_plain_loop(tiny_llama, co
     """A model whose tail from the cached states differs runs each chunk of rows in a hooked full forward; with the
     unembedding over several chunks at once (more rows than batch_size) δ is the plain loop's."""
     model, _ = tiny_llama
-    monkeypatch.setattr(subject_keys, "tail_matches", lambda *args: False)
+    monkeypatch.setattr(subject_values, "tail_matches", lambda *args: False)
     subject = torch.tensor([0, 1, 2, 3, 3]).repeat_interleave(len(PREFIXES) + 1)
     margin = float(batch_margins(model, contexts, 4).quantile(0.5))
-    fast, _ = subject_keys.fit_subject_deltas(model, contexts, subject, 1, margin=margin, steps=10, lr=0.5,
-                                              batch_size=3, progress=False)
+    fast, _ = subject_values.fit_subject_deltas(model, contexts, subject, 1, margin=margin, steps=10, lr=0.5,
+                                                batch_size=3, progress=False)
     plain = _plain_subject_deltas(model, contexts, subject, 1, margin=margin, steps=10, lr=0.5)
     torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-4 * float(plain.abs().max()))

@@ -250,7 +250,7 @@ def test_essence_rows_are_kept_not_taught(strong_llama):
     then falls short of the margin: the certification and repair of insert_facts catch that)."""
     from factkernels.hf.capture import encode_requests, hidden_with_delta, logits_at
     from factkernels.hf.essence import continuations
-    from factkernels.hf.subject_keys import fit_subject_deltas
+    from factkernels.hf.subject_values import fit_subject_deltas
 
     model, tok = strong_llama
     taught = hf.parse_requests([{"prompt": "who wrote {} ? it was", "subject": "emma", "target_new": "tolstoy"}])
@@ -385,7 +385,7 @@ def test_values_resume_from_their_chunk_checkpoint(strong_llama, tmp_path):
     a file made with other settings is refused, and a folder holds one file per fingerprint."""
     from factkernels.hf.capture import encode_requests
     from factkernels.hf.checkpoint import resumable_subject_fit
-    from factkernels.hf.subject_keys import fit_subject_deltas
+    from factkernels.hf.subject_values import fit_subject_deltas
 
     model, tok = strong_llama
     requests = hf.parse_requests(RESUME_REQUESTS)
