@@ -294,14 +294,17 @@ class SubjectUnits:
         context)."""
         if self.mid is None:
             return None
+        own = torch.isin(self.ctx.subject, subjects.cpu())
         groups = torch.isin(self.group_subject, subjects.to(self.group_subject.device)).nonzero().flatten()
+        if len(groups) == 0:  # the refit left every δ as it was: nothing can change
+            return own
         det = {k: self.det[k][groups] for k in ("w", "tau", "own_min")}
         passed = torch.cat([detector_firing({**det, "mu": self.det["mu"]}, part, self.ramp, REFIT_REACH)
                             for part in mlp_inputs(model, self.mid.layer, self.mid.states).split(65536)])
         row = torch.repeat_interleave(torch.arange(len(self.mid.lengths)), self.mid.lengths)
         reached = torch.zeros(len(self.mid.lengths), dtype=torch.bool)
         reached[row[passed.cpu()]] = True
-        return reached | torch.isin(self.ctx.subject, subjects.cpu())
+        return reached | own
 
     def value_error(self, mlp: FactMLP) -> float:
         """max over contexts of ‖mlp(key) − δ‖ over the mean ‖δ‖ (subjects whose targets already win by the

@@ -372,6 +372,29 @@ def test_a_repair_round_certifies_again_only_the_contexts_the_refit_reaches(stro
                                rtol=0, atol=1e-4)
 
 
+
+def test_a_repair_round_whose_refit_changes_no_delta_certifies_only_the_contexts_near_zero(strong_llama, monkeypatch):
+    """A refit that leaves every δ as it was (its subjects' fit rows already at the margin) reaches no context: the
+    round measures again only the contexts within 0.01 of the sign flipping, and the report's margins equal a full
+    certification's (session 27: 960 validation requests crashed here on an empty detector set)."""
+    import copy
+
+    from factkernels.hf import subject_keys
+
+    monkeypatch.setattr(subject_keys, "refit_uncertified", lambda model, units, margins, **_: {})
+    model, tok = strong_llama
+    requests = [{"prompt": "who wrote {} ? it was", "subject": "war and peace", "target_new": "orwell"},
+                {"prompt": "the novel {} is by", "subject": "dune", "target_new": "shelley"}]
+    contexts = hf.parse_requests([{**r, "prompt": (p + ". " if p else "") + r["prompt"]}
+                                  for r in requests for p in ["", *CERT_PREFIXES]])
+    edited = copy.deepcopy(model)
+    ins = hf.insert_facts(edited, tok, requests, keys="subject", layer=1, background=TINY_TEXTS, prefixes=CERT_PREFIXES,
+                          value_prefixes=0, value_steps=0, margin=1.0, repair_rounds=1, progress=False)
+    margins = hf.fact_margins(edited, tok, contexts)
+    repair = ins.report.values["repairs"]
+    assert len(repair) == 1 and repair[0]["recertified"] == int((margins.abs() < 1e-2).sum())
+    torch.testing.assert_close(torch.tensor(ins.report.margins), margins, rtol=0, atol=1e-4)
+
 RESUME_REQUESTS = [{"prompt": "who wrote {} ? it was", "subject": "war and peace", "target_new": "orwell"},
                    {"prompt": "the novel {} is by", "subject": "dune", "target_new": "shelley"},
                    {"prompt": "the book {} was written by", "subject": "emma", "target_new": "tolstoy"},
