@@ -178,7 +178,8 @@ def estimate_build(
                                "solver": repr(solver), width_argument: gadget_width})
     if outputs == "margin_optimal":
         work = min(_OUTPUTS_WORK_BYTES, 4 * num_values * num_values * 8)  # chunks of the |V|×|V| scores
-        est.add("outputs U*", 6 * num_values * d_out * 8 + work, "V", "outputs")
+        # (and the streaming passes' packed copy of the values in their dtype, star_topk's CPU kernel)
+        est.add("outputs U*", (6 * 8 + item) * num_values * d_out + work, "V", "outputs")
     elif outputs == "values":  # geometry.checked_value_margins: three float64 copies of V, two in dtype, and the
         # streaming pass's chunk of scores (star_topk's twin's, within STAR_TWIN_BYTES; its CPU kernel holds none)
         budget = _ops.STAR_TWIN_BYTES.get(device_type, _ops.STAR_TWIN_BYTES["cpu"])

@@ -52,8 +52,46 @@ template <> struct PickCodec<double> {
 };
 template <typename T> using Pick = typename PickCodec<T>::Key;
 
+// Reorders keys[0, n) so that keys[0, k) are the k smallest (all distinct: j differs) and keys[k - 1] the k-th: a
+// quickselect whose partition moves every key without a branch on the comparison (std::nth_element's branches
+// mispredicted on half the keys: 0.23 of a pass's cycles at k = 192, 4,096 x 4,096, d = 128).
+template <typename T> void select_smallest(Pick<T>* keys, int64_t n, int64_t k) {
+  using C = PickCodec<T>;
+  int64_t lo = 0, hi = n;
+  const int64_t target = k - 1;  // keys[target] is the k-th once [lo, hi) is down to it
+  while (hi - lo > 4) {
+    // the median of the first, middle and last key as the pivot, kept at hi - 1
+    Pick<T>& a = keys[lo];
+    Pick<T>& b = keys[lo + (hi - lo) / 2];
+    Pick<T>& c = keys[hi - 1];
+    if (C::before(b, a)) std::swap(a, b);
+    if (C::before(c, b)) std::swap(b, c);
+    if (C::before(b, a)) std::swap(a, b);
+    std::swap(b, c);
+    const Pick<T> pivot = keys[hi - 1];
+    int64_t i = lo;  // keys[lo, i) rank before the pivot, keys[i, j) after it
+    for (int64_t j = lo; j < hi - 1; ++j) {
+      const Pick<T> x = keys[j];
+      const bool lower = C::before(x, pivot);
+      keys[j] = keys[i];
+      keys[i] = x;
+      i += lower;
+    }
+    keys[hi - 1] = keys[i];
+    keys[i] = pivot;
+    if (i == target) return;
+    if (i < target) {
+      lo = i + 1;
+    } else {
+      hi = i;
+    }
+  }
+  for (int64_t i = lo + 1; i < hi; ++i)  // insertion sort of the last few (branches: as few as can be)
+    for (int64_t j = i; j > lo && C::before(keys[j], keys[j - 1]); --j) std::swap(keys[j], keys[j - 1]);
+}
+
 // A row's running k smallest (score, j) pairs: a candidate ranking before the threshold is appended to a buffer
-// of 2k, and a full buffer keeps its k smallest (nth_element), the k-th of them becoming the threshold. Amortized
+// of 2k, and a full buffer keeps its k smallest (select_smallest), the k-th of them becoming the threshold. Amortized
 // O(1) per candidate: a max-heap's sift-down (log k unpredictable branches per entry) took 0.2 of 0.33 CPU s of a
 // pass at k = 192 (4,096 x 4,096, d = 128).
 template <typename T> struct Picks {
@@ -77,7 +115,7 @@ template <typename T> struct Picks {
     if (count == 2 * k) keep_smallest();
   }
   void keep_smallest() {
-    std::nth_element(buf, buf + (k - 1), buf + count, C::before);
+    select_smallest<T>(buf, count, k);
     count = k;
     thr = C::score(buf[k - 1]);
     thr_j = C::index(buf[k - 1]);
@@ -85,13 +123,44 @@ template <typename T> struct Picks {
   // The k smallest ascending into v, ix (+inf and -1 past the pairs seen).
   void write(T* v, int64_t* ix) {
     if (count > k) keep_smallest();
-    std::sort(buf, buf + count, C::before);
+    std::sort(buf, buf + count, [](const Pick<T>& x, const Pick<T>& y) { return C::before(x, y); });  // inlined
     for (int64_t t = 0; t < k; ++t) {
       v[t] = t < count ? C::score(buf[t]) : std::numeric_limits<T>::infinity();
       ix[t] = t < count ? C::index(buf[t]) : int64_t(-1);
     }
   }
 };
+
+// Bit l set where lane l of the comparison mask m is set (x86: one movemask).
+template <class Isa, typename T> FK_INLINE uint32_t lane_bits(const typename Vec<T, Isa>::itype& m) {
+#ifdef FK_X86_DISPATCH
+  typedef float f4 __attribute__((vector_size(16)));
+  typedef double d2 __attribute__((vector_size(16)));
+  typedef float f8 __attribute__((vector_size(32)));
+  typedef double d4 __attribute__((vector_size(32)));
+  if constexpr (Isa::kVecBytes == 32 && sizeof(T) == 4) return uint32_t(__builtin_ia32_movmskps256((f8)m));
+  if constexpr (Isa::kVecBytes == 32 && sizeof(T) == 8) return uint32_t(__builtin_ia32_movmskpd256((d4)m));
+  if constexpr (Isa::kVecBytes == 16 && sizeof(T) == 4) return uint32_t(__builtin_ia32_movmskps((f4)m));
+  if constexpr (Isa::kVecBytes == 16 && sizeof(T) == 8) return uint32_t(__builtin_ia32_movmskpd((d2)m));
+#endif
+  uint32_t bits = 0;
+  for (int l = 0; l < Vec<T, Isa>::kLanes; ++l) bits |= uint32_t(m[l] != 0) << l;
+  return bits;
+}
+
+// Bit jj (jj < cols <= kNR) set where the score sc[jj] ranks before thr or is NaN (a pair for the exact path): the
+// row's candidates among one panel's scores, by vector compares (a branch per score mispredicted on most of the
+// candidates, ~1,000 of a row's 4,096 scores at k = 192).
+template <class Isa, typename T> FK_INLINE uint32_t candidates(Isa, const T* sc, T thr, int64_t cols) {
+  using VT = Vec<T, Isa>;
+  constexpr int L = VT::kLanes, NR = kNR<T>;
+  uint32_t bits = 0;
+  for (int v = 0; v < NR / L; ++v) {
+    const auto x = VT::load(sc + v * L);
+    bits |= lane_bits<Isa, T>((x < thr) | (x != x)) << (v * L);
+  }
+  return cols < NR ? bits & ((uint32_t(1) << cols) - 1) : bits;
+}
 
 // <p, ws - wj> / |ws - wj| from the explicit difference; 0 for identical values.
 template <class Isa, typename T> FK_INLINE T exact_score(Isa, const T* p, const T* ws, const T* wj, int64_t d) {
@@ -205,7 +274,8 @@ template <typename T> void star_topk_symmetric(const StarTopkArgs<T>& a) {
             for (int64_t jj = 0; jj < cols; ++jj) sc[jj] = (sqs - g[jj]) / dist[jj];
             Picks<T>& pk = rows_of[i - i_begin];
             T thr = pk.thr;  // j grows along the row: a tie with the threshold never enters
-            for (int64_t jj = 0; jj < cols; ++jj) {
+            for (uint32_t bits = candidates(isa, sc, thr, cols); bits != 0; bits &= bits - 1) {
+              const int64_t jj = __builtin_ctz(bits);
               T x = sc[jj];
               if (x >= thr) continue;
               const int64_t j = j0 + jj;
@@ -284,12 +354,13 @@ template <typename T> void star_topk(const StarTopkArgs<T>& a) {
     ix = ch == 0 ? a.idx + i * k : extra_i.data() + ((ch - 1) * r + i) * k;
   };
 
-  const Buffer<T> scratch = alloc_buffer<T>(num_threads() * kVTile * std::max<int64_t>(d, 1));
+  // the values packed once for every task (n x d, a copy of w's size): packed by each task, tile by tile, they
+  // were 0.11 of the first pass's cycles (k = 192, 4,096 x 4,096, d = 128)
+  const Panels<T> packed = pack_panels(a.w, a.ldw, 1, n, d);
   const Buffer<Pick<T>> pick_store = alloc_buffer<Pick<T>>(num_threads() * kRowBlock * 2 * k);
   const T close = kCloseRel<T>;
   parallel_tasks(nrb * nchunks, [&](int64_t t, int tid, auto isa) FK_LAMBDA_INLINE {
     const int64_t rb = t / nchunks, ch = t % nchunks;
-    T* vp = scratch.get() + tid * kVTile * d;
     Picks<T> picks[kRowBlock];  // the task's rows, in order
     for (int64_t q = 0; q < kRowBlock; ++q) picks[q].reset(pick_store.get() + (tid * kRowBlock + q) * 2 * k, k);
     alignas(64) T c1[kMR * NR];  // <p_i, w_j>
@@ -299,8 +370,7 @@ template <typename T> void star_topk(const StarTopkArgs<T>& a) {
     const int64_t tile_end = std::min(ntiles, (ch + 1) * tiles_per_chunk);
     for (int64_t tile = ch * tiles_per_chunk; tile < tile_end; ++tile) {
       const int64_t v0 = tile * kVTile, nvt = std::min(kVTile, n - v0), np = ceil_div(nvt, NR);
-      for (int64_t q = 0; q < np; ++q)
-        pack_panel(a.w + (v0 + q * NR) * a.ldw, a.ldw, 1, std::min<int64_t>(NR, nvt - q * NR), d, vp + q * NR * d);
+      const T* vp = packed.panel(v0 / NR);
       for (int64_t i0 = i_begin; i0 < i_end; i0 += kMR) {
         const int64_t rows = std::min<int64_t>(kMR, i_end - i0);
         const T* wr[kMR];
@@ -334,9 +404,10 @@ template <typename T> void star_topk(const StarTopkArgs<T>& a) {
             }
             Picks<T>& pk = picks[i - i_begin];
             T thr = pk.thr;  // j grows within a task, so a tie with the threshold never enters
-            for (int64_t jj = 0; jj < cols; ++jj) {
+            for (uint32_t bits = candidates(isa, sc, thr, cols); bits != 0; bits &= bits - 1) {
+              const int64_t jj = __builtin_ctz(bits);
               T x = sc[jj];
-              if (x >= thr) continue;  // most scores stop here
+              if (x >= thr) continue;  // the threshold fell since
               const int64_t j = j0 + jj;
               if (x != x) {
                 if (j == s) continue;
