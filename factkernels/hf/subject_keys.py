@@ -322,9 +322,7 @@ REFIT_REACH = 1e-6
 
 def detector_firing(det: dict, states: torch.Tensor, ramp: float, fraction: float = 1e-3) -> torch.Tensor:
     """(N,) bool: some detector passes more than ``fraction`` of its subject's δ at states (N, d) (its ramp's
-    output over ``ramp``), whatever the δ. No detectors (a repair round that moved no δ): none passes."""
-    if not len(det["w"]):
-        return torch.zeros(len(states), dtype=torch.bool, device=states.device)
+    output over ``ramp``), whatever the δ."""
     unit = ramp_units(det, torch.eye(len(det["w"]), dtype=torch.float64), ramp=ramp).to(states.device)
     with torch.no_grad():
         return unit(states.float()).abs().amax(1) > fraction

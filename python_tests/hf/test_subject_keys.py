@@ -481,27 +481,3 @@ def test_an_insertion_killed_after_its_values_resumes_them(strong_llama, tmp_pat
     assert restored > 0 and resumed.report.timings["values"] >= restored
     assert resumed.report.timings["total"] >= restored + resumed.report.timings["construct"]
 
-
-def test_a_repair_round_that_moves_no_delta_is_undone(strong_llama, monkeypatch):
-    """A refit can leave every δ where it was (its fit sees every row at the margin while the certificate, with
-    the other subjects' units, does not): no context is reached, the round certifies only those near the sign
-    flip again, lowers nothing and is undone; the margins stay the edited model's."""
-    import copy
-
-    from factkernels.hf import subject_keys
-
-    monkeypatch.setattr(subject_keys, "refit_uncertified", lambda model, units, margins, **_: {})
-    model, tok = strong_llama
-    requests = [{"prompt": "who wrote {} ? it was", "subject": "war and peace", "target_new": "orwell"},
-                {"prompt": "the novel {} is by", "subject": "dune", "target_new": "shelley"}]
-    contexts = hf.parse_requests([{**r, "prompt": (p + ". " if p else "") + r["prompt"]}
-                                  for r in requests for p in ["", *CERT_PREFIXES]])
-    edited = copy.deepcopy(model)
-    ins = hf.insert_facts(edited, tok, requests, keys="subject", layer=1, background=TINY_TEXTS, prefixes=CERT_PREFIXES,
-                          value_prefixes=0, value_steps=5, margin=1.0, repair_rounds=2, progress=False)
-    repair = ins.report.values["repairs"]
-    assert ins.report.efficacy < 1.0  # the round ran
-    assert len(repair) == 1 and not repair[0]["kept"]
-    assert repair[0]["recertified"] == int((torch.tensor(ins.report.margins).abs() < 1e-2).sum())
-    torch.testing.assert_close(torch.tensor(ins.report.margins), hf.fact_margins(edited, tok, contexts),
-                               rtol=0, atol=1e-4)
