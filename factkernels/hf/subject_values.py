@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F_nn
 
 from ..progress import progress_bar
-from .capture import PromptBatch, hidden_with_delta, length_sorted_chunks, model_device, tail_matches, tail_start, tail_with_delta
+from .capture import (PromptBatch, hidden_with_delta, length_sorted_chunks, model_device, padding_pieces, tail_matches,
+                      tail_start, tail_with_delta)
 from .essence import bucketed_kl, essence_reference
 
 UNEMBED_CHUNKS = 4
@@ -41,18 +42,20 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
     batch = batch.scored_tokens()
     probe = batch.rows(slice(0, 2))
     start = batch.subject_last
+    from_start = batch.attention_mask.sum(1) - start  # tokens each row runs through the later blocks
     cached = (tail_start(model, batch, layer, start, batch_size=batch_size)
               if tail_matches(model, probe.input_ids, probe.attention_mask, layer) else None)
 
     def target_logits(chunk: torch.Tensor, sub: PromptBatch,
                       values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Logits (k, vocab) of the rows ``chunk`` at their target positions with their subjects' ``values`` (δ),
-        the row (k,) and token (k,) of each. The model runs ``batch_size`` rows at a time and the unembedding
-        once over all of them (its weight is read once for every :data:`UNEMBED_CHUNKS` chunks)."""
+        the row (k,) and token (k,) of each. The model runs at most ``batch_size`` rows at a time and the unembedding
+        once over all of them (its weight is read once for every :data:`UNEMBED_CHUNKS` chunks); ``chunk`` sorted by
+        length from the subject on, cut by :func:`padding_pieces`."""
         t_rows, t_pos, t_tokens = sub.target_positions()
         step = values[subject[chunk].to(device)]
         hidden = []
-        for piece in torch.arange(len(chunk)).split(batch_size):
+        for piece in padding_pieces(from_start[chunk], batch_size):
             at = (t_rows >= piece[0]) & (t_rows <= piece[-1])  # target_positions lists rows in order
             rows, pos = t_rows[at] - piece[0], t_pos[at]
             if cached is None:  # a model whose tail differs: δ by a hook in a full forward
@@ -72,7 +75,6 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
     history = []
     active = torch.arange(len(batch))
     margins = torch.full((len(batch),), float("-inf"))
-    from_start = batch.attention_mask.sum(1) - start
     essence = torch.zeros(len(batch), dtype=torch.bool) if essence is None else essence.cpu().bool()
     margins[essence] = float("inf")  # kept, not taught: never below the margin
     reference = essence_reference(essence, from_start, batch, batch_size,

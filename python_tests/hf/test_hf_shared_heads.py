@@ -6,12 +6,14 @@ import copy
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from factkernels import hf
 from helpers import TINY_PREFIXES, TINY_TEXTS
 from factkernels.hf import insert, subject_keys, subject_values
 from factkernels.hf.capture import (MidStates, heads, hidden_with_delta, logits_at, mid_matches, mlp_inputs,
-                                   shared_head_forwards, tail_from, tail_start)
+                                   padding_pieces, shared_head_forwards, tail_from, tail_start)
 from factkernels.hf.contexts import with_prefixes
 from factkernels.hf.evaluate import batch_margins, fact_min, token_margin
 from factkernels.hf.units import append_units
@@ -206,6 +208,33 @@ def _plain_subject_deltas(model, batch, subject, layer, *, margin, steps, lr):
         for p in model.parameters():
             p.requires_grad_(True)
     return delta.detach()
+
+
+def _brute_force_pieces(lengths, max_rows, overhead):
+    """The least padded tokens plus overhead over every way to cut sorted rows into consecutive pieces."""
+    import itertools
+
+    n, best = len(lengths), float("inf")
+    for cuts in itertools.product([False, True], repeat=n - 1):
+        ends = [i + 1 for i, c in enumerate(cuts) if c] + [n]
+        begins = [0] + ends[:-1]
+        if all(e - b <= max_rows for b, e in zip(begins, ends)):
+            best = min(best, sum((e - b) * lengths[e - 1] + overhead for b, e in zip(begins, ends)))
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=9), st.integers(1, 5), st.floats(0.0, 20.0))
+def test_padding_pieces_cut_sorted_rows_where_padding_costs_least(lengths, max_rows, overhead):
+    """The pieces cover every row once, in order, at most max_rows each, and cost what the best cut costs."""
+    lengths = sorted(lengths)
+    pieces = padding_pieces(torch.tensor(lengths), max_rows, overhead)
+    assert torch.equal(torch.cat(pieces), torch.arange(len(lengths)))
+    assert all(1 <= len(p) <= max_rows for p in pieces)
+    cost = sum(len(p) * lengths[int(p[-1])] + overhead for p in pieces)
+    assert cost == pytest.approx(_brute_force_pieces(lengths, max_rows, overhead))
+    if overhead == 0:  # free forwards: no padding at all
+        assert all(lengths[int(p[0])] == lengths[int(p[-1])] for p in pieces)
 
 
 def test_subject_values_equal_the_plain_loop(tiny_llama, contexts, monkeypatch):
