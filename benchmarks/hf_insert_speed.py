@@ -3,13 +3,16 @@
     OMP_NUM_THREADS=1 python benchmarks/hf_insert_speed.py --facts 50 100 --threads 1
     python benchmarks/hf_insert_speed.py --facts 1000 --device cuda         # on a GPU
     PYTHONPATH=/tmp/old OMP_NUM_THREADS=1 python benchmarks/hf_insert_speed.py --facts 100 --label before
+    python benchmarks/hf_insert_speed.py --facts 1000 --threads 2 --workers 2   # values chunks on 2 workers
 
 
 A fact is one request (a case's new object under one edit template); n facts are the first n/5 cases of the
 editing benchmark's known-fact validation draw, with their five edit templates each. Each size writes one JSON
 under benchmarks/results/hf/insert_speed/ (skipped when it exists): the report's timings (wall and CPU seconds of
 background, capture, values, construct, verify, total), contexts, δ steps, efficacy, the load average before and
-after, threads, device and environment (``--label`` adds a suffix to the file name: the same size run by another
+after, threads, the values fit's workers (``--workers``: chunks of subjects fit at once, each on one intra-op
+thread, hf.insert_facts' ``workers``; a count other than 1 joins the file name as ``_w<n>``, "auto" as ``_wauto``),
+device and environment (``--label`` adds a suffix to the file name: the same size run by another
 version of the library, e.g. a checkout of an earlier commit first on PYTHONPATH, for a before/after pair; the
 file records the commit the library came from). ``--extrapolate`` adds, from the sizes already written, each stage's
 least-squares line in the number of facts (a + b·n) and its value at 1,000 facts: an extrapolation, said so in
@@ -36,17 +39,19 @@ SETTINGS = {"keys": "subject", "layer": 10}
 TEMPLATES = 5  # edit templates per case
 
 
-def run(model, tok, facts: int, device: str, threads: int) -> dict:
+def run(model, tok, facts: int, device: str, threads: int, workers) -> dict:
     cases = known_draw("validation", 0, n=facts // TEMPLATES)
     requests = case_requests(cases)
     load_before = os.getloadavg()
     wall, cpu = time.perf_counter(), time.process_time()
-    ins = hf.insert_facts(model, tok, requests, progress=False, device=device, **SETTINGS)
+    ins = hf.insert_facts(model, tok, requests, progress=False, device=device, workers=workers, **SETTINGS)
     seconds = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
     report = ins.report
     ins.remove()
     return {"facts": len(requests), "cases": len(cases), "settings": SETTINGS, "device": device, "threads": threads,
-            "seconds": seconds, "timings": report.timings, "contexts": report.num_keys,
+            "workers": workers, "value_workers": report.values.get("value_workers", 1),
+            "value_chunks": report.values.get("value_chunks", 1), "seconds": seconds, "timings": report.timings,
+            "contexts": report.num_keys,
             "value_contexts": report.construction["value_contexts"], "subjects": report.construction["subjects"],
             "value_steps": report.values["value_steps"], "efficacy": report.efficacy,
             "min_margin": report.min_margin, "uncertified": report.construction["uncertified"],
@@ -93,30 +98,36 @@ def extrapolate(device: str, label: str = "", target: int = 1000) -> dict:
             "load_averages": [r["load_average_before"] for r in runs], "stages": lines}
 
 
+def workers_option(text: str):
+    """--workers: "auto" or an int."""
+    return text if text == "auto" else int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--facts", type=int, nargs="*", default=[50, 100])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--workers", type=workers_option, default=1,
+                        help='chunks of the values fit at once, an int or "auto" (hf.insert_facts workers)')
     parser.add_argument("--extrapolate", action="store_true")
     parser.add_argument("--label", default="", help="file name suffix (a before/after pair at one size)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     OUT.mkdir(parents=True, exist_ok=True)
     model = tok = None
+    label = ("" if args.workers == 1 else f"_w{args.workers}") + (f"_{args.label}" if args.label else "")
     for facts in args.facts:
-        label = f"_{args.label}" if args.label else ""
         path = OUT / f"subject_L10_n{facts}_{args.device.replace(':', '')}{label}.json"
         if path.exists():
             print(f"{path} exists, skipped")
             continue
         if model is None:
             model, tok = hf.load("smollm2-135m")
-        result = run(model, tok, facts, args.device, args.threads)
+        result = run(model, tok, facts, args.device, args.threads, args.workers)
         path.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps({k: result[k] for k in ("facts", "seconds", "timings", "value_steps", "efficacy")}), flush=True)
     if args.extrapolate:
-        label = f"_{args.label}" if args.label else ""
         path = OUT / f"subject_L10_extrapolated_{args.device.replace(':', '')}{label}.json"
         path.write_text(json.dumps(extrapolate(args.device.replace(":", ""), label), indent=1) + "\n")
         print(path.read_text())

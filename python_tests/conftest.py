@@ -98,6 +98,18 @@ def tiny_llama():
     return model, tok
 
 
+@pytest.fixture(scope="module")
+def strong_llama(tiny_llama):
+    """The tiny Llama with larger random weights (initializer_range 0.2): a δ at the subject reaches the answer
+    in some contexts and not in others."""
+    import transformers
+
+    base, tok = tiny_llama
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(base.config.__class__(**{**base.config.to_dict(),
+                                                                  "initializer_range": 0.2})).eval(), tok
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """(model, tokenizer) of the packaged SmolLM2-135M (loaded once per session; ~25 s).

@@ -42,7 +42,7 @@ from ..mlp import FactMLP
 from ..validation import check_positive_int
 from .capture import (PromptBatch, block_outputs, capture, encode_requests, encode_texts, hidden_with_delta,
                       length_sorted_chunks, logits_at, model_device, tail_matches)
-from .checkpoint import ChunkCheckpoint, fingerprint
+from .checkpoint import WORKERS_AUTO, ChunkCheckpoint, check_workers, fingerprint
 from .evaluate import batch_margins, fact_min, token_margin
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
@@ -378,7 +378,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
                  prefixes: Optional[Sequence[str]] = None, value_prefixes: Optional[int] = None, within: float = 1.0,
                  subject_threshold: float = 0.5, ramp: float = 12.0, repair_rounds: int = 3, lookalikes: int = 6,
                  lookalike_weight: float = 0.03, essence: int = 0, essence_weight: float = 1.0,
-                 wikipedia_negatives: int = WIKIPEDIA_NEGATIVES,
+                 wikipedia_negatives: int = WIKIPEDIA_NEGATIVES, workers: Union[int, str] = WORKERS_AUTO,
                  device: Union[str, torch.device, None] = None) -> Insertion:
     """Insert facts by appending constructed hidden units to one layer's MLP (in place).
 
@@ -417,7 +417,9 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         :func:`~factkernels.hf.subject_values.fit_subject_deltas`; 0, the default, leaves it out).
         ``wikipedia_negatives``: the first that many shipped Wikipedia leads (:func:`factkernels.datasets.wikipedia_leads`)
         join ``background`` as the detectors' negatives (0: ``background`` alone; see
-        :data:`~factkernels.hf.subject_keys.WIKIPEDIA_NEGATIVES`).
+        :data:`~factkernels.hf.subject_keys.WIKIPEDIA_NEGATIVES`). ``workers``: chunks of subjects whose values
+        are fit at once, each on one intra-op thread (:func:`~factkernels.hf.checkpoint.resumable_subject_fit`);
+        "auto": torch's intra-op thread count on a CPU, 1 on a GPU (:func:`~factkernels.hf.checkpoint.value_workers`).
     device: where the model runs ("cpu", "cuda", ...): it is moved there in place (``model.to(device)``) and
         stays; default: where it is. Every step runs on the model's device.
     Returns an :class:`Insertion`; raises ValueError for bad requests, layer or options.
@@ -441,6 +443,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         value_prefixes = min(1, len(prefixes)) if value_prefixes is None else value_prefixes
         check_subject_options(value_prefixes, prefixes, subject_threshold, ramp, within, repair_rounds, lookalikes,
                               lookalike_weight, essence, essence_weight, wikipedia_negatives)
+    check_workers(workers)
     if device is not None:  # after every check: a refused request leaves the model where it was
         model.to(device)
     if background is None:
@@ -462,7 +465,8 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
                                   threshold=subject_threshold, ramp=ramp, margin=margin, value_steps=value_steps,
                                   value_lr=value_lr, batch_size=batch_size, progress=progress, start_time=start_time,
                                   repair_rounds=repair_rounds, lookalikes=lookalikes, lookalike_weight=lookalike_weight,
-                                  essence=essence, essence_weight=essence_weight, checkpoint=checkpoint)
+                                  essence=essence, essence_weight=essence_weight, checkpoint=checkpoint,
+                                  workers=workers)
 
     t = time.perf_counter()
     batch = encode_requests(tok, parsed, with_target=True)

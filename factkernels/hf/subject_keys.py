@@ -53,7 +53,7 @@ import torch.nn.functional as F_nn
 
 from ..mlp import FactMLP
 from .capture import MidStates, PromptBatch, capture, encode_requests, encode_texts, mid_matches, mlp_inputs
-from .checkpoint import resumable_subject_fit
+from .checkpoint import resumable_subject_fit, value_workers
 from .contexts import with_prefixes
 from .essence import ESSENCE_TOKENS, continuations
 from .evaluate import batch_margins
@@ -332,14 +332,16 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
                       background_texts: Sequence[str], prefixes: Sequence[str], value_prefixes: int, within: float,
                       threshold: float, ramp: float, ridge: float, margin: float, value_steps: int, value_lr: float,
                       batch_size: int, progress: bool, lookalikes: int, lookalike_weight: float, essence: int = 0,
-                      essence_weight: float = 1.0,
-                      checkpoint: Union[str, Path, None] = None) -> tuple[SubjectUnits, dict]:
+                      essence_weight: float = 1.0, checkpoint: Union[str, Path, None] = None,
+                      workers: Union[int, str] = 1) -> tuple[SubjectUnits, dict]:
     """Build the subject-keyed units for ``requests`` (not yet appended): (units, stats).
     background (N, d): MLP inputs of ``layer`` at the real tokens of ``background_texts`` (ordinary text);
     essence: per subject, the model's continuations (:data:`~factkernels.hf.essence.ESSENCE_TOKENS` tokens) after it under the last
     ``essence`` prefixes, kept by the δ fit with ``essence_weight`` (:func:`~factkernels.hf.subject_values.fit_subject_deltas`; 0: none);
     checkpoint: where the values fit keeps its finished chunks
-    (:func:`~factkernels.hf.checkpoint.resumable_subject_fit`; None: one joint fit, nothing written);
+    (:func:`~factkernels.hf.checkpoint.resumable_subject_fit`; None: nothing written);
+    workers: chunks of the values fit run at once (:func:`~factkernels.hf.checkpoint.value_workers`; one worker
+    without a checkpoint: one joint fit);
     lookalikes: extensions and embedding neighbours (each) of every subject's last token (:func:`lookalike_tokens`)
     kept below its detector's threshold with ``lookalike_weight`` (:func:`lda_detectors`)."""
     timings: dict = {}  # wall and process CPU seconds of each stage
@@ -382,8 +384,9 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
         fit_batch = encode_requests(tok, rows, with_target=True)
         fit_subject = torch.cat([fit_subject, torch.arange(len(ctx.subjects)).repeat_interleave(essence)])
         kept = torch.arange(len(rows)) >= len(fit_rows)
-    fit = (fit_subject_deltas if checkpoint is None
-           else partial(resumable_subject_fit, fit_subject_deltas, checkpoint=checkpoint))
+    workers = value_workers(workers, model, len(ctx.subjects))
+    fit = (fit_subject_deltas if checkpoint is None and workers == 1
+           else partial(resumable_subject_fit, fit_subject_deltas, checkpoint=checkpoint, workers=workers))
     deltas, value_info = fit(model, fit_batch, fit_subject, layer, margin=margin, steps=value_steps, lr=value_lr,
                              batch_size=batch_size, progress=progress, essence=kept, essence_weight=essence_weight)
     # chunks read from a checkpoint count the seconds they took then, so a resumed insertion's are one run's
@@ -416,21 +419,24 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
 
 
 def refit_uncertified(model: Any, units: SubjectUnits, margins: torch.Tensor, *, layer: int, below: float,
-                      margin: float, value_steps: int, value_lr: float, batch_size: int, progress: bool) -> dict:
+                      margin: float, value_steps: int, value_lr: float, batch_size: int, progress: bool,
+                      workers: Union[int, str] = 1) -> dict:
     """Refit δ (in ``units``, in place) of the subjects with a context the edited model does not answer
     (``margins`` (R,) <= 0, every context's certified margin), from their current δ, over their fit contexts
     plus every context of theirs whose margin is below ``below`` (those join ``units.fit_rows``): δ fit on some
     contexts need not carry to the others (a subject that opens the bare prompt sits at the text's first
-    tokens). Returns the fit's info with the subjects and contexts added."""
+    tokens). ``workers``: chunks of those subjects fit at once (:func:`~factkernels.hf.checkpoint.value_workers`).
+    Returns the fit's info with the subjects and contexts added."""
     ctx = units.ctx
     failing = torch.unique(ctx.subject[margins <= 0])
     ours = torch.isin(ctx.subject, failing)
     added = ((margins < below) & ours).nonzero().flatten()
     units.fit_rows = torch.unique(torch.cat([units.fit_rows, added]))
     rows = units.fit_rows[ours[units.fit_rows]]
-    units.deltas, info = fit_subject_deltas(model, ctx.batch.rows(rows), ctx.subject[rows], layer, margin=margin,
-                                            steps=value_steps, lr=value_lr, batch_size=batch_size,
-                                            init=units.deltas, progress=progress)
+    workers = value_workers(workers, model, len(failing))
+    fit = fit_subject_deltas if workers == 1 else partial(resumable_subject_fit, fit_subject_deltas, workers=workers)
+    units.deltas, info = fit(model, ctx.batch.rows(rows), ctx.subject[rows], layer, margin=margin, steps=value_steps,
+                             lr=value_lr, batch_size=batch_size, init=units.deltas, progress=progress)
     return {**info, "subjects": len(failing), "rows": len(rows)}
 
 
@@ -515,7 +521,7 @@ def insert_subject_keyed(model: Any, tok: Any, requests: list[Request], *, layer
         kept, best = (built.deltas, built.fit_rows), (fact_mlp, margins)
         repairs.append(refit_uncertified(model, built, margins, layer=layer, below=options["margin"],
                                          **{k: options[k] for k in ("margin", "value_steps", "value_lr",
-                                                                    "batch_size", "progress")}))
+                                                                    "batch_size", "progress", "workers")}))
         # only the contexts the refit subjects' units reach can change (and those within 0.01 of the sign flipping)
         reached = built.reached_rows(model, (built.deltas != kept[0]).any(1).nonzero().flatten())
         again = None if reached is None else (reached | (margins.abs() < 1e-2)).nonzero().flatten()

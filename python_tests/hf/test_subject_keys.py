@@ -181,18 +181,6 @@ def test_every_context_gets_its_subjects_delta_once(tiny_llama):
         ins.remove()
 
 
-@pytest.fixture(scope="module")
-def strong_llama(tiny_llama):
-    """The tiny Llama with larger random weights (initializer_range 0.2): a δ at the subject reaches the answer
-    in some contexts and not in others."""
-    import transformers
-
-    base, tok = tiny_llama
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(base.config.__class__(**{**base.config.to_dict(),
-                                                                  "initializer_range": 0.2})).eval(), tok
-
-
 CERT_PREFIXES = ["the old house by the river", "music in the city", "a reader knows that"]
 
 
