@@ -47,11 +47,26 @@ template <class Isa> FK_INLINE void cholesky_solve(Isa isa, const double* L, int
 }
 
 // cholesky_solve with the reciprocals of L's diagonal given (rdiag[i] = 1 / L[i][i]): a product instead of a
-// division on each step of the substitutions' dependency chains.
+// division on each step of the substitutions' dependency chains. The transposed solve takes the rows of L four at
+// a time: each x[c] gets the same updates in the same order as row by row, with one load and store of x per four
+// (its row axpys were ~0.2 of the whole solves of a U* round at 4,096 x 128).
 template <class Isa> FK_INLINE void cholesky_solve(Isa isa, const double* L, int64_t ld, int64_t m, const double* rdiag,
                                                    double* x) {
   for (int64_t i = 0; i < m; ++i) x[i] = (x[i] - dot(isa, L + i * ld, x, i)) * rdiag[i];
-  for (int64_t i = m - 1; i >= 0; --i) {
+  int64_t i = m - 1;
+  for (; i >= 3; i -= 4) {
+    const double *l0 = L + i * ld, *l1 = l0 - ld, *l2 = l1 - ld, *l3 = l2 - ld;
+    const double x0 = x[i] * rdiag[i];
+    const double x1 = (x[i - 1] - l0[i - 1] * x0) * rdiag[i - 1];
+    const double x2 = ((x[i - 2] - l0[i - 2] * x0) - l1[i - 2] * x1) * rdiag[i - 2];
+    const double x3 = (((x[i - 3] - l0[i - 3] * x0) - l1[i - 3] * x1) - l2[i - 3] * x2) * rdiag[i - 3];
+    x[i] = x0;
+    x[i - 1] = x1;
+    x[i - 2] = x2;
+    x[i - 3] = x3;
+    for (int64_t c = 0; c < i - 3; ++c) x[c] = (((x[c] - l0[c] * x0) - l1[c] * x1) - l2[c] * x2) - l3[c] * x3;
+  }
+  for (; i >= 0; --i) {
     const double* li = L + i * ld;
     const double xi = x[i] * rdiag[i];
     x[i] = xi;
