@@ -243,6 +243,7 @@ def _solve_active_set(
         stalled = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
         certified = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
         slots = torch.arange(width, device=dev)
+        solved_width = 1  # the widest corral this round returned (it comes trimmed to that, but on SYNC_FREE_DEVICES)
         for s in range(0, rows.numel(), step):
             rs, act = rows[s : s + step], active[s : s + step].long()
             warm = (torch.where(act[:, :width] >= 0, slots, -1), corral_lam[rs, :width].double()) if width else None
@@ -256,6 +257,7 @@ def _solve_active_set(
             U[rs], hi[rs], dup[s : s + step] = u.to(U.dtype), torch.minimum(h_old, h), dup_r
             corral_val[rs] = _pad_columns(torch.where(cols >= 0, act.gather(1, cols.clamp(min=0)), -1).to(torch.int32),
                                           widest, -1)
+            solved_width = max(solved_width, cols.shape[1])
             corral_lam[rs] = _pad_columns(weights.float(), widest, 0.0)
             if floor is not None:
                 certified[s : s + step] = _certified_by_floor(W, U, lo, hi, rs, act, floor[0][s : s + step],
@@ -267,7 +269,8 @@ def _solve_active_set(
                 break
         # one streaming pass: the most violated constraints of every unfinished value
         # each gather of the round's rows once (on a GPU every op is a launch): rows come from arange, in range
-        U_rows, h_rows, corral_rows = U[rows], hi[rows], corral_val[rows]
+        # (the corrals without the columns no row of this round fills: 65 of 141 at 4,096 x 128, which _members sorts)
+        U_rows, h_rows, corral_rows = U[rows], hi[rows], corral_val[rows, :solved_width]
         streamed, cand = _ops.star_topk(Wk, n_pass, U_rows, rows, backend=backend, check_rows=False)
         passes += 1
         Ur = U_rows.double()  # the returned directions' margins: unit in float64 (a float32 row's norm is 1 +- 6e-8)
