@@ -50,7 +50,9 @@ def run(model, tok, facts: int, device: str, threads: int, workers) -> dict:
     ins.remove()
     return {"facts": len(requests), "cases": len(cases), "settings": SETTINGS, "device": device, "threads": threads,
             "workers": workers, "value_workers": report.values.get("value_workers", 1),
-            "value_chunks": report.values.get("value_chunks", 1), "seconds": seconds, "timings": report.timings,
+            "value_chunks": report.values.get("value_chunks", 1),
+            "value_chunk_seconds": report.values.get("value_chunk_seconds"),
+            "value_chunk_cpu": report.values.get("value_chunk_cpu"), "seconds": seconds, "timings": report.timings,
             "contexts": report.num_keys,
             "value_contexts": report.construction["value_contexts"], "subjects": report.construction["subjects"],
             "value_steps": report.values["value_steps"], "efficacy": report.efficacy,

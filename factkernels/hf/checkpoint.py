@@ -136,7 +136,8 @@ def resumable_subject_fit(fit: Callable[..., tuple[torch.Tensor, dict]], model: 
     subject (R,) 0..S-1; essence (R,) bool; init (S, d): the δ to start from (default zeros; a subject without
     rows keeps it); options: fit's (margin, steps, lr, batch_size,
     progress, essence_weight; on several workers a bar over the chunks replaces the fit's own). Returns δ (S, d)
-    and fit's info (steps: the most of any chunk) with "value_workers", "value_chunks" and
+    and fit's info (steps: the most of any chunk) with "value_workers", "value_chunks", each chunk's wall and CPU
+    seconds ("value_chunk_seconds", "value_chunk_cpu": a worker's own; how evenly the workers were loaded) and
     "value_restored_seconds" / "value_restored_cpu": wall and CPU seconds earlier runs spent on chunks read back
     (a chunk's wall divided by the workers that ran beside it)."""
     essence = torch.zeros(len(batch), dtype=torch.bool) if essence is None else essence.cpu().bool()
@@ -195,6 +196,8 @@ def resumable_subject_fit(fit: Callable[..., tuple[torch.Tensor, dict]], model: 
     margins = [i["value_min_margin"] for i in infos if i["value_min_margin"] is not None]
     return deltas, {"value_steps": max(i["value_steps"] for i in infos), "value_min_margin": min(margins, default=None),
                     "value_chunks": len(infos), "value_workers": workers if several else 1,
+                    "value_chunk_seconds": [round(i["seconds"], 3) for i in infos],
+                    "value_chunk_cpu": [round(i["cpu"], 3) for i in infos],
                     "value_restored_seconds": restored[0], "value_restored_cpu": restored[1]}
 
 
