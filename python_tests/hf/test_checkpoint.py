@@ -129,6 +129,22 @@ def test_an_error_in_one_worker_names_its_chunk_and_writes_only_whole_chunks(row
     assert torch.get_num_threads() == threads and all(p.requires_grad for p in model.parameters())
 
 
+def test_a_replica_shares_every_weight_and_has_its_own_block_list(strong_llama):
+    """shared_replica copies the module tree, not a weight: every parameter and buffer is the model's own tensor,
+    and swapping the replica's block list (as a fit does) leaves the model's alone."""
+    from factkernels.hf.capture import blocks_after
+    from factkernels.hf.checkpoint import shared_replica
+
+    model, _ = strong_llama
+    replica = shared_replica(model)
+    assert replica is not model and replica.model.layers is not model.model.layers
+    ours, theirs = dict(replica.named_parameters()), dict(model.named_parameters())
+    assert ours.keys() == theirs.keys() and all(ours[k] is theirs[k] for k in ours)
+    assert all(a is b for a, b in zip(replica.buffers(), model.buffers()))
+    with blocks_after(replica, 1):
+        assert len(replica.model.layers) == 1 and len(model.model.layers) == 3
+
+
 def test_workers_option_and_chunk_sizes(strong_llama):
     """"auto" is torch's thread count on a CPU (at most one worker per subject); bad counts are refused; several
     workers get a multiple of their number of equal chunks of at most 100 subjects, one worker chunks of 100."""
