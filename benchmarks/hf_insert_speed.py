@@ -1,13 +1,14 @@
 """Seconds of hf.insert_facts(keys="subject") on the packaged SmolLM2-135M, stage by stage, wall and process CPU.
 
     OMP_NUM_THREADS=1 python benchmarks/hf_insert_speed.py --facts 50 100 --threads 1
-    python benchmarks/hf_insert_speed.py --facts 1000 --device cuda         # on a GPU
+    python benchmarks/hf_insert_speed.py --facts 960 --device cuda          # on a GPU
     PYTHONPATH=/tmp/old OMP_NUM_THREADS=1 python benchmarks/hf_insert_speed.py --facts 100 --label before
-    python benchmarks/hf_insert_speed.py --facts 1000 --threads 2 --workers 2   # values chunks on 2 workers
+    python benchmarks/hf_insert_speed.py --facts 960 --threads 2 --workers 2    # values chunks on 2 workers
 
 
 A fact is one request (a case's new object under one edit template); n facts are the first n/5 cases of the
-editing benchmark's known-fact validation draw, with their five edit templates each. Each size writes one JSON
+editing benchmark's known-fact validation draw, with their five edit templates each (the draw holds 192 cases:
+at most 960 facts; the 1,000-fact target is read from 960). Each size writes one JSON
 under benchmarks/results/hf/insert_speed/ (skipped when it exists): the report's timings (wall and CPU seconds of
 background, capture, values, construct, verify, total), contexts, δ steps, efficacy, the load average before and
 after, threads, the values fit's workers (``--workers``: chunks of subjects fit at once, each on one intra-op
