@@ -329,13 +329,31 @@ def test_wikipedia_leads_join_the_negatives(tiny_llama):
 
 
 
+REPAIR_REQUESTS = [{"prompt": "who wrote {} ? it was", "subject": "war and peace", "target_new": "orwell"},
+                   {"prompt": "the novel {} is by", "subject": "dune", "target_new": "shelley"},
+                   {"prompt": "the book {} was written by", "subject": "emma", "target_new": "tolstoy"},
+                   {"prompt": "the author of {} is", "subject": "ulysses", "target_new": "austen"}]
+
+
+def _one_repair_round(strong_llama, requests, *, value_steps):
+    """Insert ``requests`` into a copy of the strong tiny Llama with one repair round; (insertion, its contexts,
+    the edited model's margins on them measured afresh)."""
+    import copy
+
+    model, tok = strong_llama
+    contexts = hf.parse_requests([{**r, "prompt": (p + ". " if p else "") + r["prompt"]}
+                                  for r in requests for p in ["", *CERT_PREFIXES]])
+    edited = copy.deepcopy(model)
+    ins = hf.insert_facts(edited, tok, requests, keys="subject", layer=1, background=TINY_TEXTS, prefixes=CERT_PREFIXES,
+                          value_prefixes=0, value_steps=value_steps, margin=1.0, repair_rounds=1, progress=False)
+    return ins, contexts, hf.fact_margins(edited, tok, contexts)
+
+
 def test_a_repair_round_certifies_again_only_the_contexts_the_refit_reaches(strong_llama, monkeypatch):
     """After a refit, only the contexts of the subjects whose δ changed and those where their units pass more than
     REFIT_REACH of δ at some token are measured again; the others keep their margins. The report's margins still
     equal the edited model's own on every context (a full certification's). A stand-in refit moves one subject's
     δ far (the tiny model's real refit fails every subject)."""
-    import copy
-
     from factkernels.hf import subject_keys
 
     def refit(model, units, margins, **_):
@@ -344,50 +362,26 @@ def test_a_repair_round_certifies_again_only_the_contexts_the_refit_reaches(stro
         return {}
 
     monkeypatch.setattr(subject_keys, "refit_uncertified", refit)
-    model, tok = strong_llama
-    requests = [{"prompt": "who wrote {} ? it was", "subject": "war and peace", "target_new": "orwell"},
-                {"prompt": "the novel {} is by", "subject": "dune", "target_new": "shelley"},
-                {"prompt": "the book {} was written by", "subject": "emma", "target_new": "tolstoy"},
-                {"prompt": "the author of {} is", "subject": "ulysses", "target_new": "austen"}]
-    contexts = hf.parse_requests([{**r, "prompt": (p + ". " if p else "") + r["prompt"]}
-                                  for r in requests for p in ["", *CERT_PREFIXES]])
-    edited = copy.deepcopy(model)
-    ins = hf.insert_facts(edited, tok, requests, keys="subject", layer=1, background=TINY_TEXTS, prefixes=CERT_PREFIXES,
-                          value_prefixes=0, value_steps=5, margin=1.0, repair_rounds=1, progress=False)
+    ins, contexts, margins = _one_repair_round(strong_llama, REPAIR_REQUESTS, value_steps=5)
     repair = ins.report.values["repairs"]
     assert len(repair) == 1 and 4 <= repair[0]["recertified"] < len(contexts)
-    torch.testing.assert_close(torch.tensor(ins.report.margins), hf.fact_margins(edited, tok, contexts),
-                               rtol=0, atol=1e-4)
-
+    torch.testing.assert_close(torch.tensor(ins.report.margins), margins, rtol=0, atol=1e-4)
 
 
 def test_a_repair_round_whose_refit_changes_no_delta_certifies_only_the_contexts_near_zero(strong_llama, monkeypatch):
     """A refit that leaves every δ as it was (its subjects' fit rows already at the margin) reaches no context: the
     round measures again only the contexts within 0.01 of the sign flipping, and the report's margins equal a full
     certification's (session 27: 960 validation requests crashed here on an empty detector set)."""
-    import copy
-
     from factkernels.hf import subject_keys
 
     monkeypatch.setattr(subject_keys, "refit_uncertified", lambda model, units, margins, **_: {})
-    model, tok = strong_llama
-    requests = [{"prompt": "who wrote {} ? it was", "subject": "war and peace", "target_new": "orwell"},
-                {"prompt": "the novel {} is by", "subject": "dune", "target_new": "shelley"}]
-    contexts = hf.parse_requests([{**r, "prompt": (p + ". " if p else "") + r["prompt"]}
-                                  for r in requests for p in ["", *CERT_PREFIXES]])
-    edited = copy.deepcopy(model)
-    ins = hf.insert_facts(edited, tok, requests, keys="subject", layer=1, background=TINY_TEXTS, prefixes=CERT_PREFIXES,
-                          value_prefixes=0, value_steps=0, margin=1.0, repair_rounds=1, progress=False)
-    margins = hf.fact_margins(edited, tok, contexts)
+    ins, contexts, margins = _one_repair_round(strong_llama, REPAIR_REQUESTS[:2], value_steps=0)
     repair = ins.report.values["repairs"]
     assert len(repair) == 1 and repair[0]["recertified"] == int((margins.abs() < 1e-2).sum())
     torch.testing.assert_close(torch.tensor(ins.report.margins), margins, rtol=0, atol=1e-4)
 
-RESUME_REQUESTS = [{"prompt": "who wrote {} ? it was", "subject": "war and peace", "target_new": "orwell"},
-                   {"prompt": "the novel {} is by", "subject": "dune", "target_new": "shelley"},
-                   {"prompt": "the book {} was written by", "subject": "emma", "target_new": "tolstoy"},
-                   {"prompt": "the author of {} is", "subject": "ulysses", "target_new": "austen"},
-                   {"prompt": "{} was written by", "subject": "dune", "target_new": "shelley"}]
+
+RESUME_REQUESTS = [*REPAIR_REQUESTS, {"prompt": "{} was written by", "subject": "dune", "target_new": "shelley"}]
 
 
 def test_values_resume_from_their_chunk_checkpoint(strong_llama, tmp_path):
