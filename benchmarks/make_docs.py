@@ -268,7 +268,17 @@ def cg_precond() -> str:
                     + " to ".join(f"{p['solve_s']:.0f} s" for p in g["range_over_auto_keys_rows"]) + ", build "
                     + " to ".join(f"{p['total_s']:.0f} s" for p in g["range_over_auto_keys_rows"])
                     if g["range_over_auto_keys_rows"] else "") + ".")
-    return text + _source(spectrum_path, path)
+    gpu_path = f"{RESULTS}/cg_precond-NVIDIA_H200.json"
+    gpu = load(gpu_path)["solve"]
+    jacobi_gpu = next(r for r in gpu if r["preconditioner"] == "jacobi")
+    text += ("\n\nMeasured on one H200 (session 28, F = 2^18, d = 1,024, m = 79, the solve alone):\n\n"
+             + _rows(["preconditioner", "iterations", "setup (iterations)", "residual", "setup", "solve",
+                      "solve vs Jacobi"],
+                     [[r["preconditioner"] + (" (auto)" if r["preconditioner"] == r["auto_picks"] else ""),
+                       r["iterations"], f"{r['setup_columns'] / r['m']:.1f}", f"{r['residual']:.1e}",
+                       f"{r['setup_wall_s']:.1f} s" if "setup_wall_s" in r else "–", f"{r['solve_wall_s']:.1f} s",
+                       f"{jacobi_gpu['solve_wall_s'] / r['solve_wall_s']:.2f}×"] for r in gpu]))
+    return text + _source(spectrum_path, path, gpu_path)
 
 
 def gd_stop() -> str:
@@ -283,24 +293,20 @@ def gd_stop() -> str:
 
 
 H200_RUN = f"{RESULTS}/gpu_suite-NVIDIA_H200-construct-ustar-scale.json"
-# Session 24's lent runs, in order (each a device_check.sh call; the GPU it ran on is in its file name). The last
-# one with a section gives that section's table.
-S24_RUNS = {"s24 run 1": f"{RESULTS}/gpu_suite-NVIDIA_H200-s24-run1.json",
-            "s24 run 2": f"{RESULTS}/gpu_suite-NVIDIA_H200-s24-run2.json",
-            "s24 run 3": f"{RESULTS}/gpu_suite-NVIDIA_H200-s24-run3.json"}
+# The lent runs since session 24, in order (each a device_check.sh call; the GPU it ran on is in its file name).
+LENT_RUNS = {"s24 run 1": f"{RESULTS}/gpu_suite-NVIDIA_H200-s24-run1.json",
+             "s24 run 2": f"{RESULTS}/gpu_suite-NVIDIA_H200-s24-run2.json",
+             "s24 run 3": f"{RESULTS}/gpu_suite-NVIDIA_H200-s24-run3.json",
+             "s28 run 1": f"{RESULTS}/gpu_suite-NVIDIA_H200-s28-run1.json"}
+LATEST_RUN = LENT_RUNS["s28 run 1"]  # the code as it stands: the README's GPU rows
 
 
 def _gpu_of(path: str) -> str:
     return load(path)["environment"]["gpu"].replace("NVIDIA ", "")
 
 
-def _latest_with(section: str) -> tuple[str, str]:
-    """(label, path) of the last session-24 run that has ``section``."""
-    return [(label, path) for label, path in S24_RUNS.items() if section in load(path)][-1]
-
-
 def gpu_builds() -> str:
-    """The values and the default build at F = |V| = 4,096, d = 128: session 21's run, then each session-24 run."""
+    """The values and the default build at F = |V| = 4,096, d = 128: session 21's run, then each lent run since."""
     old = load(H200_RUN)["construct"]
     rows = [["s21", _gpu_of(H200_RUN), "values, m 96 given", f"{old['values_cholesky'][0]['kernels_s'] * 1e3:.1f} ms", "–",
              "–", f"{old['values_cholesky'][0]['cholesky_s'] * 1e3:.2f} ms",
@@ -308,7 +314,7 @@ def gpu_builds() -> str:
             ["s21", _gpu_of(H200_RUN), "default (U*)", f"{old['default']['seconds'] * 1e3:.1f} ms "
              f"(U* {old['default']['phases_ms']['outputs']:.1f} ms)", "–", "–",
              f"{old['default']['limit_s'] * 1e3:.2f} ms", f"{old['default']['seconds_over_limit']:.0f}×"]]
-    for label, path in S24_RUNS.items():
+    for label, path in LENT_RUNS.items():
         construct = load(path).get("construct", {})
         for name, build in (("values, m searched", construct.get("values")), ("default (U*)", construct.get("default"))):
             if build is None:
@@ -320,12 +326,12 @@ def gpu_builds() -> str:
                          f"{build['limit_s'] * 1e3:.2f} ms", f"{build['seconds_over_limit']:.1f}×"])
     header = ["run", "GPU", "build (d = 128, F = \\|V\\| = 4,096)", "time (backend auto)", "CUDA launches",
               "stream / host syncs", "one Cholesky of the Gram", "time / Cholesky"]
-    return _rows(header, rows) + _source(H200_RUN, *S24_RUNS.values())
+    return _rows(header, rows) + _source(H200_RUN, *LENT_RUNS.values())
 
 
 def gpu_ustar() -> str:
     runs = {"s21 first run": H200_RUN,
-            "s21 sync-free corral steps": f"{RESULTS}/gpu_suite-NVIDIA_H200-construct-ustar-syncfree.json", **S24_RUNS}
+            "s21 sync-free corral steps": f"{RESULTS}/gpu_suite-NVIDIA_H200-construct-ustar-syncfree.json", **LENT_RUNS}
     rows = []
     for label, path in runs.items():
         for r in load(path).get("ustar", {}).get("rows", []):
@@ -343,9 +349,9 @@ def gpu_ustar() -> str:
 
 
 def gpu_star_topk() -> str:
-    """star_topk's CUDA kernel against its torch twin (GEMMs + torch.topk) at U*'s pass widths, session 24."""
+    """star_topk's CUDA kernel against its torch twin (GEMMs + torch.topk) at U*'s pass widths, each lent run."""
     rows = []
-    for label, path in S24_RUNS.items():
+    for label, path in LENT_RUNS.items():
         for r in load(path).get("kernels", []):
             if r["kernel"] != "star_topk":
                 continue
@@ -353,12 +359,12 @@ def gpu_star_topk() -> str:
                          f"{r['kernel_ms']:.2f} ms", f"{r['torch_ms']:.2f} ms", f"{r['speedup']:.2f}×",
                          f"{r['limit_ms']:.2f} ms"])
     header = ["run", "GPU", "\\|V\\|", "d", "k", "rows", "kernel", "twin", "kernel speedup", "GEMM-rate limit"]
-    return _rows(header, rows) + _source(*S24_RUNS.values())
+    return _rows(header, rows) + _source(*LENT_RUNS.values())
 
 
 def gpu_scale() -> str:
-    """The 2^18 x 1,024 values build: session 21's run, then each session-24 run with a scale section."""
-    runs = {"s21": H200_RUN, **{label: path for label, path in S24_RUNS.items() if "scale" in load(path)}}
+    """The 2^18 x 1,024 values build: session 21's run, then each lent run with a scale section."""
+    runs = {"s21": H200_RUN, **{label: path for label, path in LENT_RUNS.items() if "scale" in load(path)}}
     scales = {label: load(path)["scale"] for label, path in runs.items()}
     last_label, last = list(scales.items())[-1]
     limits = {name.split(" ")[0]: seconds for name, seconds in last["limits_s"].items()}
@@ -715,8 +721,8 @@ def headline() -> str:
     hf = f"{RESULTS}/hf/insert_detector_n1000_s100_t0.92_c2_L20_seed0.json"
     budget = f"{RESULTS}/experiments/rgr-budget/summary.json"
     construct = next(r for r in load(cpu)["construct"] if r["F"] == 4096)
-    gpu_run = S24_RUNS["s24 run 2"]  # the last scale row of the code as it stands (run 3's solve ran the reverted split)
-    scale, default = load(gpu_run)["scale"], load(S24_RUNS["s24 run 3"])["construct"]["default"]
+    gpu_run = LATEST_RUN
+    scale, default = load(gpu_run)["scale"], load(LATEST_RUN)["construct"]["default"]
     report = load(big)["construct_json"]["report"]
     insert = load(hf)
     ratios = load(SCALING)["summary"]["ratios"]
@@ -726,7 +732,7 @@ def headline() -> str:
          f"{_ms(construct['kernels_s'])} (pure torch {_ms(construct['torch_s'])})", _link(cpu)],
         [f"default build (margin-optimal outputs U*) F = \\|V\\| = {default['F']:,}, d = {default['d']} on one H200",
          f"{default['seconds'] * 1e3:.1f} ms (U* {default['phases_ms']['outputs']:.1f} ms), accuracy "
-         f"{default['accuracy']:.3f}", _link(S24_RUNS["s24 run 3"])],
+         f"{default['accuracy']:.3f}", _link(LATEST_RUN)],
         [f"largest build on one H200: F = \\|V\\| = {scale['F']:,}, d = {scale['d']:,} (values, {scale['solver']})",
          f"{scale['seconds']:.0f} s, {scale['peak_gpu_bytes'] / 2**30:.1f} GiB, accuracy {scale['accuracy']:.3f}",
          _link(gpu_run)],
