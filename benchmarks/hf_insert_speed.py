@@ -40,7 +40,7 @@ SETTINGS = {"keys": "subject", "layer": 10}
 TEMPLATES = 5  # edit templates per case
 
 
-def run(model, tok, facts: int, device: str, threads: int, workers) -> dict:
+def run(model, tok, facts: int, device: str, threads: int, workers, model_name: str) -> dict:
     cases = known_draw("validation", 0, n=facts // TEMPLATES)
     requests = case_requests(cases)
     load_before = os.getloadavg()
@@ -49,7 +49,7 @@ def run(model, tok, facts: int, device: str, threads: int, workers) -> dict:
     seconds = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
     report = ins.report
     ins.remove()
-    return {"facts": len(requests), "cases": len(cases), "settings": SETTINGS, "device": device, "threads": threads,
+    return {"model": model_name, "facts": len(requests), "cases": len(cases), "settings": SETTINGS, "device": device, "threads": threads,
             "workers": workers, "value_workers": report.values.get("value_workers", 1),
             "value_chunks": report.values.get("value_chunks", 1),
             "value_chunk_seconds": report.values.get("value_chunk_seconds"),
@@ -115,6 +115,8 @@ def main() -> None:
                         help='chunks of the values fit at once, an int or "auto" (hf.insert_facts workers)')
     parser.add_argument("--extrapolate", action="store_true")
     parser.add_argument("--label", default="", help="file name suffix (a before/after pair at one size)")
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="the packaged short name, or the same .gguf file by path (a lent GPU machine has no package)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -126,8 +128,8 @@ def main() -> None:
             print(f"{path} exists, skipped")
             continue
         if model is None:
-            model, tok = hf.load("smollm2-135m")
-        result = run(model, tok, facts, args.device, args.threads, args.workers)
+            model, tok = hf.load(args.model)
+        result = run(model, tok, facts, args.device, args.threads, args.workers, args.model)
         path.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps({k: result[k] for k in ("facts", "seconds", "timings", "value_steps", "efficacy")}), flush=True)
     if args.extrapolate:
