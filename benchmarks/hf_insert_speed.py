@@ -6,19 +6,24 @@
     python benchmarks/hf_insert_speed.py --facts 960 --threads 2 --workers 2    # values chunks on 2 workers
 
 
-A fact is one request (a case's new object under one edit template); n facts are the first n/5 cases of the
-editing benchmark's known-fact validation draw, with their five edit templates each (the draw holds 192 cases:
-at most 960 facts; the 1,000-fact target is read from 960). Each size writes one JSON
-under benchmarks/results/hf/insert_speed/ (skipped when it exists): the report's timings (wall and CPU seconds of
-background, capture, values, construct, verify, total), contexts, δ steps, efficacy, the load average before and
-after, threads, the values fit's workers (``--workers``: chunks of subjects fit at once, each on one intra-op
-thread, hf.insert_facts' ``workers``; a count other than 1 joins the file name as ``_w<n>``, "auto" as ``_wauto``),
-device and environment (``--label`` adds a suffix to the file name: the same size run by another
-version of the library, e.g. a checkout of an earlier commit first on PYTHONPATH, for a before/after pair; the
-file records the commit the library came from). ``--extrapolate`` adds, from the sizes already written, each stage's
-least-squares line in the number of facts (a + b·n) and its value at 1,000 facts: an extrapolation, said so in
-the file (of CPU seconds on a CPU, whose wall seconds carry the shared machine's load; of wall seconds on a GPU).
-With ``--label`` it extrapolates from the sizes of that label only.
+A fact is one request (a case's new object under one edit template); n facts are the first n/5 cases of the editing
+benchmark's known-fact validation draw, with their five edit templates each (the draw holds 192 cases: at most 960
+facts; the 1,000-fact target is read from 960). Each size writes one JSON under benchmarks/results/hf/insert_speed/
+(skipped when it exists): the report's timings (wall and CPU seconds of background, capture, values, construct,
+verify, total), contexts, δ steps, efficacy, the load average before and after, threads, the values fit's workers
+(``--workers``: chunks of subjects fit at once, each on one intra-op thread, hf.insert_facts' ``workers``; a count
+other than 1 joins the file name as ``_w<n>``, "auto" as ``_wauto``), each values fit's (first, then each repair
+round's) makespan: the CPU seconds until the last worker is done, each worker taking the next chunk when free
+(chunk CPU seconds are a worker's own, so this holds on a loaded machine), beside the even split; device and
+environment (``--label`` adds a suffix to the file name: the same size run by another version of the library, e.g.
+a checkout of an earlier commit first on PYTHONPATH, for a before/after pair; the file records the commit the
+library came from). ``--extrapolate`` adds, from the sizes already written, each stage's least-squares line in the
+number of facts (a + b·n) and its value at 1,000 facts: an extrapolation, said so in the file (of CPU seconds on a
+CPU, whose wall seconds carry the shared machine's load; of wall seconds on a GPU). With ``--label`` it
+extrapolates from the sizes of that label only. ``--mlp-out FILE`` writes the inserted units' weights and every
+context's margin (.safetensors, not committed: a δ is model data); ``--mlp-ref FILE`` (another run's ``--mlp-out``,
+same requests) adds to the JSON how far this run's units and margins are from it (e.g. the δ moved by regrouping
+the values fit's chunks).
 """
 
 import argparse
@@ -40,7 +45,8 @@ SETTINGS = {"keys": "subject", "layer": 10}
 TEMPLATES = 5  # edit templates per case
 
 
-def run(model, tok, facts: int, device: str, threads: int, workers, model_name: str) -> dict:
+def run(model, tok, facts: int, device: str, threads: int, workers, model_name: str, mlp_out=None,
+        mlp_ref=None) -> dict:
     cases = known_draw("validation", 0, n=facts // TEMPLATES)
     requests = case_requests(cases)
     load_before = os.getloadavg()
@@ -48,19 +54,57 @@ def run(model, tok, facts: int, device: str, threads: int, workers, model_name: 
     ins = hf.insert_facts(model, tok, requests, progress=False, device=device, workers=workers, **SETTINGS)
     seconds = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
     report = ins.report
+    units = {**ins.mlp.swiglu_weights(), "margins": torch.tensor(report.margins)}
     ins.remove()
+    if mlp_out is not None:
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().cpu().contiguous() for k, v in units.items()}, str(mlp_out))
     return {"model": model_name, "facts": len(requests), "cases": len(cases), "settings": SETTINGS, "device": device, "threads": threads,
             "workers": workers, "value_workers": report.values.get("value_workers", 1),
             "value_chunks": report.values.get("value_chunks", 1),
             "value_chunk_seconds": report.values.get("value_chunk_seconds"),
-            "value_chunk_cpu": report.values.get("value_chunk_cpu"), "seconds": seconds, "timings": report.timings,
+            "value_chunk_cpu": report.values.get("value_chunk_cpu"),
+            "value_chunk_tokens": report.values.get("value_chunk_tokens"),
+            "value_chunk_worker": report.values.get("value_chunk_worker"),
+            "makespan_cpu": makespans(report.values), "seconds": seconds, "timings": report.timings,
             "contexts": report.num_keys,
             "value_contexts": report.construction["value_contexts"], "subjects": report.construction["subjects"],
             "value_steps": report.values["value_steps"], "efficacy": report.efficacy,
             "min_margin": report.min_margin, "uncertified": report.construction["uncertified"],
             "repairs": report.values["repairs"], "peak_rss_mb": report.peak_rss_mb,
             "load_average_before": load_before, "load_average_after": os.getloadavg(), "commit": _commit(),
-            "environment": environment()}
+            **({} if mlp_ref is None else {"against": against(units, mlp_ref)}), "environment": environment()}
+
+
+def makespan(chunk_cpu, workers: int) -> float:
+    """CPU seconds until the last of ``workers`` workers is done, each taking the next chunk (``chunk_cpu``, in
+    the order taken) when free: the wall seconds of that stage on an otherwise idle machine with a core each,
+    whatever the load while it was measured (a worker's CPU seconds are its own)."""
+    busy = [0.0] * workers
+    for cpu in chunk_cpu:
+        busy[busy.index(min(busy))] += cpu
+    return max(busy)
+
+
+def makespans(values: dict) -> dict:
+    """:func:`makespan` of the values fit and of each repair round's refit, beside the even split (CPU / workers)."""
+    fits = [("values", values), *((f"repair_{i + 1}", r) for i, r in enumerate(values.get("repairs", [])))]
+    return {name: {"makespan": makespan(f["value_chunk_cpu"], f["value_workers"]),
+                   "even": sum(f["value_chunk_cpu"]) / f["value_workers"], "chunks": f["value_chunks"]}
+            for name, f in fits if f.get("value_chunk_cpu")}
+
+
+def against(units: dict, path) -> dict:
+    """How far ``units`` (the inserted MLP's weights and the margins) are from another run's ``--mlp-out`` file:
+    each tensor's largest absolute difference (and its largest entry, for scale); the weights differ only
+    through δ (the detectors do not depend on it)."""
+    from safetensors.torch import load_file
+
+    ref = load_file(str(path))
+    return {"file": Path(path).name, **{k: {"max_abs_diff": float((v.float() - ref[k].float()).abs().max()),
+                                             "max_abs": float(ref[k].float().abs().max())}
+                                         for k, v in units.items() if k in ref and ref[k].shape == v.shape}}
 
 
 def _commit() -> str:
@@ -117,6 +161,8 @@ def main() -> None:
     parser.add_argument("--label", default="", help="file name suffix (a before/after pair at one size)")
     parser.add_argument("--model", default="smollm2-135m",
                         help="the packaged short name, or the same .gguf file by path (a lent GPU machine has no package)")
+    parser.add_argument("--mlp-out", type=Path, help="write the inserted units' weights and margins here")
+    parser.add_argument("--mlp-ref", type=Path, help="another run's --mlp-out: record the difference from it")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -129,7 +175,8 @@ def main() -> None:
             continue
         if model is None:
             model, tok = hf.load(args.model)
-        result = run(model, tok, facts, args.device, args.threads, args.workers, args.model)
+        result = run(model, tok, facts, args.device, args.threads, args.workers, args.model, args.mlp_out,
+                     args.mlp_ref)
         path.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps({k: result[k] for k in ("facts", "seconds", "timings", "value_steps", "efficacy")}), flush=True)
     if args.extrapolate:

@@ -80,7 +80,8 @@ class ChunkCheckpoint:
         tmp.replace(self.path)
 
 
-# Subjects per chunk of a resumable subject values fit: ~250 rows, a few CPU minutes at layer 10 of SmolLM2-135M.
+# Subjects per chunk of a resumable subject values fit on one worker: ~250 rows, a few CPU minutes at layer 10 of
+# SmolLM2-135M.
 VALUE_CHUNK_SUBJECTS = 100
 WORKERS_AUTO = "auto"
 
@@ -102,14 +103,42 @@ def value_workers(workers: Union[int, str], model: Any, n_subjects: int) -> int:
     return max(1, min(int(workers), n_subjects))
 
 
-def chunk_subjects(n_subjects: int, workers: int) -> int:
-    """Subjects per chunk: :data:`VALUE_CHUNK_SUBJECTS` on one worker; on more, the same number in each of a
-    multiple of ``workers`` chunks of at most that many, so that every worker has work until the end (244
-    subjects on 2 workers: 4 chunks of 61, not 100, 100 and 44)."""
+# Chunks per worker of a values fit on several workers (:func:`subject_chunks`): the workers take them from one
+# queue, so the last ones, the smallest, decide how evenly they finish.
+CHUNKS_PER_WORKER = 4
+
+
+def subject_costs(batch: PromptBatch, subject: torch.Tensor) -> torch.Tensor:
+    """(S,) float64, per subject with rows (in :func:`torch.unique` order): the tokens its rows run through the
+    blocks after the layer at each step of the values fit, from the subject's last token to the row's last scored
+    one (:func:`~factkernels.hf.subject_values.fit_subject_deltas`), what a chunk's seconds follow."""
+    tokens = (batch.attention_mask.sum(1) - 1 - batch.subject_last).clamp(min=1).double()
+    return torch.zeros(int(subject.max()) + 1, dtype=torch.float64).index_add_(0, subject, tokens)[
+        torch.unique(subject)]
+
+
+def subject_chunks(cost: torch.Tensor, workers: int) -> list[torch.Tensor]:
+    """The chunks of a values fit on ``workers`` workers, in the order they are taken: each a sorted (k,) long of
+    positions into the subjects with rows, whose ``cost`` (S,) is :func:`subject_costs`'. One worker: runs of
+    :data:`VALUE_CHUNK_SUBJECTS` consecutive subjects. Several: :data:`CHUNKS_PER_WORKER` per worker (at most one
+    per subject), their shares of the cost falling in steps (2 workers: 4:4:3:3:2:2:1:1): the costliest subjects one
+    to each chunk, then each of the others, costliest first, into the chunk it fills least as a share of its own;
+    taken costliest first, so the workers finish
+    within about the last, smallest chunk of each other (equal counts of subjects per chunk left one of two
+    workers 27 % idle at 960 requests: benchmarks/results/hf/insert_speed/subject_L10_n960_cpu_w2_quiet28.json).
+    Depends on ``cost`` and ``workers`` only: the same chunks on a rerun (checkpoints)."""
+    n = len(cost)
     if workers == 1:
-        return VALUE_CHUNK_SUBJECTS
-    chunks = workers * -(-n_subjects // (workers * VALUE_CHUNK_SUBJECTS))
-    return max(1, -(-n_subjects // chunks))
+        return [torch.arange(s, min(n, s + VALUE_CHUNK_SUBJECTS)) for s in range(0, n, VALUE_CHUNK_SUBJECTS)]
+    chunks = min(n, CHUNKS_PER_WORKER * workers)
+    share = [-(-(chunks - i) // workers) for i in range(chunks)]
+    load, members = [0.0] * chunks, [[] for _ in range(chunks)]
+    for rank, s in enumerate(torch.sort(cost, descending=True, stable=True).indices.tolist()):
+        best = rank if rank < chunks else min(range(chunks), key=lambda i: ((load[i] + float(cost[s])) / share[i], i))
+        load[best] += float(cost[s])
+        members[best].append(s)
+    order = sorted(range(chunks), key=lambda i: (-load[i], i))
+    return [torch.tensor(sorted(members[i]), dtype=torch.long) for i in order]
 
 
 def shared_replica(model: Any) -> Any:
@@ -124,47 +153,58 @@ def resumable_subject_fit(fit: Callable[..., tuple[torch.Tensor, dict]], model: 
                           essence: Optional[torch.Tensor] = None, init: Optional[torch.Tensor] = None,
                           subjects_per_chunk: Optional[int] = None, workers: int = 1,
                           **options: Any) -> tuple[torch.Tensor, dict]:
-    """``fit`` (:func:`~factkernels.hf.subject_values.fit_subject_deltas`) in chunks of ``subjects_per_chunk``
-    of the subjects with rows (default :func:`chunk_subjects`), ``workers`` chunks at once (:func:`in_parallel`:
-    threads, each on one intra-op thread and its own :func:`shared_replica` of the model). With
+    """``fit`` (:func:`~factkernels.hf.subject_values.fit_subject_deltas`) in chunks of the subjects with rows
+    (default :func:`subject_chunks` of their :func:`subject_costs`; ``subjects_per_chunk``: runs of that many
+    consecutive subjects), ``workers`` chunks at once (:func:`in_parallel`: threads, each on one intra-op thread
+    and its own :func:`shared_replica` of the model, taking the chunks in order from one queue). With
     ``checkpoint`` (a .safetensors file, or a folder: then a file in it named by the fingerprint) each chunk's δ
     is written the moment it is done and read back instead of fit on a rerun. A subject's δ sees only its own
     rows and Adam is elementwise (a subject at the margin stays frozen), so chunks give one joint fit's δ up to
     float rounding, in whatever order they finish. The file records the model (every weight), layer, rows,
-    settings and chunk size and is refused for others. A chunk that fails raises RuntimeError naming its subjects
+    settings and chunks and is refused for others. A chunk that fails raises RuntimeError naming its subjects
     (from the error); the chunks already running finish and are written, the others are not started.
     subject (R,) 0..S-1; essence (R,) bool; init (S, d): the δ to start from (default zeros; a subject without
     rows keeps it); options: fit's (margin, steps, lr, batch_size,
     progress, essence_weight; on several workers a bar over the chunks replaces the fit's own). Returns δ (S, d)
-    and fit's info (steps: the most of any chunk) with "value_workers", "value_chunks", each chunk's wall and CPU
-    seconds ("value_chunk_seconds", "value_chunk_cpu": a worker's own; how evenly the workers were loaded) and
-    "value_restored_seconds" / "value_restored_cpu": wall and CPU seconds earlier runs spent on chunks read back
-    (a chunk's wall divided by the workers that ran beside it)."""
+    and fit's info (steps: the most of any chunk) with "value_workers", "value_chunks", and per chunk in the
+    order taken: wall and CPU seconds ("value_chunk_seconds", "value_chunk_cpu": a worker's own; how evenly the
+    workers were loaded), "value_chunk_tokens" (its :func:`subject_costs`), "value_chunk_worker" (which worker
+    ran it, 0.., as read back for restored chunks); and "value_restored_seconds" / "value_restored_cpu": wall and
+    CPU seconds earlier runs spent on chunks read back (a chunk's wall divided by the workers that ran beside
+    it)."""
     essence = torch.zeros(len(batch), dtype=torch.bool) if essence is None else essence.cpu().bool()
-    present, width = torch.unique(subject), model.config.hidden_size  # sorted: chunks in subject order
-    per_chunk = chunk_subjects(len(present), workers) if subjects_per_chunk is None else subjects_per_chunk
-    chunks: dict[int, tuple[dict[str, torch.Tensor], dict]] = {}  # start: ({"delta": (k, d)}, info), done ones
+    present, width = torch.unique(subject), model.config.hidden_size  # sorted
+    cost = subject_costs(batch, subject)
+    if subjects_per_chunk is None:
+        plan = subject_chunks(cost, workers)
+        split = ({"subjects_per_chunk": VALUE_CHUNK_SUBJECTS} if workers == 1
+                 else {"chunks": [c.tolist() for c in plan]})
+    else:
+        plan = [torch.arange(s, min(len(present), s + subjects_per_chunk))
+                for s in range(0, len(present), subjects_per_chunk)]
+        split = {"subjects_per_chunk": subjects_per_chunk}
+    plan = {int(c[0]): c for c in plan}  # a chunk's key: its first subject (position in ``present``)
+    chunks: dict[int, tuple[dict[str, torch.Tensor], dict]] = {}  # key: ({"delta": (k, d)}, info), done ones
     saved = None
     if checkpoint is not None:
         settings = {k: options.get(k) for k in ("margin", "steps", "lr", "essence_weight")}
         key = fingerprint(model, layer, (batch.input_ids, batch.attention_mask, batch.subject_last,
                                          batch.prompt_last, batch.target_len, subject, essence,
                                          *(() if init is None else (init,)), *model.parameters()),
-                          {**settings, "subjects_per_chunk": per_chunk})
+                          {**settings, **split})
         path = Path(checkpoint)
         saved = ChunkCheckpoint(path if path.suffix == ".safetensors" else path / f"values_{key[:20]}.safetensors",
                                 key)
         chunks.update(saved.chunks)
     restored = [sum(i["seconds"] / i.get("workers", 1) for _, i in chunks.values()),
                 sum(i["cpu"] for _, i in chunks.values())]
-    todo = [s for s in range(0, len(present), per_chunk) if s not in chunks]
+    todo = [start for start in plan if start not in chunks]
     several = workers > 1 and len(todo) > 1
     chunk_options = {**options, "progress": False} if several else options  # then a bar over the chunks
 
     def fit_chunk(start: int, on: Any) -> tuple[dict[str, torch.Tensor], dict]:
-        """The δ and info of the subjects present[start:start + per_chunk], fit on ``on`` (the model or a
-        replica)."""
-        ours = present[start:start + per_chunk]
+        """The δ and info of chunk ``start``'s subjects, fit on ``on`` (the model or a replica)."""
+        ours = present[plan[start]]
         clock = time.thread_time if several else time.process_time  # a worker's own CPU seconds
         t, c = time.perf_counter(), clock()
         rows = torch.isin(subject, ours).nonzero().flatten()
@@ -173,9 +213,12 @@ def resumable_subject_fit(fit: Callable[..., tuple[torch.Tensor, dict]], model: 
                              essence=essence[rows], init=torch.zeros(len(ours), width) if init is None else init[ours],
                              **chunk_options)
         except Exception as err:
-            raise RuntimeError(f"the values fit of subjects {int(ours[0])}..{int(ours[-1])} failed: {err!r}") from err
+            named = (f"{int(ours[0])}..{int(ours[-1])}" if int(ours[-1] - ours[0]) == len(ours) - 1
+                     else ", ".join(map(str, ours.tolist())))
+            raise RuntimeError(f"the values fit of subjects {named} failed: {err!r}") from err
+        worker = int(threading.current_thread().name.rsplit("_", 1)[-1]) if several else 0
         return {"delta": part.detach()}, {**info, "seconds": time.perf_counter() - t, "cpu": clock() - c,
-                                          "workers": workers if several else 1}
+                                          "workers": workers if several else 1, "worker": worker}
 
     def keep(start: int, tensors: dict[str, torch.Tensor], info: dict) -> None:
         """Keep a finished chunk (and write the checkpoint at once)."""
@@ -190,14 +233,16 @@ def resumable_subject_fit(fit: Callable[..., tuple[torch.Tensor, dict]], model: 
             keep(start, *fit_chunk(start, model))
     deltas = (torch.zeros(int(subject.max()) + 1, width) if init is None else init.detach().clone()).to(
         model_device(model))
-    infos = [chunks[start][1] for start in sorted(chunks)]
+    infos = [chunks[start][1] for start in plan]
     for start, (tensors, _) in chunks.items():
-        deltas[present[start:start + per_chunk].to(deltas.device)] = tensors["delta"].to(deltas)
+        deltas[present[plan[start]].to(deltas.device)] = tensors["delta"].to(deltas)
     margins = [i["value_min_margin"] for i in infos if i["value_min_margin"] is not None]
     return deltas, {"value_steps": max(i["value_steps"] for i in infos), "value_min_margin": min(margins, default=None),
                     "value_chunks": len(infos), "value_workers": workers if several else 1,
                     "value_chunk_seconds": [round(i["seconds"], 3) for i in infos],
                     "value_chunk_cpu": [round(i["cpu"], 3) for i in infos],
+                    "value_chunk_tokens": [int(cost[plan[start]].sum()) for start in plan],
+                    "value_chunk_worker": [i.get("worker", 0) for i in infos],
                     "value_restored_seconds": restored[0], "value_restored_cpu": restored[1]}
 
 

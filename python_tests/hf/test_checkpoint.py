@@ -145,10 +145,9 @@ def test_a_replica_shares_every_weight_and_has_its_own_block_list(strong_llama):
         assert len(replica.model.layers) == 1 and len(model.model.layers) == 3
 
 
-def test_workers_option_and_chunk_sizes(strong_llama):
-    """"auto" is torch's thread count on a CPU (at most one worker per subject); bad counts are refused; several
-    workers get a multiple of their number of equal chunks of at most 100 subjects, one worker chunks of 100."""
-    from factkernels.hf.checkpoint import VALUE_CHUNK_SUBJECTS, chunk_subjects, value_workers
+def test_workers_option(strong_llama):
+    """"auto" is torch's thread count on a CPU (at most one worker per subject); bad counts are refused."""
+    from factkernels.hf.checkpoint import value_workers
 
     model, _ = strong_llama
     assert value_workers("auto", model, 50) == torch.get_num_threads()
@@ -156,8 +155,50 @@ def test_workers_option_and_chunk_sizes(strong_llama):
     for bad in (0, -1, True, 1.5, "two"):
         with pytest.raises(ValueError, match="workers must be"):
             value_workers(bad, model, 5)
-    assert chunk_subjects(244, 1) == VALUE_CHUNK_SUBJECTS == chunk_subjects(200, 2)
-    assert chunk_subjects(244, 2) == 61 and chunk_subjects(20, 2) == 10 and chunk_subjects(1, 2) == 1
+
+
+def _makespan(loads, workers: int) -> float:
+    """The finish of the last of ``workers`` workers taking chunks of ``loads`` in order from one queue."""
+    busy = [0.0] * workers
+    for load in loads:
+        busy[busy.index(min(busy))] += load
+    return max(busy)
+
+
+def test_chunks_are_balanced_by_cost_and_taken_costliest_first():
+    """One worker: runs of 100 consecutive subjects. Two: at most 4 chunks per worker holding every subject once
+    (sorted, none empty), the same on a second call, costliest first with the cheapest last; taken from one queue
+    they keep two workers within 5 % of an even split where two equal counts of subjects (the old split) leave
+    them ~20 % apart on the same costs."""
+    from factkernels.hf.checkpoint import CHUNKS_PER_WORKER, VALUE_CHUNK_SUBJECTS, subject_chunks
+
+    cost = torch.cat([torch.full((75,), 40.0), torch.full((74,), 25.0)]) * torch.rand(
+        149, generator=torch.Generator().manual_seed(0), dtype=torch.float64).add(0.5)
+    one = subject_chunks(cost, 1)
+    assert [len(c) for c in one] == [VALUE_CHUNK_SUBJECTS, 49] and torch.equal(torch.cat(one), torch.arange(149))
+    two = subject_chunks(cost, 2)
+    assert len(two) == 2 * CHUNKS_PER_WORKER and all(len(c) and torch.equal(c, c.sort().values) for c in two)
+    assert torch.equal(torch.cat(two).sort().values, torch.arange(149))
+    assert all(torch.equal(a, b) for a, b in zip(two, subject_chunks(cost, 2)))
+    loads = [float(cost[c].sum()) for c in two]
+    assert loads == sorted(loads, reverse=True) and loads[-1] < loads[0] / 2
+    even = float(cost.sum()) / 2
+    assert _makespan(loads, 2) <= 1.05 * even < _makespan([float(cost[:75].sum()), float(cost[75:].sum())], 2) / 1.1
+    equal = subject_chunks(torch.ones(9, dtype=torch.float64), 2)  # every chunk holds a subject
+    assert sorted(len(c) for c in equal) == [1] * 7 + [2] and torch.equal(torch.cat(equal).sort().values,
+                                                                          torch.arange(9))
+    few = subject_chunks(torch.tensor([1.0, 3.0, 2.0], dtype=torch.float64), 2)  # one chunk each, costliest first
+    assert [c.tolist() for c in few] == [[1], [2], [0]]
+
+
+def test_subject_costs_count_each_subjects_tokens_after_its_last_token(rows):
+    """A subject's cost is the tokens of its rows from the subject's last token to the last scored one."""
+    from factkernels.hf.checkpoint import subject_costs
+
+    _, batch, subject = rows
+    tokens = batch.attention_mask.sum(1) - 1 - batch.subject_last
+    expected = [float(tokens[subject == s].sum()) for s in range(4)]
+    assert subject_costs(batch, subject).tolist() == expected and min(expected) > 0
 
 
 def test_insertion_on_two_workers_gives_one_workers_units(strong_llama):
@@ -170,7 +211,10 @@ def test_insertion_on_two_workers_gives_one_workers_units(strong_llama):
                    value_prefixes=1, value_steps=10, margin=1.0, repair_rounds=0, progress=False)
     one = hf.insert_facts(copy.deepcopy(model), tok, REQUESTS, workers=1, **options)
     two = hf.insert_facts(copy.deepcopy(model), tok, REQUESTS, workers=2, **options)
-    assert two.report.values["value_workers"] == 2 and two.report.values["value_chunks"] == 2
+    chunks = two.report.values["value_chunks"]
+    assert two.report.values["value_workers"] == 2 and 2 <= chunks <= 4  # 4 subjects, at most one chunk each
+    assert len(two.report.values["value_chunk_worker"]) == chunks
+    assert set(two.report.values["value_chunk_worker"]) <= {0, 1}
     assert two.report.values["value_steps"] == one.report.values["value_steps"]
     assert two.report.margins == pytest.approx(one.report.margins, abs=1e-4)
     assert two.report.delta_norm_mean == pytest.approx(one.report.delta_norm_mean, rel=1e-5)
