@@ -65,6 +65,7 @@ def run(model, tok, facts: int, device: str, threads: int, workers, model_name: 
             "value_chunks": report.values.get("value_chunks", 1),
             "value_chunk_seconds": report.values.get("value_chunk_seconds"),
             "value_chunk_cpu": report.values.get("value_chunk_cpu"),
+            "value_chunk_steps": report.values.get("value_chunk_steps"),
             "value_chunk_tokens": report.values.get("value_chunk_tokens"),
             "value_chunk_worker": report.values.get("value_chunk_worker"),
             "makespan_cpu": makespans(report.values), "seconds": seconds, "timings": report.timings,

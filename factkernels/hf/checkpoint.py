@@ -168,10 +168,10 @@ def resumable_subject_fit(fit: Callable[..., tuple[torch.Tensor, dict]], model: 
     progress, essence_weight; on several workers a bar over the chunks replaces the fit's own). Returns δ (S, d)
     and fit's info (steps: the most of any chunk) with "value_workers", "value_chunks", and per chunk in the
     order taken: wall and CPU seconds ("value_chunk_seconds", "value_chunk_cpu": a worker's own; how evenly the
-    workers were loaded), "value_chunk_tokens" (its :func:`subject_costs`), "value_chunk_worker" (which worker
-    ran it, 0.., as read back for restored chunks); and "value_restored_seconds" / "value_restored_cpu": wall and
-    CPU seconds earlier runs spent on chunks read back (a chunk's wall divided by the workers that ran beside
-    it)."""
+    workers were loaded), "value_chunk_steps", "value_chunk_tokens" (its :func:`subject_costs`),
+    "value_chunk_worker" (which worker ran it, 0.., as read back for restored chunks); and
+    "value_restored_seconds" / "value_restored_cpu": wall and CPU seconds earlier runs spent on chunks read back
+    (a chunk's wall divided by the workers that ran beside it)."""
     essence = torch.zeros(len(batch), dtype=torch.bool) if essence is None else essence.cpu().bool()
     present, width = torch.unique(subject), model.config.hidden_size  # sorted
     cost = subject_costs(batch, subject)
@@ -241,6 +241,7 @@ def resumable_subject_fit(fit: Callable[..., tuple[torch.Tensor, dict]], model: 
                     "value_chunks": len(infos), "value_workers": workers if several else 1,
                     "value_chunk_seconds": [round(i["seconds"], 3) for i in infos],
                     "value_chunk_cpu": [round(i["cpu"], 3) for i in infos],
+                    "value_chunk_steps": [i["value_steps"] for i in infos],
                     "value_chunk_tokens": [int(cost[plan[start]].sum()) for start in plan],
                     "value_chunk_worker": [i.get("worker", 0) for i in infos],
                     "value_restored_seconds": restored[0], "value_restored_cpu": restored[1]}

@@ -69,6 +69,7 @@ def test_two_workers_fit_one_workers_delta_at_once_on_one_thread_each(rows):
     assert two_info["value_min_margin"] == pytest.approx(one_info["value_min_margin"], abs=1e-4)
     assert two_info["value_workers"] == 2 and one_info["value_workers"] == 1
     assert len(two_info["value_chunk_cpu"]) == 2 and all(c > 0 for c in two_info["value_chunk_cpu"])
+    assert max(two_info["value_chunk_steps"]) == two_info["value_steps"] and len(two_info["value_chunk_steps"]) == 2
     assert sorted(n for *_, n in seen) == sorted([int((subject < 2).sum()), int((subject >= 2).sum())])
     replicas = {m for m, _, _ in seen}
     assert {t for _, t, _ in seen} == {1} and len(replicas) == 2 and id(model) not in replicas
