@@ -192,6 +192,8 @@ struct CorralMinorArgs {
 //   (positions into cand, -1 padding, and weights), dup (r,) 1 where a candidate duplicates the row's value.
 //   CUDA only (the CPU kernel ignores them): work, corral_solve_work(d, k, slots) doubles on the device, a row
 //   counter then one scratch slice per warp; slots warps run, each solving rows until none is left.
+//   CPU only (null: none; the CUDA kernel runs the same steps): steps (r, kCorralSolveSteps), each row's counts in
+//   the order of CorralSolveStep.
 struct CorralSolveArgs {
   const double* w;
   int64_t n, d;
@@ -214,7 +216,15 @@ struct CorralSolveArgs {
   uint8_t* dup;
   double* work;
   int64_t slots;
+  int64_t* steps;
 };
+
+// What corral_solve's steps count per row: major cycles (certificate passes), points added to the corral (the warm
+// corral's included), minor-cycle steps (each two Cholesky solves of the corral's system) and the corral sizes
+// summed over them (the length of their substitution chains), drops and the rotations they took (as many of the
+// factor's rows move up), the largest corral and the warm corral's size.
+enum CorralSolveStep { kMajorCycles, kAdded, kMinorSteps, kSolveRows, kDrops, kRotations, kLargestCorral, kWarmCorral,
+                       kCorralSolveSteps };
 
 // The CUDA corral_solve's workspace, in doubles: a header (the row counter), then per warp its candidate star
 // (k x d), certificates (k), the corral's Gram matrix and factor ((d + 1)^2 each), five slot vectors, the point

@@ -1032,6 +1032,11 @@ CORRAL_RIDGE = 1e-11
 # d = 256) within this many bytes.
 CORRAL_SOLVE_WARPS_PER_SM = 16
 CORRAL_SOLVE_WORK_BYTES = 1 << 32
+# What corral_solve's ``steps`` count per row, in this order (CorralSolveStep in csrc/kernels.h): major cycles,
+# points added (the warm corral's included), minor-cycle steps (two Cholesky solves each) and the corral sizes summed
+# over them, drops and their rotations, the largest corral, the warm corral's size.
+CORRAL_SOLVE_STEPS = ("major_cycles", "added", "minor_steps", "solve_rows", "drops", "rotations", "largest_corral",
+                      "warm_corral")
 
 
 def affine_min_norm(Q: torch.Tensor, m: torch.Tensor, refine: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1141,7 +1146,7 @@ def corral_minor(Q: torch.Tensor, lam: torch.Tensor, occ: torch.Tensor, frozen: 
 
 def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start: torch.Tensor,
                  corral: Optional[tuple[torch.Tensor, torch.Tensor]] = None, *, tol: float, max_iter: int,
-                 n_init: int, n_add: int, zero_norm2: float):
+                 n_init: int, n_add: int, zero_norm2: float, steps: Optional[torch.Tensor] = None):
     """Minimum-norm points of candidate stars, one whole solve per row (the kernel of U*'s active-set rounds: a
     C++ task per row on a CPU, a warp per row on a GPU).
 
@@ -1154,7 +1159,8 @@ def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start:
     direction with the best margin seen and that margin, the smallest hull-point norm, the final corral
     (positions into cand, occupied first) and whether a candidate duplicates the row's value.  Its torch twin
     is the batched solver itself (:func:`factkernels.corral.solve_rows` on :func:`factkernels.corral.candidate_star`,
-    which ``backend="torch"`` runs); the tests compare the three.
+    which ``backend="torch"`` runs); the tests compare the three. ``steps``: a CPU (r, len(CORRAL_SOLVE_STEPS))
+    int64 tensor that receives each row's counts (the CUDA kernel takes the same steps and counts none).
     """
     if not uses_kernel("kernels", "corral_solve", W):
         raise RuntimeError("corral_solve has no kernel here (no extension, or not a float64 tensor)")
@@ -1183,6 +1189,9 @@ def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start:
         kw = cols.shape[1]
         if cols.shape != (r, kw) or lam.shape != (r, kw) or cols.dtype != torch.int64 or lam.dtype != torch.float64:
             raise ValueError(f"corral must be ((r, kw) int64, (r, kw) float64) with r = {r}")
+    if steps is not None and (cuda or steps.shape != (r, len(CORRAL_SOLVE_STEPS)) or steps.dtype != torch.int64
+                              or not steps.is_contiguous()):
+        raise ValueError(f"steps must be a contiguous CPU ({r}, {len(CORRAL_SOLVE_STEPS)}) int64 tensor")
     W, rows, cand, start = W.contiguous(), rows.contiguous(), cand.contiguous(), start.contiguous()
     kc = max(1, min(K, d + 1))
     dev = W.device
@@ -1200,5 +1209,5 @@ def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start:
     _C.corral_solve(_launch_args(W)[0], _ptr(W), n, d, _ptr(rows), _ptr(cand), r, K, _ptr(start), _ptr(cols),
                     _ptr(lam), kw, float(tol), int(max_iter), int(n_init), int(n_add), CORRAL_EPS_W, CORRAL_RIDGE,
                     float(zero_norm2), _ptr(U), _ptr(lo), _ptr(hi), _ptr(out_cols), _ptr(out_lam), kc, _ptr(dup),
-                    _ptr(work), slots, _stream(W))
+                    _ptr(work), slots, _ptr(steps), _stream(W))
     return U, lo, hi, (out_cols, out_lam), dup

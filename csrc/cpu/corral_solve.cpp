@@ -88,6 +88,15 @@ struct Solver {
   std::vector<int64_t> S, order;
   std::vector<uint8_t> valid, in_corral;
   int64_t m = 0;  // corral size
+  int64_t* steps = nullptr;  // this row's counts (CorralSolveStep), or null
+
+  FK_INLINE void count(CorralSolveStep what, int64_t by = 1) {
+    if (steps) steps[what] += by;
+  }
+  FK_INLINE void grew() {
+    count(kAdded);
+    if (steps) steps[kLargestCorral] = std::max(steps[kLargestCorral], m);
+  }
 
   explicit Solver(const CorralSolveArgs& args)
       : a(args), d(args.d), K(args.k), mmax(args.d + 1), group(std::max<int64_t>(1, std::max(args.n_init, args.n_add))),
@@ -126,6 +135,7 @@ struct Solver {
     S[m] = k;
     in_corral[k] = 1;
     ++m;
+    grew();
     return true;
   }
 
@@ -173,6 +183,7 @@ struct Solver {
       S[m] = ks[b];
       in_corral[ks[b]] = 1;
       ++m;
+      grew();
     }
     return m - m0;
   }
@@ -205,6 +216,8 @@ struct Solver {
 
   // Drops corral member i (factor by a rank-1 update; Gram, vectors, weights and slots shift down).
   FK_INLINE void remove(int64_t i) {
+    count(kDrops);
+    count(kRotations, m - i - 1);  // also the factor's rows that move up
     cholesky_delete(L.get(), mmax, m, i, z.get());
     for (int64_t r = i; r < m - 1; ++r)
       for (int64_t c = 0; c < m; ++c) Q[r * mmax + c] = Q[(r + 1) * mmax + c];
@@ -225,7 +238,9 @@ struct Solver {
   // substitutions multiply by the diagonal's reciprocals (a division on their dependency chains was ~0.2 of the
   // cycle; U* at 4,096 x 128: the same float32 U and radii).
   template <class Isa> FK_INLINE void minor(Isa isa) {
-    for (int64_t step = 0, steps = m + 2; step < steps && m > 0; ++step) {
+    for (int64_t step = 0, most = m + 2; step < most && m > 0; ++step) {
+      count(kMinorSteps);
+      count(kSolveRows, m);
       for (int64_t i = 0; i < m; ++i) rdiag[i] = 1.0 / L[i * mmax + i];
       for (int64_t i = 0; i < m; ++i) z[i] = 1.0;
       cholesky_solve(isa, L.get(), mmax, m, rdiag.get(), z.get());
@@ -273,6 +288,8 @@ struct Solver {
     const int64_t i = A.rows[row];
     const double* wi = A.w + i * d;
     const int64_t* cand = A.cand + row * K;
+    steps = A.steps ? A.steps + row * kCorralSolveSteps : nullptr;
+    if (steps) std::fill(steps, steps + kCorralSolveSteps, int64_t{0});
     // the candidate star, exact differences (a zero difference is a duplicated value: no valid direction)
     bool dup = false;
     // the candidates are scattered rows of w (L2 misses, most of the star's time): each is fetched kFetchAhead
@@ -320,6 +337,13 @@ struct Solver {
       for (int64_t t = 0; t < m0; ++t)
         if (add(isa, ks[t], kDependentPivot2)) lam[m - 1] = y[t];
     }
+    if (steps) {  // the warm corral factored whole counts as its additions
+      steps[kWarmCorral] = m;
+      if (steps[kAdded] == 0) {
+        steps[kAdded] = m;
+        steps[kLargestCorral] = m;
+      }
+    }
     double wsum = 0.0;
     for (int64_t s = 0; s < m; ++s) wsum += lam[s];
     if (m > 0) {
@@ -333,6 +357,7 @@ struct Solver {
       for (int64_t c = 0; c < d; ++c) u[c] = start[c] / std::max(sn, 1e-300);
     }
     for (int64_t it = 0;; ++it) {
+      count(kMajorCycles);
       // the point: the corral's hull point, or the start direction before the first addition
       const bool hull = m > 0;
       if (hull) {

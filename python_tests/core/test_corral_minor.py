@@ -234,6 +234,31 @@ def test_solve_kernel_warm_corral_with_a_dependent_point():
     assert all(len(set(r) - {-1}) == sum(x >= 0 for x in r) for r in members.tolist())  # no value twice
 
 
+@needs_kernel
+def test_solve_kernel_counts_its_steps():
+    """The steps corral_solve counts per row (_ops.CORRAL_SOLVE_STEPS) add up: the final corral holds the points
+    added less those dropped, the largest corral bounds it (at most d + 1), a drop takes fewer rotations than the
+    corral has members; a warm start from the optimum counts its corral and takes fewer major cycles."""
+    W, rows, cand, P = _candidate_problem("sphere", 300, 16, 40, seed=316)
+    kw = dict(tol=1e-9, max_iter=200, n_init=8, n_add=4, zero_norm2=corral.ZERO_NORM2)
+    cold = torch.full((rows.numel(), len(_ops.CORRAL_SOLVE_STEPS)), -1, dtype=torch.int64)
+    _, _, _, (cols, lam), _ = _ops.corral_solve(W, rows, cand, P, steps=cold, **kw)
+    c = dict(zip(_ops.CORRAL_SOLVE_STEPS, cold.T))
+    size = (cols >= 0).sum(dim=1)
+    assert torch.equal(c["added"] - c["drops"], size) and bool((c["added"] >= size).all())
+    assert bool((c["largest_corral"] >= size).all()) and bool((c["largest_corral"] <= 17).all())
+    assert bool((c["major_cycles"] >= 2).all()) and bool((c["minor_steps"] >= 1).all())
+    assert bool((c["solve_rows"] >= c["minor_steps"]).all()) and bool((c["rotations"] <= 16 * c["drops"]).all())
+    assert bool((c["warm_corral"] == 0).all()) and int(c["drops"].sum()) > 0
+    warm = torch.zeros_like(cold)
+    _ops.corral_solve(W, rows, cand, P, (cols, lam), steps=warm, **kw)
+    w = dict(zip(_ops.CORRAL_SOLVE_STEPS, warm.T))
+    assert torch.equal(w["warm_corral"], size) and bool((w["added"] >= size).all())
+    assert float(w["major_cycles"].double().mean()) < float(c["major_cycles"].double().mean())
+    with pytest.raises(ValueError, match="steps"):
+        _ops.corral_solve(W, rows, cand, P, steps=cold[:, :3], **kw)
+
+
 needs_cuda_kernel = pytest.mark.skipif(not (torch.cuda.is_available() and _ops.build_info()["cuda"]),
                                        reason="needs a GPU and the CUDA kernels")
 
