@@ -232,7 +232,7 @@ enum CorralSolveStep { kMajorCycles, kAdded, kMinorSteps, kSolveRows, kDrops, kR
 // forward-solved borders (2 x kCorralSolveGroup x (d + 1 + kCorralSolveGroup)), the slots' candidates (d + 1 ints)
 // and the candidates' flags (k bytes), rounded up to 256 bytes.
 constexpr int64_t kCorralSolveHeader = 32;
-constexpr int kCorralSolveGroup = 4;  // additions whose products with the corral take one pass over its rows
+constexpr int kCorralSolveGroup = 8;  // additions whose products with the corral take one pass over its rows
 inline int64_t corral_solve_scratch(int64_t d, int64_t k) {
   const int64_t mmax = d + 1;
   const int64_t doubles =
