@@ -86,7 +86,7 @@ PYBIND11_MODULE(_C, m) {
             GateFeaturesArgs<T> a{cptr<T>(x), ldx, cptr<T>(w), ldw, cptr<T>(b),
                                   mptr<T>(out), ldo, n, k, h, to_activation(act)};
             py::gil_scoped_release nogil;
-            FK_LAUNCH(gate_features, a, dev, stream);
+            FK_LAUNCH_CPU(gate_features, a, dev, stream);
           });
         });
 

@@ -202,8 +202,10 @@ def _indices(name: str, t: torch.Tensor, ref: torch.Tensor, size: int, what: str
 # they run their twins (decode's twin streams in chunks, so it never holds n x |V| scores either). The twins'
 # products in a 3xTF32 split on the tensor cores (session 24) lost too: the 2^18 x 1,024 build's CG solve took
 # 96.7 s (102 iterations) against 66.5 s (94) in float32 on an H200 (gpu_suite-NVIDIA_H200-s24-run3.json). Their CPU
-# kernels stay (1.5-4.3x their twins). gate_features (0.73-1.02x / 1.13-1.14x) won on one GPU only and runs
-# its twin under "auto". CUDA "auto" runs the three that won (hadamard_gram 1.10-1.13x / 1.16-1.29x,
+# kernels stay (1.5-4.3x their twins). gate_features' CUDA kernel won on the H100 (1.13-1.14x) but lost at the
+# construction's shape on the H200 in two sessions (0.73x at n = 4,096, k = 128, h = 48; 1.02-1.06x at n = 1,024;
+# gpu_suite-NVIDIA_H200-s24-run1.json, -s28-run1.json), a 0.05 ms op either way: it is removed too. CUDA "auto"
+# runs the three that won (hadamard_gram 1.10-1.13x / 1.16-1.29x,
 # softmax_cross_entropy 1.83x / 2.08x, star_topk on the H100: 3.70-3.93x against a twin that sorted whole rows of
 # scores; the twin now selects with torch.topk, and gpu_suite's kernels section races the two at U*'s pass widths)
 # and max_head_scores (0.50-0.87x / 0.55-0.99x, but h times less memory than the twin's per-head scores).
@@ -218,8 +220,8 @@ KERNEL_OPS = ("gate_features", "hadamard_gram", "gadget_matvec", "gadget_rmatvec
               "corral_solve")
 # exact_star_scores (a gather of scattered rows per pair, the float64 re-check of streamed candidates) has no CUDA
 # kernel either: its twin is a few batched torch ops there.
-CPU_ONLY_KERNELS = frozenset({"gadget_matvec", "gadget_rmatvec", "gated_forward", "decode", "exact_star_scores",
-                              "corral_minor"})
+CPU_ONLY_KERNELS = frozenset({"gate_features", "gadget_matvec", "gadget_rmatvec", "gated_forward", "decode",
+                              "exact_star_scores", "corral_minor"})
 CUDA_AUTO_KERNELS = frozenset({"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk",
                                "corral_solve"})
 # star_topk's CUDA kernel (CUDA-core tiles, a running list per output) won at k = 8 (1.28-1.91x its twin) and lost

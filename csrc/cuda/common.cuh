@@ -1,7 +1,6 @@
-// Shared CUDA building blocks: error checks, device queries,
-// activations, and one shared-memory tiled product C = A B^T that most
-// kernels are launched through, with operand loaders and an epilogue as
-// functors (face-splitting rows, weighted rows, gating, bias, activation).
+// Shared CUDA building blocks: error checks, device queries and the shared-memory
+// tiled product A B^T that the Hadamard Gram, the head scores and the star scores
+// accumulate through, with row-major operand loaders.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,25 +30,6 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Multiprocessors of the current device (launch sizing).
 int multiprocessor_count();
 
-// ------------------------------------------------------------ activations
-
-template <typename T> __device__ __forceinline__ T sigmoid(T x) {
-  const T z = exp(-fabs(x));  // <= 1: no overflow for either sign
-  const T s = T(1) / (T(1) + z);
-  return x >= T(0) ? s : z * s;
-}
-
-template <typename T> __device__ __forceinline__ T activate(Activation act, T x) {
-  switch (act) {
-    case Activation::kSilu: return x * sigmoid(x);
-    case Activation::kGelu: return T(0.5) * x * erfc(x * T(-0.70710678118654752440));  // erfc: exact tail
-    case Activation::kTanh: return tanh(x);
-    case Activation::kSigmoid: return sigmoid(x);
-    case Activation::kSoftplus: return x > T(20) ? x : log1p(exp(x));
-  }
-  return x;
-}
-
 // ----------------------------------------------------------- tiled product
 
 // A block computes BM x BN outputs over BK-wide slices of the reduction; each
@@ -71,16 +51,11 @@ template <typename T, class S> struct TileSmem {
   T b[S::BK][S::BN + 1];
 };
 
-// Operand loaders: element (r, k) of a product operand, reduction index k.
+// Operand loader: element (r, k) of a product operand, reduction index k.
 template <typename T> struct RowMajor {  // ptr[r * ld + k]
   const T* ptr;
   int64_t ld;
   __device__ __forceinline__ T operator()(int64_t r, int64_t k) const { return ptr[r * ld + k]; }
-};
-template <typename T> struct ColMajor {  // ptr[k * ld + r]
-  const T* ptr;
-  int64_t ld;
-  __device__ __forceinline__ T operator()(int64_t r, int64_t k) const { return ptr[k * ld + r]; }
 };
 
 // dst[kk * (R + 1) + r] = load(r0 + r, k0 + kk), zero outside [0, rows) x [0, K).
@@ -126,48 +101,6 @@ __device__ __forceinline__ void tile_product(TileSmem<T, S>& sm, const LoadA& la
     }
     __syncthreads();
   }
-}
-
-// C = A B^T over (rows x cols) with K-long reductions; epi(r, c, value) stores each result.
-// Block z reduces k in [z k_split, (z + 1) k_split) only: with several, epi must accumulate.
-template <typename T, class S, bool AKContig, bool BKContig, class LoadA, class LoadB, class Epi>
-__global__ void __launch_bounds__(S::kThreads)
-    product_kernel(LoadA la, int64_t rows, LoadB lb, int64_t cols, int64_t K, int64_t k_split, Epi epi) {
-  __shared__ TileSmem<T, S> sm;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * S::BM;
-  const int64_t col0 = static_cast<int64_t>(blockIdx.y) * S::BN;
-  const int64_t k_begin = static_cast<int64_t>(blockIdx.z) * k_split;
-  const int64_t k_end = k_begin + k_split < K ? k_begin + k_split : K;
-  T acc[S::TM][S::TN];
-  tile_product<S, AKContig, BKContig>(sm, la, row0, rows, lb, col0, cols, k_end, acc, k_begin);
-  const int tx = threadIdx.x % S::kThreadsX, ty = threadIdx.x / S::kThreadsX;
-#pragma unroll
-  for (int i = 0; i < S::TM; ++i) {
-    const int64_t r = row0 + ty + i * S::kThreadsY;
-#pragma unroll
-    for (int j = 0; j < S::TN; ++j) {
-      const int64_t c = col0 + tx + j * S::kThreadsX;
-      if (r < rows && c < cols) epi(r, c, acc[i][j]);
-    }
-  }
-}
-
-// k_splits > 1 splits the reduction across that many blocks per output tile (epi must then add
-// atomically into a zeroed output); k_splits = 1 reduces each tile in one block.
-template <typename T, bool AKContig, bool BKContig, class LoadA, class LoadB, class Epi>
-void launch_product(const LoadA& la, int64_t rows, const LoadB& lb, int64_t cols, int64_t K, const Epi& epi,
-                    cudaStream_t stream, const char* what, int64_t k_splits = 1) {
-  if (rows <= 0 || cols <= 0) return;
-  using S = Tile64;
-  const int64_t col_tiles = ceil_div(cols, S::BN);
-  if (col_tiles > 65535) throw std::invalid_argument(std::string(what) + ": too many output columns");
-  // Each split covers whole BK slices; K = 0 still launches one split (the outputs are zeros).
-  const int64_t k_split = std::max<int64_t>(S::BK, ceil_div(ceil_div(K, S::BK), std::clamp<int64_t>(k_splits, 1, 65535)) * S::BK);
-  const int64_t splits = std::max<int64_t>(1, ceil_div(K, k_split));
-  const dim3 grid(static_cast<unsigned>(ceil_div(rows, S::BM)), static_cast<unsigned>(col_tiles),
-                  static_cast<unsigned>(splits));
-  product_kernel<T, S, AKContig, BKContig><<<grid, S::kThreads, 0, stream>>>(la, rows, lb, cols, K, k_split, epi);
-  check_launch(what);
 }
 
 }  // namespace cuda

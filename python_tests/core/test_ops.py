@@ -43,7 +43,7 @@ dims = st.integers(1, 70)
 dtypes = st.sampled_from([torch.float32, torch.float64])
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", ["cpu"])  # no CUDA kernel (see _ops.CPU_ONLY_KERNELS)
 @settings(max_examples=25, deadline=None)
 @given(n=dims, k=dims, h=dims, dtype=dtypes, act=st.sampled_from(sorted(_ops.ACTIVATIONS)), bias=st.booleans(),
        seed=st.integers(0, 2**16))
@@ -333,14 +333,14 @@ def test_cuda_kernels_fall_back_when_unusable():
 
 def test_auto_backend_runs_on_cuda_only_the_kernels_that_beat_their_twins():
     # CPU: every kernel. CUDA: the three that won their races on the GPUs and the one kept for memory
-    # (CUDA_AUTO_KERNELS' comment); the GEMM-shaped rest run their cuBLAS-backed twins, and four of them
-    # have no CUDA kernel any more; U*'s corral steps and re-checks never had one (batched twins run there). U*'s
+    # (CUDA_AUTO_KERNELS' comment); the GEMM-shaped rest run their cuBLAS-backed twins and have no CUDA kernel
+    # any more; U*'s corral steps and re-checks never had one (batched twins run there). U*'s
     # whole corral solves have one (a warp per row), which beat the batched torch solver on an H200.
     assert all(_ops.auto_runs_kernel(op, "cpu") for op in _ops.KERNEL_OPS)
     on_cuda = {op for op in _ops.KERNEL_OPS if _ops.auto_runs_kernel(op, "cuda")}
     assert on_cuda == {"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk", "corral_solve"}
-    assert _ops.CPU_ONLY_KERNELS == {"gadget_matvec", "gadget_rmatvec", "gated_forward", "decode", "exact_star_scores",
-                                     "corral_minor"}
+    assert _ops.CPU_ONLY_KERNELS == {"gate_features", "gadget_matvec", "gadget_rmatvec", "gated_forward", "decode",
+                                     "exact_star_scores", "corral_minor"}
     assert not on_cuda & _ops.CPU_ONLY_KERNELS
     assert all(hasattr(_ops, op) for op in _ops.KERNEL_OPS)
     with pytest.raises(ValueError, match="op must be one of"):
@@ -374,11 +374,11 @@ def test_build_info_is_read_once():
 def test_kernels_launch_on_the_tensors_device():
     # Tensors on cuda:1 while cuda:0 is current: the kernel runs on cuda:1 and leaves cuda:0 current.
     gen = torch.Generator().manual_seed(0)
-    x, w = _rand(gen, 50, 20, device="cuda:1"), _rand(gen, 30, 20, device="cuda:1")
+    s, p = _rand(gen, 50, 20, device="cuda:1"), _rand(gen, 50, 30, device="cuda:1")
     with torch.cuda.device(0):
-        out = _ops.gate_features(x, w, None, "silu", backend="kernels")
+        out = _ops.hadamard_gram(s, p, backend="kernels")
         assert torch.cuda.current_device() == 0
-    _close(out, _ops.gate_features(x.double(), w.double(), None, "silu", backend="torch"), torch.float32)
+    _close(out, _ops.hadamard_gram(s.double(), p.double(), backend="torch"), torch.float32)
 
 
 @pytest.mark.cuda
