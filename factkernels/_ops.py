@@ -481,18 +481,26 @@ def decode(
         target = _indices("target", target, y, values.shape[0], "the rows of values")
     n, nv = y.shape[0], values.shape[0]
     if not _use_kernel(backend, "decode", y, values):
+        if n <= chunk:  # one chunk: its own outputs, no copies (on a GPU each is a launch)
+            return _decode_twin_rows(y, values, target)
         index = torch.empty(n, dtype=torch.int64, device=y.device)
         margin = torch.empty(n, dtype=y.dtype, device=y.device)
         for lo in range(0, n, chunk):
-            scores = y[lo : lo + chunk] @ values.T
-            idx = scores.argmax(dim=1)
-            index[lo : lo + chunk] = idx
-            t = idx if target is None else target[lo : lo + chunk]
-            own = scores.gather(1, t[:, None]).squeeze(1)
-            scores.scatter_(1, t[:, None], -math.inf)
-            margin[lo : lo + chunk] = own - scores.max(dim=1).values
+            index[lo : lo + chunk], margin[lo : lo + chunk] = _decode_twin_rows(
+                y[lo : lo + chunk], values, None if target is None else target[lo : lo + chunk])
         return index, margin
     return _registered(_decode_op, _decode_kernel)(y, values, target)
+
+
+def _decode_twin_rows(y: torch.Tensor, values: torch.Tensor,
+                      target: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`decode`'s twin on one chunk of rows y (c, d): (index (c,), margin (c,)) from the (c, |V|) scores."""
+    scores = y @ values.T
+    idx = scores.argmax(dim=1)
+    t = idx if target is None else target
+    own = scores.gather(1, t[:, None]).squeeze(1)
+    scores.scatter_(1, t[:, None], -math.inf)
+    return idx, own - scores.max(dim=1).values
 
 
 # Scores more than this far below their row's max count as exactly this far below in the softmax
@@ -824,10 +832,9 @@ def _star_scores_rows(values: torch.Tensor, sq: torch.Tensor, right: torch.Tenso
                       bound: Optional[int]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Star scores of outputs ``p`` (c, d) (None: p = w_s) at values ``s`` (c,) against every value: (c, n),
     +inf at j = s, numerators and distances from one GEMM against ``right`` (:func:`_star_right_operand`).
-    Pairs closer than ``close`` take the explicit difference. With ``bound``, the candidates (within one
-    threshold per row, a superset) are found without a host sync (``torch.nonzero_static``, bound + 1 slots)
-    and checked exactly; the second result (a device bool) says whether there were more than the bound (the
-    scores may then be wrong where the rest are)."""
+    Pairs closer than ``close`` take the explicit difference. With ``bound``, they are found without a host sync
+    (``torch.nonzero_static``, bound + 1 slots); the second result (a device bool) says whether there were more
+    than the bound (the scores may then be wrong where the rest are)."""
     c, d = s.numel(), values.shape[1]
     ws = values[s]
     sqs = sq[s]
@@ -844,24 +851,23 @@ def _star_scores_rows(values: torch.Tensor, sq: torch.Tensor, right: torch.Tenso
         left[c:, d + 1] = 1.0
         both = left @ right
         g, d2 = both[:c], both[c:]
+    # the pairs' own threshold (a (rows, |V|) sum of norms: a per-row one found a superset, whose members were then
+    # checked one by one, ~8 more launches a call on a GPU)
+    close_pairs = d2 <= torch.add(sqs[:, None], sq[None, :]).mul_(close)
     if bound is None:
-        ci, cj = (d2 <= close * (sqs[:, None] + sq[None, :])).nonzero(as_tuple=True)
-        is_close, overflow = None, None
-    else:
-        # a per-row threshold (sq.max() for ||w_j||^2) needs no (rows, |V|) sum of norms; one slot more than the
-        # bound: filled means there were more (counting the mask would convert all of it)
-        found = torch.nonzero_static(d2 <= close * (sqs + sq.max())[:, None], size=bound + 1, fill_value=-1)
+        ci, cj = close_pairs.nonzero(as_tuple=True)
+        overflow = None
+    else:  # one slot more than the bound: filled means there were more (counting the mask would convert all of it)
+        found = torch.nonzero_static(close_pairs, size=bound + 1, fill_value=-1)
         overflow = found[-1, 0] >= 0
         ci, cj = found.unbind(1)
         # unused slots (-1) point at the first row's own column, which is set to +inf below anyway
-        unused = ci < 0
-        ci, cj = ci.masked_fill(unused, 0), torch.where(unused, s[0], cj)
-        is_close = d2[ci, cj] <= close * (sqs[ci] + sq[cj])
+        ci, cj = ci.clamp(min=0), torch.where(ci < 0, s[0], cj)
+    del close_pairs
     g.div_(d2.sqrt_())  # NaN where d2 < 0: always a close pair, whose score is replaced below
     diff = ws[ci] - values[cj]
     nrm = diff.norm(dim=1)
-    exact = torch.where(nrm > 0, (pp[ci] * diff).sum(dim=1) / nrm.clamp_min(1e-300), 0.0)
-    g[ci, cj] = exact if is_close is None else torch.where(is_close, exact, g[ci, cj])
+    g[ci, cj] = torch.where(nrm > 0, (pp[ci] * diff).sum(dim=1) / nrm.clamp_min(1e-300), 0.0)
     g[torch.arange(c, device=s.device), s] = math.inf
     return g, overflow
 
@@ -882,20 +888,18 @@ def _star_topk_twin(values: torch.Tensor, sq: torch.Tensor, k: int, outputs: Opt
     sync per call (which rows to redo), however many chunks."""
     r, n = rows.shape[0], values.shape[0]
     close = STAR_CLOSE_REL.get(values.dtype, 1e-6)
-    scores = torch.full((r, k), math.inf, dtype=values.dtype, device=values.device)
-    index = torch.full((r, k), -1, dtype=torch.int64, device=values.device)
     kk = min(k, n)
     step = chunk or _star_twin_chunk(n, r, values)
     whole_rows = kk + 1 > n  # k >= n: nothing to select, sort the rows
-    redo = torch.zeros(r, dtype=torch.bool, device=values.device)
     right = _star_right_operand(values, sq)
+    parts = []  # per chunk of rows: the k smallest scores, their indices and (selected) which rows to redo
     for lo in range(0, r, step):
         s = rows[lo : lo + step]
         p = None if outputs is None else outputs[lo : lo + step]
         g, overflow = _star_scores_rows(values, sq, right, s, p, close, None if whole_rows else 2 * s.numel() + 64)
         if whole_rows:
             top, at = torch.sort(g, dim=1, stable=True)
-            top, at = top[:, :kk], at[:, :kk]
+            top, at, redo = top[:, :kk], at[:, :kk], None
         else:
             # STAR_TIE_SLACK more than k: the k smallest are one set unless the largest kept one ties the k-th (at
             # 4,096 x 128 in float32, 1-2 rows a U* pass tied the k+1-th, each a redo: ~70 launches on a GPU)
@@ -905,9 +909,19 @@ def _star_topk_twin(values: torch.Tensor, sq: torch.Tensor, k: int, outputs: Opt
             at = at.gather(1, by_score)
             after, top, at = top[:, -1], top[:, :kk], at[:, :kk]
             # ties at +-inf need no redo: their indices are all reported as -1
-            redo[lo : lo + step] = (~(after > top[:, -1]) & ~torch.isinf(top[:, -1])) | overflow
-        scores[lo : lo + step, :kk] = top
-        index[lo : lo + step, :kk] = torch.where(torch.isinf(top), -1, at)
+            redo = (~(after > top[:, -1]) & ~torch.isinf(top[:, -1])) | overflow
+        parts.append((top, torch.where(torch.isinf(top), -1, at), redo))
+    if not parts:  # no rows
+        return (torch.full((0, k), math.inf, dtype=values.dtype, device=values.device),
+                torch.full((0, k), -1, dtype=torch.int64, device=values.device))
+    # one chunk (on a GPU up to STAR_TWIN_BYTES of scores): its own outputs, no copies
+    scores, index = (parts[0][i] if len(parts) == 1 else torch.cat([part[i] for part in parts]) for i in (0, 1))
+    if kk < k:
+        scores = torch.nn.functional.pad(scores, (0, k - kk), value=math.inf)
+        index = torch.nn.functional.pad(index, (0, k - kk), value=-1)
+    if whole_rows:
+        return scores, index
+    redo = parts[0][2] if len(parts) == 1 else torch.cat([part[2] for part in parts])
     again = redo.nonzero().squeeze(1)
     # few rows to redo (ties): every pair of theirs fits the capped candidate search, which then cannot overflow
     # and needs no second host sync

@@ -20,6 +20,12 @@ from .memory import VERIFY_CHUNK
 OUTPUTS = ("margin_optimal", "values")
 M_GROWTH = 1.25  # geometric growth of m while the decoder check fails
 SEARCH_SCREEN = 512  # used values an m is first checked on during the search
+# Where a host round trip costs more than decoding every used value for each trial of a batch, the search skips
+# the sample while a trial decodes at most this many (used value, value) pairs, by device type: on a GPU the
+# sample's winner needs one more read back (a stream sync) and ~20 launches for its full check, while a full trial
+# at F = |V| = 4,096 is 1.6 GFLOP (~0.03 ms at an H200's 51 TFLOP/s). On a CPU the sample always runs (there the
+# full decodes cost ~20 ms each at 4,096 x 4,096).
+UNSCREENED_PAIRS = {"cuda": 1 << 24}
 SEARCH_BATCH, SEARCH_BATCH_LATER = 4, 2  # trials of m decoded per read back during the search: first, then
 
 
@@ -96,12 +102,15 @@ def output_embeddings(values: torch.Tensor, outputs: Union[str, torch.Tensor], *
     """Output embeddings U (|V|, d) and their margin ρ (0-dim tensor on the values' device, not read
     back: :func:`check_decodable` reads it) for ``outputs`` = "margin_optimal" (U*), "values" (U = V)
     or a given U. backend: for the streaming margin pass of given outputs ("auto" | "kernels" | "torch").
-    checked: the caller has checked given outputs (:func:`geometry.output_margins`' checks read back)."""
+    checked: the caller has checked the entries of the values and of given outputs (the checks of
+    :func:`geometry.output_margins` and :func:`ustar.margin_optimal_outputs` read back, and U*'s rho is then
+    left on the device too)."""
     if isinstance(outputs, torch.Tensor):
         margins = geometry.checked_output_margins if checked else geometry.output_margins
         out_embed, rho = outputs, margins(values, outputs, backend=backend).min()
     elif outputs == "margin_optimal":
-        out_embed, rho = ustar.margin_optimal_outputs(values, backend=backend)
+        out_embed, rho = (ustar.checked_margin_optimal_outputs(values, backend=backend) if checked
+                          else ustar.margin_optimal_outputs(values, backend=backend))
         rho = torch.as_tensor(rho, dtype=torch.float64)
     else:
         out_embed, rho = values, geometry.checked_value_margins(values, backend=backend).min()
@@ -145,7 +154,9 @@ def search_m(start: int, outputs: torch.Tensor, values: torch.Tensor, used: torc
     """
     # An m that fails on a sample of the used values fails on all of them: most rejected m cost a
     # |sample| x |V| decode instead of a |used| x |V| one (the m found is the same).
-    screen = used[:: max(1, used.numel() // SEARCH_SCREEN)] if used.numel() > 2 * SEARCH_SCREEN else None
+    unscreened = used.numel() * values.shape[0] <= UNSCREENED_PAIRS.get(used.device.type, 0)
+    screen = (used[:: max(1, used.numel() // SEARCH_SCREEN)]
+              if used.numel() > 2 * SEARCH_SCREEN and not unscreened else None)
     limit = 64 * values.shape[1]
     ladder = [start]
     while ladder[-1] < limit:

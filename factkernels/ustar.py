@@ -68,7 +68,7 @@ from .corral import ZERO_NORM2, solve_candidates, solve_rows, star_rows
 from .geometry import normalized_values
 from .validation import check_choice, check_matrix as _check_matrix
 
-__all__ = ["decodability", "margin_optimal_outputs"]
+__all__ = ["checked_margin_optimal_outputs", "decodability", "margin_optimal_outputs"]
 
 # Bytes that one chunk of rows may hold in float64 work arrays, by kind: its n-wide star rows ("pairs"), its
 # candidate stars ("candidates") and its corral buffers with their factorisation copies ("corrals").  On
@@ -134,9 +134,12 @@ def _solve_dense(W: Tensor, tol: float, max_iter: int, n_init: int, n_add: int, 
     return U, lo, hi
 
 
-def _pad_columns(t: Tensor, width: int, fill: float) -> Tensor:
-    """Pad the columns of ``t`` (r, k) to ``width`` with ``fill``."""
-    return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill)
+def _joined(parts: list, width: int = 0, fill: float = 0) -> Tensor:
+    """One round's per-chunk pieces (r_c,) or (r_c, k_c) as one tensor, the 2-D ones padded with ``fill`` to
+    ``width`` columns; a single piece as it is (no copy)."""
+    parts = [torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill) if t.dim() == 2 and t.shape[1] < width
+             else t for t in parts]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _members(cand: Tensor, active: Tensor) -> Tensor:
@@ -214,16 +217,14 @@ def _solve_active_set(
     # the float64 re-check has no CUDA kernel (a gather per pair: its twin is a few batched ops there)
     recheck = "auto" if dev.type == "cuda" and backend == "kernels" else backend
     passes = 1
-    # each value's corral (value indices, -1 for none, occupied first) and weights: the next round's active list
-    # is this corral followed by the constraints of the last pass, and starts from this optimum (feasible there).
-    # Constraints that left the corral are dropped: a later pass brings back any that the moving u_i violates
-    # again, and the lists stay O(d) wide (at |V| = 16,384, d = 128 the second round's lists were 103 wide instead
-    # of 256). Written in place, chunk by chunk: copies of these (n x ~d) arrays set the peak memory.
-    widest = min(n - 1, d + 1 + n_add)  # the widest corral solve_rows returns
-    corral_val = torch.full((n, widest), -1, dtype=torch.int32, device=dev)
-    # weights only start the next round's corral solve (which re-solves them exactly): float32 is enough
-    corral_lam = torch.zeros(n, widest, dtype=torch.float32, device=dev)
+    # each row's corral (value indices, -1 for none, occupied first) and its weights, carried from round to round
+    # for the rows still unfinished: the next round's active list is this corral followed by the constraints of the
+    # last pass, and starts from this optimum (feasible there). Constraints that left the corral are dropped: a
+    # later pass brings back any that the moving u_i violates again, and the lists stay O(d) wide (at |V| = 16,384,
+    # d = 128 the second round's lists were 103 wide instead of 256).
     width = 0  # leading columns of active that hold the corral
+    lam_rows = None  # (rows, >= width) float32 weights (they only start the next solve, which re-solves them exactly)
+    start, h_start = U, hi  # the rows' start directions and hull-norm bounds (the first round: every value, in order)
     # after a pass at given directions, every constraint outside a row's next list scores at least the pass's last
     # score there: the floor (and those directions) that certifies a row after its next solve without a pass
     # (_certified_by_floor). Not on SYNC_FREE_DEVICES: dropping those rows before the pass is a host round trip more.
@@ -239,44 +240,49 @@ def _solve_active_set(
         else:
             step = max(1, min(rows.numel(), budget // (8 * (K + 1) * (2 * d + K + 2)),
                               _work_bytes(dev, "corrals") // (8 * kc * (d + 5 * kc + 2))))
-        dup = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
-        stalled = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
-        certified = torch.zeros(rows.numel(), dtype=torch.bool, device=dev)
         slots = torch.arange(width, device=dev)
-        solved_width = 1  # the widest corral this round returned (it comes trimmed to that, but on SYNC_FREE_DEVICES)
+        # per chunk of rows: U, the hull norm, the corral (values, weights), duplicates, stalled, certified
+        chunks = []
         for s in range(0, rows.numel(), step):
             rs, act = rows[s : s + step], active[s : s + step].long()
-            warm = (torch.where(act[:, :width] >= 0, slots, -1), corral_lam[rs, :width].double()) if width else None
-            u, _, h, (cols, weights), dup_r = solve_candidates(W, rs, act, U[rs].double(), tol=tol, max_iter=max_iter,
-                                                               n_init=n_init, n_add=n_add, n_fast=n_fast,
-                                                               corral=warm, backend=backend)
+            warm = ((torch.where(act[:, :width] >= 0, slots, -1), lam_rows[s : s + step, :width].double())
+                    if width else None)
+            u, _, h, (cols, weights), dup = solve_candidates(W, rs, act, start[s : s + step].double(), tol=tol,
+                                                             max_iter=max_iter, n_init=n_init, n_add=n_add,
+                                                             n_fast=n_fast, corral=warm, backend=backend)
             # given violated constraints, an exact solve lowers the hull norm: one that did not is stalled (a
             # corral solve that did not converge) and would come back every round until max_iter
-            h_old = hi[rs]
-            stalled[s : s + step] = torch.isfinite(h_old) & (h >= h_old * (1.0 - 1e-14))
-            U[rs], hi[rs], dup[s : s + step] = u.to(U.dtype), torch.minimum(h_old, h), dup_r
-            corral_val[rs] = _pad_columns(torch.where(cols >= 0, act.gather(1, cols.clamp(min=0)), -1).to(torch.int32),
-                                          widest, -1)
-            solved_width = max(solved_width, cols.shape[1])
-            corral_lam[rs] = _pad_columns(weights.float(), widest, 0.0)
-            if floor is not None:
-                certified[s : s + step] = _certified_by_floor(W, U, lo, hi, rs, act, floor[0][s : s + step],
-                                                              floor[1][s : s + step], tol, recheck)
-        if bool(certified.any()):  # done without a pass (their margins set from their lists)
-            rest = ~certified
-            rows, dup, stalled = rows[rest], dup[rest], stalled[rest]
-            if rows.numel() == 0:
-                break
-        # one streaming pass: the most violated constraints of every unfinished value
-        # each gather of the round's rows once (on a GPU every op is a launch): rows come from arange, in range
-        # (the corrals without the columns no row of this round fills: 65 of 141 at 4,096 x 128, which _members sorts)
-        U_rows, h_rows, corral_rows = U[rows], hi[rows], corral_val[rows, :solved_width]
+            h_old = h_start[s : s + step]
+            stalled = torch.isfinite(h_old) & (h >= h_old * (1.0 - 1e-14))
+            u, h = u.to(U.dtype), torch.minimum(h_old, h)
+            U[rs], hi[rs] = u, h
+            members = torch.where(cols >= 0, act.gather(1, cols.clamp(min=0)), -1).to(torch.int32)  # value indices
+            certified = None if floor is None else _certified_by_floor(W, U, lo, hi, rs, act, floor[0][s : s + step],
+                                                                       floor[1][s : s + step], tol, recheck)
+            chunks.append((u, h, members, weights.float(), dup, stalled, certified))
+        # the round's rows as one tensor each (on a GPU one chunk: the solve's own outputs, no copies); the corrals
+        # padded to the widest this round returned (it comes trimmed to that, but on SYNC_FREE_DEVICES)
+        solved_width = max(part[2].shape[1] for part in chunks)
+        U_rows, h_rows, dup, stalled = (_joined([part[i] for part in chunks]) for i in (0, 1, 4, 5))
+        corral_rows = _joined([part[2] for part in chunks], solved_width, -1)
+        lam_rows = _joined([part[3] for part in chunks], solved_width, 0.0)
+        if floor is not None:
+            certified = _joined([part[6] for part in chunks])
+            if bool(certified.any()):  # done without a pass (their margins set from their lists)
+                rest = (~certified).nonzero().squeeze(1)  # (one read for the seven selections below)
+                rows, U_rows, h_rows, corral_rows, lam_rows, dup, stalled = (
+                    t[rest] for t in (rows, U_rows, h_rows, corral_rows, lam_rows, dup, stalled))
+                if rows.numel() == 0:
+                    break
+        del chunks
+        # one streaming pass: the most violated constraints of every unfinished value (rows come from arange, in range)
         streamed, cand = _ops.star_topk(Wk, n_pass, U_rows, rows, backend=backend, check_rows=False)
         passes += 1
         Ur = U_rows.double()  # the returned directions' margins: unit in float64 (a float32 row's norm is 1 +- 6e-8)
-        g = _ops.exact_star_scores(W, Ur.div_(Ur.norm(dim=1, keepdim=True)), rows, cand, backend=recheck)
+        g = _ops.exact_star_scores(W, Ur / Ur.norm(dim=1, keepdim=True), rows, cand, backend=recheck)
         del Ur
         lo[rows] = g.min(dim=1).values
+        # (the corrals with the columns no row of this round fills cut: 65 of 141 at 4,096 x 128, which _members sorts)
         new = (cand >= 0) & ~_members(cand.to(torch.int32), corral_rows)
         done = ~(new & (g < h_rows[:, None] * (1.0 - tol))).any(dim=1) | dup | stalled
         if passes > max_iter:
@@ -288,9 +294,10 @@ def _solve_active_set(
         if n_keep == 0:
             break
         keep = torch.nonzero_static(keep, size=n_keep).squeeze(1)  # (its size known: no second read)
-        rows, new, cand, corral_rows = rows[keep], new[keep], cand[keep], corral_rows[keep]
+        rows, new, cand, corral_rows, lam_rows = rows[keep], new[keep], cand[keep], corral_rows[keep], lam_rows[keep]
+        start, h_start = U_rows[keep], h_rows[keep]
         if use_floor:
-            floor = (_stream_floor(streamed[keep], d), U_rows[keep])
+            floor = (_stream_floor(streamed[keep], d), start)
         del streamed
         # the next active lists: the corral, then every streamed constraint outside it (valid ones first; the
         # violated ones and those the moving u_i meets next: with only the violated ones taken, 13x more values
@@ -338,9 +345,24 @@ def _margin_optimal(
 # public API
 # ----------------------------------------------------------------------------
 
+# Defaults of the public functions: the relative duality-gap tolerance per value and the outer iterations.
+TOL = 1e-6
+MAX_ITER = 200
+
+
+def checked_margin_optimal_outputs(V: Tensor, *, backend: str = "auto") -> Tuple[Tensor, Tensor]:
+    """:func:`margin_optimal_outputs` (default tolerance) of a ``V`` (n, d) whose entries the caller has checked
+    finite: ``(U (n, d) in V's dtype, rho)`` with rho a 0-dim float64 tensor on V's device, not read back (the
+    public functions' finiteness check and ``float(rho)`` are two host round trips on a GPU; construct settles
+    its inputs first and reads rho with its other numbers)."""
+    V = _check_matrix(V, "V", min_rows=2, finite=False)
+    check_choice("backend", backend, _ops.BACKENDS)
+    U, lo, _ = _margin_optimal(V, TOL, MAX_ITER, backend=backend)
+    return U.to(V.dtype), lo.min()
+
 
 def margin_optimal_outputs(
-    V: Tensor, *, tol: float = 1e-6, max_iter: int = 200, return_radii: bool = False, method: str = "auto",
+    V: Tensor, *, tol: float = TOL, max_iter: int = MAX_ITER, return_radii: bool = False, method: str = "auto",
     backend: str = "auto",
 ) -> Union[Tuple[Tensor, float], Tuple[Tensor, float, Tensor]]:
     """Margin-optimal output embeddings ``U*`` (Definition 3.2.1).
@@ -388,7 +410,7 @@ def margin_optimal_outputs(
     return U, rho
 
 
-def decodability(V: Tensor, *, tol: float = 1e-6, max_iter: int = 200, method: str = "auto",
+def decodability(V: Tensor, *, tol: float = TOL, max_iter: int = MAX_ITER, method: str = "auto",
                  backend: str = "auto") -> float:
     """Decodability ``rho(V)`` of value embeddings (Definition 3.1.1).
 

@@ -238,6 +238,23 @@ def test_values_build_reads_back_once_the_input_checks_included():
     assert mlp.report.failed == 0 and counter.reads == ["tolist"] * 3
 
 
+def test_unscreened_m_search_finds_the_same_mlp_with_one_read_less(monkeypatch):
+    """Where a round trip costs more than a full decode (decoder.UNSCREENED_PAIRS: a GPU, small builds), the m search
+    decodes every used value for each trial at once instead of a sample first: the same m and MLP bit for bit,
+    without the full check's read of the sample's winner."""
+    decoder_module = importlib.import_module("factkernels.decoder")
+    K, V, f = random_fact_set(1300, 1300, 32, seed=0)  # every value used, more than two samples: screened on a CPU
+    with HostReadCounter() as screened_reads:
+        screened = construct(K, V, f, outputs="values", progress=False)
+    monkeypatch.setitem(decoder_module.UNSCREENED_PAIRS, "cpu", 1 << 24)
+    with HostReadCounter() as unscreened_reads:
+        unscreened = construct(K, V, f, outputs="values", progress=False)
+    assert unscreened.report.m_search == screened.report.m_search and screened.report.failed == 0
+    assert screened_reads.reads == ["tolist", "tolist", "__int__", "tolist"] and unscreened_reads.reads == ["tolist"] * 3
+    for name, param in screened.named_parameters():
+        assert torch.equal(param, dict(unscreened.named_parameters())[name])
+
+
 @pytest.mark.parametrize("m, order", [(64, ["factor", "checks", "outputs"]), (None, ["checks", "outputs", "factor"])])
 def test_with_m_given_the_factorization_is_queued_before_the_checks_and_outputs(monkeypatch, m, order):
     """GPU-first: the Gram's factorization needs neither the input checks, the outputs nor the decoder, so with m

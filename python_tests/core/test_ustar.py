@@ -11,6 +11,7 @@ from scipy.optimize import minimize, nnls
 
 from factkernels import _ops, corral, geometry, ustar
 from factkernels.embeddings import spherical
+from factkernels.host_reads import HostReadCounter
 from helpers import direct_margins
 
 def _star_np(V: np.ndarray, i: int) -> np.ndarray:
@@ -337,6 +338,26 @@ def test_active_set_few_passes_and_public_api():
     assert lo.min().item() == pytest.approx(rho_ref, abs=1e-9)
     U32, rho32 = ustar.margin_optimal_outputs(V.float(), method="active_set")  # float32 streaming passes
     assert U32.dtype == torch.float32 and rho32 == pytest.approx(rho_ref, abs=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_the_checked_entry_leaves_rho_on_the_device(monkeypatch, backend):
+    """construct's U*: the same U and rho bit for bit, without the finiteness read and float(rho); on the GPU's
+    code path (run here) one host read per round, its tolist, besides the streaming twin's redo check."""
+    V = spherical(300, 16, generator=torch.Generator().manual_seed(4))
+    U, rho = ustar.margin_optimal_outputs(V, backend=backend)
+    with HostReadCounter() as checked:
+        U_checked, rho_checked = ustar.checked_margin_optimal_outputs(V, backend=backend)
+    with HostReadCounter() as public:
+        ustar.margin_optimal_outputs(V, backend=backend)
+    assert torch.equal(U_checked, U) and rho_checked.dtype == torch.float64 and float(rho_checked) == rho
+    assert public.reads == ["__bool__"] + checked.reads + ["__float__"]
+    monkeypatch.setattr(corral, "SYNC_FREE_DEVICES", {"cpu"})
+    monkeypatch.setattr(ustar, "_DENSE_MAX", 8)  # the active set with the torch backend too
+    with HostReadCounter() as sync_free:
+        _, rho_free = ustar.checked_margin_optimal_outputs(V, backend=backend)
+    assert float(rho_free) == pytest.approx(rho, rel=1e-6)  # within the duality-gap tolerance
+    assert "__bool__" not in sync_free.reads and sync_free.reads.count("tolist") >= 1
 
 
 @pytest.mark.parametrize("backend", ["torch", "auto"])
