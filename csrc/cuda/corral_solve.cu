@@ -177,8 +177,9 @@ struct RowSolver {
   // each x_i broadcast by one shuffle (a warp dot product per row would cost five). The entries of L a step
   // multiplies are loaded kPreload steps at a time before those steps: a load per step put a round trip to memory
   // (the warps' factors are far beyond L1 and L2) on the chain of every step. Rows below from are solved already
-  // (blocks then start at from: x[r] is written by lane (r - from) % 32, hence the closing __syncwarp).
-  __device__ __noinline__ void forward_solve(int n, double* x, int from = 0) {
+  // (blocks then start at from: x[r] is written by lane (r - from) % 32, hence the closing __syncwarp). acc0: the
+  // first block's rows' products with the solution above it, when known (acc0[r], the same sum in the same order).
+  __device__ __noinline__ void forward_solve(int n, double* x, int from = 0, const double* acc0 = nullptr) {
     for (int b = from; b < n; b += 32) {
       __syncwarp();  // every lane reads the x of the blocks above
       const int r = b + lane;  // this lane's row (x[r]'s owner)
@@ -186,8 +187,12 @@ struct RowSolver {
       // the reciprocal pivot, computed before the chain of steps (a division in each step would double its latency)
       double acc = 0.0, xr = 0.0, rdiag = 1.0;
       if (r < n) {
+        if (acc0 && b == from) {
+          acc = acc0[r];
+        } else {
 #pragma unroll 8
-        for (int c = 0; c < b; ++c) acc += lr[c] * x[c];
+          for (int c = 0; c < b; ++c) acc += lr[c] * x[c];
+        }
         xr = x[r];
         rdiag = 1.0 / lr[r];
       }
@@ -380,7 +385,9 @@ struct RowSolver {
 
   // Borders the corral with candidate k (border_group's pick v) if its pivot exceeds min_pivot2, at the given
   // weight. q: k's products with the m0 members before the group and, at m0 + u, with the group's pick u; r: the
-  // first m0 entries of its border L^{-1}(q + 1), solved; group[s - m0]: the pick at slot s >= m0.
+  // first m0 entries of its border L^{-1}(q + 1), solved, and at m0 + u (u < v) their products with pick u's (the
+  // row of L of the slot u took: the forward solve's sum over those m0 columns); group[s - m0]: the pick at slot
+  // s >= m0. z: scratch.
   __device__ bool add(int k, double min_pivot2, const double* q, const double* r, int m0, const int* group,
                       double weight) {
     if (m >= mmax) return false;
@@ -389,13 +396,14 @@ struct RowSolver {
       const double qs_ = s < m0 ? q[s] : q[m0 + group[s - m0]];
       wv[s] = qs_;
       res[s] = s < m0 ? r[s] : qs_ + 1.0;
+      if (s >= m0) z[s] = r[m0 + group[s - m0]];
     }
     double qkk = 0.0;  // this lane's part of <x_k, x_k>, summed over the warp with the border's norm
     for (int c = lane; c < d; c += 32) {
       const double v = xs(k, c);
       qkk += v * v;
     }
-    forward_solve(m, res, m0);
+    forward_solve(m, res, m0, z);
     double rr = 0.0;
     for (int s = lane; s < m; s += 32) rr += res[s] * res[s];
     warp_sum2(qkk, rr);
@@ -455,6 +463,19 @@ struct RowSolver {
         }
     }
     forward_solve_group(m0, qs, picked);  // the group's borders against the corral as it stands
+    __syncwarp();  // x_v[c] was written by lane c % 32
+    // for u < v, the products of borders u and v over those m0 entries, in a forward solve's order: the sum that
+    // add() takes for v in the row of L that u's slot took (one round trip for all pairs, not a pass a pair)
+    for (int uv = lane; uv < picked * picked; uv += 32) {
+      const int u = uv / picked, v = uv % picked;
+      if (u >= v) continue;
+      const double* bu = qs + static_cast<int64_t>(u) * gld;
+      const double* bv = qs + static_cast<int64_t>(v) * gld;
+      double acc = 0.0;
+#pragma unroll 8
+      for (int c = 0; c < m0; ++c) acc += bu[c] * bv[c];
+      qs[static_cast<int64_t>(v) * gld + m0 + u] = acc;
+    }
     int group[kCorralSolveGroup];  // the pick at each slot added so far
     for (int v = 0; v < picked && m < mmax; ++v)
       if (add(pick[v], m == first ? 0.0 : kDependentPivot2, qg + static_cast<int64_t>(v) * gld,
