@@ -190,7 +190,7 @@ struct RowSolver {
         if (acc0 && b == from) {
           acc = acc0[r];
         } else {
-#pragma unroll 8
+#pragma unroll 16
           for (int c = 0; c < b; ++c) acc += lr[c] * x[c];
         }
         xr = x[r];
@@ -286,7 +286,7 @@ struct RowSolver {
       const int r = b + lane;
       double acc = 0.0, xr = 0.0, rdiag = 1.0;
       if (r < e) {
-#pragma unroll 8
+#pragma unroll 16
         for (int c = n - 1; c >= e; --c) acc += L[static_cast<int64_t>(c) * mmax + r] * x[c];
         xr = x[r];
         rdiag = 1.0 / L[static_cast<int64_t>(r) * (mmax + 1)];
@@ -481,6 +481,32 @@ struct RowSolver {
       if (add(pick[v], m == first ? 0.0 : kDependentPivot2, qg + static_cast<int64_t>(v) * gld,
               qs + static_cast<int64_t>(v) * gld, m0, group, weight ? weight[v] : 0.0))
         group[m - 1 - m0] = v;
+  }
+
+  // p = sum_s lam_s x_{S[s]}, kHullColumns columns a lane per pass over the corral's rows (each row read across
+  // lanes, eight rows' loads at once).
+  __device__ __noinline__ void hull_point() {
+    constexpr int kHullColumns = 4;
+    for (int c0 = 0; c0 < d; c0 += 32 * kHullColumns) {
+      double acc[kHullColumns];
+#pragma unroll
+      for (int j = 0; j < kHullColumns; ++j) acc[j] = 0.0;
+#pragma unroll 8
+      for (int s = 0; s < m; ++s) {
+        const double l = lam[s];
+        const double* xrow = X + static_cast<int64_t>(S[s]) * d;
+#pragma unroll
+        for (int j = 0; j < kHullColumns; ++j) {
+          const int c = c0 + 32 * j + lane;
+          if (c < d) acc[j] += l * xrow[c];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kHullColumns; ++j) {
+        const int c = c0 + 32 * j + lane;
+        if (c < d) p[c] = acc[j];
+      }
+    }
   }
 
   // The certificate against every candidate, g_k = <x_k, p>, a lane per candidate, two at a time; returns the
@@ -693,28 +719,8 @@ struct RowSolver {
       // the point: the corral's hull point, or the start direction before the first addition
       const bool hull = m > 0;
       __syncwarp();  // lam and S were written by their owners
-      if (hull) {  // kHullColumns columns a lane per pass over the corral's rows (each row read across lanes)
-        constexpr int kHullColumns = 4;
-        for (int c0 = 0; c0 < d; c0 += 32 * kHullColumns) {
-          double acc[kHullColumns];
-#pragma unroll
-          for (int j = 0; j < kHullColumns; ++j) acc[j] = 0.0;
-#pragma unroll 4
-          for (int s = 0; s < m; ++s) {
-            const double l = lam[s];
-            const double* xrow = X + static_cast<int64_t>(S[s]) * d;
-#pragma unroll
-            for (int j = 0; j < kHullColumns; ++j) {
-              const int c = c0 + 32 * j + lane;
-              if (c < d) acc[j] += l * xrow[c];
-            }
-          }
-#pragma unroll
-          for (int j = 0; j < kHullColumns; ++j) {
-            const int c = c0 + 32 * j + lane;
-            if (c < d) p[c] = acc[j];
-          }
-        }
+      if (hull) {
+        hull_point();
       } else {
         for (int c = lane; c < d; c += 32) p[c] = start[c];
       }
