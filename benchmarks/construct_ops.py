@@ -12,9 +12,9 @@ profiled call of ``construct(K, V, f, m, outputs="values")`` after an unprofiled
                Python-level call each) and work_ops (innermost, not a view or an allocation: about one kernel
                launch each on a GPU), and the same totals for the call
   routes       "device": what backend="auto" runs on this device; "cuda": the routes it takes on a GPU
-               (_ops.CUDA_AUTO_KERNELS, torch's Cholesky rather than scipy's potrf), run here on the CPU: a CPU
-               counts about a GPU's operators (the twins' chunk sizes stay the CPU's: exact_star_scores' re-check
-               runs 8 chunks here and 1 on a GPU at this size)
+               (_ops.CUDA_AUTO_KERNELS, torch's Cholesky rather than scipy's potrf, the twins' chunk sizes and the
+               m search's rule for a full decode per trial, decoder.UNSCREENED_PAIRS), run here on the CPU: a CPU
+               counts about a GPU's operators
   order        the phases in the order they ended
 """
 
@@ -43,6 +43,11 @@ def count(n: int, d: int, m, routes: str, seed: int = 0) -> dict:
     if routes == "cuda":
         _ops.auto_runs_kernel = lambda op, device_type: op in _ops.CUDA_AUTO_KERNELS
         solvers.SCIPY_CHOLESKY_MAX_THREADS = 0
+        for budget in ("STAR_TWIN_BYTES", "GADGET_TWIN_BYTES", "EXACT_TWIN_ELEMENTS"):
+            getattr(_ops, budget)["cpu"] = getattr(_ops, budget)["cuda"]
+        decoder = importlib.import_module("factkernels.decoder")
+        if hasattr(decoder, "UNSCREENED_PAIRS"):  # (a checkout before session 28 screens on every device)
+            decoder.UNSCREENED_PAIRS["cpu"] = decoder.UNSCREENED_PAIRS["cuda"]
     construct = importlib.import_module("factkernels.construct")
     lap = construct._PhaseClock.lap
 
@@ -90,7 +95,8 @@ def main() -> None:
     import subprocess
 
     from bench import device_info
-    from ustar import _code_version
+
+    from factkernels.environment import code_version
 
     n, d = (int(x) for x in args.size.split("x"))
     out = RESULTS / "construct_ops-cpu.json"
@@ -101,7 +107,7 @@ def main() -> None:
             case = {"n": n, "d": d, "m": None if m == "none" else int(m), "routes": routes}
             proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(case)], capture_output=True,
                                   text=True, check=True)
-            row = dict(json.loads(proc.stdout.strip().splitlines()[-1]), label=args.label, code=_code_version())
+            row = dict(json.loads(proc.stdout.strip().splitlines()[-1]), label=args.label, code=code_version())
             key = lambda r: (r["n"], r["d"], r["m_given"], r["routes"], r["label"])  # noqa: E731
             report["rows"] = [r for r in report["rows"] if key(r) != key(row)] + [row]
             print(json.dumps({k: row[k] for k in ("label", "m_given", "routes", "total")}), flush=True)

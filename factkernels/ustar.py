@@ -205,7 +205,7 @@ def _solve_active_set(
     dev = W.device
     # Outputs are kept in the precision they are returned in (that of the pass): the margins certified below
     # are those of the returned U, and at n = 65,536, d = 256 a float64 copy was 134 MB of the peak.
-    U = _unit_start(W, W.clone()).to(Wk.dtype)
+    U = _unit_start(W, W).to(Wk.dtype)
     lo = torch.full((n,), -math.inf, dtype=torch.float64, device=dev)
     hi = torch.full((n,), math.inf, dtype=torch.float64, device=dev)
     # pass 1 ranks the constraints of u_i = v_i / |v_i| (one GEMM tile per value tile)
