@@ -633,8 +633,9 @@ struct RowSolver {
       if (j < 0 || j >= n) {
         for (int c = 0; c < d; ++c) x[c] = 0.0;
       } else {
-        // kRowTile entries of each row are loaded before their differences are stored (the stores could alias the
-        // rows for all the compiler knows: entry by entry, each load waited on the store before it)
+        // the differences twice, for their norm, then scaled into the star (one write of the star row, not a write,
+        // a read and a write: the warps' stars stream from memory), kRowTile entries of both rows loaded at once
+        // (the stores could alias the rows for all the compiler knows: entry by entry, each load waited on them)
         const double* wj = a.w + j * d;
         double nn = 0.0;
         for (int c0 = 0; c0 < d; c0 += kRowTile) {
@@ -648,25 +649,26 @@ struct RowSolver {
           for (int q = 0; q < kRowTile; ++q) {
             if (c0 + q >= d) break;
             const double t = ti[q] - tj[q];
-            x[c0 + q] = t;
             nn += t * t;
           }
         }
         const double nrm = sqrt(nn);
-        if (nrm > 0.0) {
-          const double inv = 1.0 / nrm;
-          for (int c0 = 0; c0 < d; c0 += kRowTile) {
-            double xt[kRowTile];
+        const double inv = nrm > 0.0 ? 1.0 / nrm : 1.0;  // a duplicate keeps its (zero) differences
+        for (int c0 = 0; c0 < d; c0 += kRowTile) {
+          double ti[kRowTile], tj[kRowTile];
 #pragma unroll
-            for (int q = 0; q < kRowTile; ++q) xt[q] = c0 + q < d ? x[c0 + q] : 0.0;
-#pragma unroll
-            for (int q = 0; q < kRowTile; ++q)
-              if (c0 + q < d) x[c0 + q] = xt[q] * inv;
+          for (int q = 0; q < kRowTile; ++q) {
+            ti[q] = c0 + q < d ? wi[c0 + q] : 0.0;
+            tj[q] = c0 + q < d ? wj[c0 + q] : 0.0;
           }
-          f = kValid;
-        } else {
-          dup = true;
+#pragma unroll
+          for (int q = 0; q < kRowTile; ++q)
+            if (c0 + q < d) x[c0 + q] = (ti[q] - tj[q]) * inv;
         }
+        if (nrm > 0.0)
+          f = kValid;
+        else
+          dup = true;
       }
       flags[k] = f;
     }
