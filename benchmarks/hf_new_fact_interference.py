@@ -1,7 +1,7 @@
 """Why subject-keyed new facts stay uncertified: which detectors fire in each unanswered context, and its margin
 with and without the other subjects' units.
 
-    OMP_NUM_THREADS=1 python benchmarks/hf_new_fact_interference.py --facts 40
+    OMP_NUM_THREADS=1 python benchmarks/hf_new_fact_interference.py --facts 40 [--partner-weight 1.0]
 
 Inserts the first ``--facts`` invented-subject facts of the editing benchmark's new-knowledge validation draw 0
 (five edit templates each) with ``hf.insert_facts(keys="subject", layer=10)`` (the defaults, repairs included),
@@ -12,8 +12,11 @@ key or another token), their subjects' names; its margin with every unit (the ce
 subject's units only (every other δ zeroed). Hypothesis under test: another subject's detector adds a fraction of
 its δ there, and the repair, which refits δ on the unedited model, never sees it. Then one more repair of the
 subjects still unanswered, two ways (``refit_one_more_round``): δ refit over all their contexts on the unedited
-model (the repair's way) and with every other subject's units in place (their contributions held fixed). Writes
-benchmarks/results/hf/new_fact_interference_validation0_n{facts}.json.
+model (the repair's way) and with every other subject's units in place (their contributions held fixed). Also the
+edited model's exact-match efficacy (bare edit prompts) and held-out-template exact (paraphrase prompts), each a
+mean over cases of per-case means as the editing benchmark scores them. ``--partner-weight`` > 0: the detectors'
+pairwise penalty between look-alike subjects (``insert_facts(partner_weight=)``). Writes
+benchmarks/results/hf/new_fact_interference_validation0_n{facts}[_partner{weight}].json.
 """
 
 import argparse
@@ -31,7 +34,8 @@ from factkernels.datasets.editing_benchmark import new_knowledge_draw
 from factkernels.environment import environment
 from factkernels.hf.capture import capture
 from factkernels.hf.evaluate import batch_margins
-from factkernels.hf.metrics import case_requests
+from factkernels.hf.metrics import case_requests, target_scores
+from factkernels.hf.requests import Request
 from factkernels.hf.subject_values import fit_subject_deltas
 from factkernels.hf.subject_keys import default_prefixes, subject_contexts
 from factkernels.hf.units import append_units
@@ -99,7 +103,27 @@ def refit(model, ctx, mlp: FactMLP, group_subject: torch.Tensor, reach: torch.Te
             "min_margin_after": float(after.min()), **info, "cpu_seconds": time.process_time() - cpu}
 
 
-def run(facts: int, cache: Optional[Path] = None) -> dict:
+def case_exact(model, tok, cases, mlp: FactMLP) -> dict:
+    """With the units appended: exact-match of the new target on each case's edit prompts (bare) and paraphrase
+    prompts, means over cases of per-case means."""
+    kinds = {"efficacy_exact": "edit_prompts", "held_out_exact": "paraphrase_prompts"}
+    rows = [(kind, i, Request(p, c.subject, " " + c.target_new)) for kind, field in kinds.items()
+            for i, c in enumerate(cases) for p in getattr(c, field)]
+    appended = append_units(model, LAYER, mlp.swiglu_weights())
+    try:
+        _, exact = target_scores(model, tok, [r for _, _, r in rows])
+    finally:
+        appended.remove()
+    out = {}
+    for kind in kinds:
+        at = torch.tensor([k == kind for k, _, _ in rows])
+        case = torch.tensor([i for k, i, _ in rows if k == kind])
+        per_case = torch.zeros(len(cases)).index_add(0, case, exact[at].float()) / torch.bincount(case, minlength=len(cases))
+        out[kind] = float(per_case.mean())
+    return out
+
+
+def run(facts: int, cache: Optional[Path] = None, partner_weight: float = 0.0) -> dict:
     """The measurement (module docstring); cache: a file keeping the insertion (report, units) between runs."""
     model, tok = hf.load("smollm2-135m")
     cases = new_knowledge_draw("validation", 0, n=facts)
@@ -109,7 +133,8 @@ def run(facts: int, cache: Optional[Path] = None) -> dict:
         report, mlp, seconds = torch.load(cache, weights_only=False)
     else:
         wall, cpu = time.perf_counter(), time.process_time()
-        ins = hf.insert_facts(model, tok, requests, keys="subject", layer=LAYER, progress=False)
+        ins = hf.insert_facts(model, tok, requests, keys="subject", layer=LAYER, partner_weight=partner_weight,
+                              progress=False)
         seconds = {"insert_wall": time.perf_counter() - wall, "insert_cpu": time.process_time() - cpu}
         ins.remove()  # the layer-10 MLP inputs do not depend on its own units; margins append them again below
         report, mlp = ins.report, ins.mlp
@@ -154,8 +179,10 @@ def run(facts: int, cache: Optional[Path] = None) -> dict:
     fired_foreign = foreign_max > FIRING
     return {
         "draw": "new-knowledge validation 0", "facts": facts, "subjects": n_subjects, "contexts": len(margins),
-        "settings": {"keys": "subject", "layer": LAYER}, "firing_fraction": FIRING,
+        "settings": {"keys": "subject", "layer": LAYER, "partner_weight": partner_weight}, "firing_fraction": FIRING,
         "detectors": report.construction["detectors"], "separated": report.construction["separated"],
+        "cross_firing": report.construction.get("cross_firing"), "partnered": report.construction.get("partnered"),
+        **case_exact(model, tok, cases, mlp),
         "repairs": report.values["repairs"], "efficacy_contexts": report.efficacy,
         "uncertified": len(failing), "uncertified_subjects": len(torch.unique(ctx.subject[failing])),
         "contexts_with_foreign_firing": {"uncertified": int((fired_foreign & ~certified).sum()),
@@ -174,11 +201,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--facts", type=int, default=40)
     parser.add_argument("--cache", type=Path, help="keep the insertion here (rerun the analysis without it)")
+    parser.add_argument("--partner-weight", type=float, default=0.0,
+                        help="insert_facts(partner_weight=): pairwise penalty between look-alike subjects (0: none)")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    result = run(args.facts, args.cache)
+    result = run(args.facts, args.cache, args.partner_weight)
     result["load_average"] = os.getloadavg()
-    path = OUT / f"new_fact_interference_validation0_n{args.facts}.json"
+    suffix = f"_partner{args.partner_weight:g}" if args.partner_weight else ""
+    path = OUT / f"new_fact_interference_validation0_n{args.facts}{suffix}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k not in ("cases", "environment")}, indent=1))
 

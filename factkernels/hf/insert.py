@@ -377,8 +377,8 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
                  progress: bool = True, checkpoint: Union[str, Path, None] = None, keys: str = "request",
                  prefixes: Optional[Sequence[str]] = None, value_prefixes: Optional[int] = None, within: float = 1.0,
                  subject_threshold: float = 0.5, ramp: float = 12.0, repair_rounds: int = 3, lookalikes: int = 6,
-                 lookalike_weight: float = 0.03, essence: int = 0, essence_weight: float = 1.0,
-                 wikipedia_negatives: int = WIKIPEDIA_NEGATIVES, workers: Union[int, str] = WORKERS_AUTO,
+                 lookalike_weight: float = 0.03, partner_weight: float = 0.0, essence: int = 0,
+                 essence_weight: float = 1.0, wikipedia_negatives: int = WIKIPEDIA_NEGATIVES, workers: Union[int, str] = WORKERS_AUTO,
                  device: Union[str, torch.device, None] = None) -> Insertion:
     """Insert facts by appending constructed hidden units to one layer's MLP (in place).
 
@@ -411,7 +411,9 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         last token and as many nearest in embedding (" India": " Indian", ...) are put in its place in its
         contexts and kept below its detector's threshold (0 turns it off; ``lookalike_weight`` 0.03: with
         detectors for every validation fact no held-out text token off a mention gets δ, 3 without, 1-5 at
-        0.1-0.3: benchmarks/results/hf/text_locality_detectors_validation0_nall.json). ``essence`` > 0: the model's
+        0.1-0.3: benchmarks/results/hf/text_locality_detectors_validation0_nall.json). ``partner_weight`` > 0: a
+        detector that passes its δ at another subject's key is kept off that subject's keys (a pairwise LDA
+        penalty, :func:`~factkernels.hf.subject_keys.lda_detectors`; 0, the default, leaves it out). ``essence`` > 0: the model's
         own 16-token continuations after each subject under the last ``essence`` prefixes join the δ fit, kept
         with ``essence_weight`` times their KL to the unedited model (text that names a subject but asks no fact;
         :func:`~factkernels.hf.subject_values.fit_subject_deltas`; 0, the default, leaves it out).
@@ -442,7 +444,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         prefixes = default_prefixes() if prefixes is None else list(prefixes)
         value_prefixes = min(1, len(prefixes)) if value_prefixes is None else value_prefixes
         check_subject_options(value_prefixes, prefixes, subject_threshold, ramp, within, repair_rounds, lookalikes,
-                              lookalike_weight, essence, essence_weight, wikipedia_negatives)
+                              lookalike_weight, essence, essence_weight, wikipedia_negatives, partner_weight)
     check_workers(workers)
     if device is not None:  # after every check: a refused request leaves the model where it was
         model.to(device)
@@ -465,7 +467,8 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
                                   threshold=subject_threshold, ramp=ramp, margin=margin, value_steps=value_steps,
                                   value_lr=value_lr, batch_size=batch_size, progress=progress, start_time=start_time,
                                   repair_rounds=repair_rounds, lookalikes=lookalikes, lookalike_weight=lookalike_weight,
-                                  essence=essence, essence_weight=essence_weight, checkpoint=checkpoint,
+                                  partner_weight=partner_weight, essence=essence, essence_weight=essence_weight,
+                                  checkpoint=checkpoint,
                                   workers=workers)
 
     t = time.perf_counter()

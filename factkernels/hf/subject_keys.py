@@ -20,6 +20,10 @@ fit over many contexts; later layers carry δ to wherever the question ends (as 
   (a penalty in the LDA objective, :func:`lda_detectors`) and they are contrast for every threshold. Without
   them " Indian" of "the Indian Ocean" fired India's (and Pakistan's) detector past its own contexts: at 100
   validation facts that one token was all of the held-out text's KL.
+* **Look-alike subjects (optional).** Two subjects whose keys one filter cannot tell apart (invented names
+  ending in one token: "Draemosea", "Korerimosea") each pass their whole δ at the other's contexts, and no δ
+  answers a context given δ_A + δ_B. With ``partner_weight`` > 0 a filter that passes its δ at another
+  subject's key gets that subject's keys as a penalty (a pairwise LDA: :func:`lda_detectors`).
 * **Negatives.** Ordinary text (``background``), by default with the first :data:`WIKIPEDIA_NEGATIVES` shipped
   Wikipedia leads, and every other position of the contexts. A detector's tail on text it has not seen is what
   fires it off a mention: at 149 validation subjects 57 of 48k held-out Wikipedia tokens got some δ with the
@@ -125,7 +129,7 @@ def subject_mentions(tok: Any, subjects: Sequence[str], input_ids: torch.Tensor,
 def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Tensor, *, within: float = 1.0,
                   ridge: float = 1e-2, threshold: float = 0.5, mentions: Optional[torch.Tensor] = None,
                   lookalikes: Optional[torch.Tensor] = None, lookalike_subject: Optional[torch.Tensor] = None,
-                  lookalike_weight: float = 0.03) -> dict:
+                  lookalike_weight: float = 0.03, partner_weight: float = 0.0) -> dict:
     """One LDA filter per subject (see the module docstring), in float64.
 
     own (R, d): keys; subject (R,): their subject (or group) index (0..S-1); negatives (N, d): states that must
@@ -134,9 +138,18 @@ def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Ten
     token (:func:`lookalike_states`). w_s = argmin wᵀAw + lookalike_weight·mean_l (w·(x_l − μ))² subject to
     w·(μ_s − μ) = 1, over s's own look-alikes: the filter keeps them near the background's score 0 (Woodbury on
     A's Cholesky factor); every look-alike is contrast for every threshold.
+    partner_weight > 0: a filter that passes its δ (score above τ) at some key of another subject (or group), its
+    *partner*, gets the partner's keys as a second penalty, partner_weight·mean_p (w·(x_p − μ))² over them (each
+    partner's mean):
+    the pairwise LDA between the two (their mean difference against the partner's spread) pushes the partner's
+    scores to ~0 while its own stay near 1. Two invented names ending in one token ("Draemosea", "Korerimosea")
+    had each detector passing the other's whole δ at every one of its contexts, and no refit of δ answers a
+    pair that gets δ_A + δ_B (benchmarks/hf_new_fact_interference.py). Partners are looked for again on the new
+    filters, up to :data:`PARTNER_ROUNDS` times. 0: no partner penalty (the filters as before).
     Returns w (S, d), mu (d,), tau (S,), own_min (S,) lowest own score, contrast_max (S,) highest score of a
     negative, a look-alike or another subject's key, lookalike_max (S,) highest look-alike score (-inf
-    without), separated (S,) bool own_min > contrast_max.
+    without), separated (S,) bool own_min > contrast_max, cross_firing (S,) long how many other groups' keys
+    pass its τ (each gets its δ), partners (S,) long how many groups' keys penalise it.
     """
     work = torch.float64
     k, x = own.to(work), negatives.to(work)
@@ -154,20 +167,73 @@ def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Ten
     a += ridge * a.diagonal().mean() * torch.eye(a.shape[0], dtype=work, device=dev)
     diff = means - mu
     chol = torch.linalg.cholesky(a)
-    w = torch.cholesky_solve(diff.T, chol).T
-    lookalike_max = torch.full((n_subjects,), float("-inf"), dtype=work, device=dev)
+    plain = torch.cholesky_solve(diff.T, chol).T  # A⁻¹(μ_s − μ), before any penalty
+    penalties = []  # (rows (P, d) centred, owner (P,) long, 1 / weight (P,)): one per kind
     if lookalikes is not None and len(lookalikes):
-        z = lookalikes.to(work) - mu
-        y = torch.cholesky_solve(z.T, chol).T  # A⁻¹ z_l: (L, d)
         lookalike_subject = lookalike_subject.to(dev)
-        for s in torch.unique(lookalike_subject).tolist():
-            at = (lookalike_subject == s).nonzero().flatten()
-            # (A + c ZᵀZ)⁻¹ b = A⁻¹b − A⁻¹Zᵀ (I/c + Z A⁻¹ Zᵀ)⁻¹ Z A⁻¹b, c = weight / (s's look-alikes)
-            small = torch.eye(len(at), dtype=work, device=dev) * len(at) / lookalike_weight + z[at] @ y[at].T
-            w[s] = w[s] - y[at].T @ torch.linalg.solve(small, z[at] @ w[s])
-    w = w / (w * diff).sum(1, keepdim=True)  # score 1 at the subject's mean key
+        per = torch.zeros(n_subjects, dtype=work, device=dev).index_add(
+            0, lookalike_subject, torch.ones(len(lookalikes), dtype=work, device=dev))
+        penalties.append((lookalikes.to(work) - mu, lookalike_subject, per[lookalike_subject] / lookalike_weight))
+    partners = torch.zeros(0, 2, dtype=torch.long, device=dev)  # (Q, 2) [s, t]: t's keys penalise filter s
+    for search in range(1 + PARTNER_ROUNDS):
+        w = _penalised(plain, chol, penalties + _partner_penalty(k - mu, subject, partners, partner_weight))
+        w = w / (w * diff).sum(1, keepdim=True)  # score 1 at the subject's mean key
+        det = _thresholds(w, mu, k, subject, centred, mentions, lookalikes, threshold)
+        row, s = (det.pop("cross") > det["tau"]).nonzero(as_tuple=True)  # key row r passes filter s's τ
+        if partner_weight <= 0 or search == PARTNER_ROUNDS:
+            break
+        found = torch.unique(torch.cat([partners, torch.stack([s, subject[row]], 1)]), dim=0)
+        if len(found) == len(partners):
+            break
+        partners = found
+    return {**det, "w": w, "mu": mu, "cross_firing": torch.bincount(s, minlength=n_subjects),
+            "partners": torch.bincount(partners[:, 0], minlength=n_subjects)}
+
+
+# How many times lda_detectors looks for new partners on the filters it just made (each may make new ones).
+PARTNER_ROUNDS = 3
+
+
+def _partner_penalty(centred_keys: torch.Tensor, subject: torch.Tensor, partners: torch.Tensor,
+                     weight: float) -> list:
+    """lda_detectors' partner rows: for each filter s, every key of each of its partners t (partners (Q, 2) rows
+    [s, t]), weight / (t's keys) each (returned as its inverse): every partner weighs as much, however many keys
+    it has. centred_keys (R, d), subject (R,)."""
+    if len(partners) == 0:
+        return []
+    rows = [(subject == t).nonzero().flatten() for t in partners[:, 1].tolist()]
+    owner = torch.cat([torch.full((len(r),), s, device=subject.device) for r, s in zip(rows, partners[:, 0].tolist())])
+    inverse = torch.cat([torch.full((len(r),), len(r) / weight, dtype=centred_keys.dtype, device=subject.device)
+                         for r in rows])
+    return [(centred_keys[torch.cat(rows)], owner, inverse)]
+
+
+def _penalised(plain: torch.Tensor, chol: torch.Tensor, penalties: list) -> torch.Tensor:
+    """w_s = (A + Z_sᵀ C_s Z_s)⁻¹ (μ_s − μ) from plain (S, d) = A⁻¹(μ_s − μ) (Woodbury on A's Cholesky factor
+    ``chol``): penalties, a list of (rows (P, d) x − μ, owner (P,) long filter, 1 / c (P,) its weight's inverse),
+    each row counting for its owner only."""
+    if not penalties:
+        return plain
+    z = torch.cat([p[0] for p in penalties])
+    owner = torch.cat([p[1] for p in penalties])
+    inverse = torch.cat([p[2] for p in penalties])
+    y = torch.cholesky_solve(z.T, chol).T  # A⁻¹ z_p: (P, d)
+    w = plain.clone()
+    for s in torch.unique(owner).tolist():
+        at = (owner == s).nonzero().flatten()
+        # (A + ZᵀCZ)⁻¹ b = A⁻¹b − A⁻¹Zᵀ (C⁻¹ + Z A⁻¹ Zᵀ)⁻¹ Z A⁻¹b
+        small = torch.diag(inverse[at]) + z[at] @ y[at].T
+        w[s] = w[s] - y[at].T @ torch.linalg.solve(small, z[at] @ w[s])
+    return w
+
+
+def _thresholds(w: torch.Tensor, mu: torch.Tensor, k: torch.Tensor, subject: torch.Tensor, centred: torch.Tensor,
+                mentions: Optional[torch.Tensor], lookalikes: Optional[torch.Tensor], threshold: float) -> dict:
+    """lda_detectors' scores and thresholds of filters w (S, d): tau, own_min, contrast_max, lookalike_max,
+    separated (S,) and cross (R, S) every key's score on every other group's filter (-inf on its own)."""
+    n_subjects, dev = len(w), w.device
     own_scores = ((k - mu) * w[subject]).sum(1)
-    own_min = torch.full((n_subjects,), float("inf"), dtype=work, device=dev).scatter_reduce(0, subject, own_scores, "amin")
+    own_min = torch.full((n_subjects,), float("inf"), dtype=w.dtype, device=dev).scatter_reduce(0, subject, own_scores, "amin")
     negative_scores = centred @ w.T  # (N, S)
     if mentions is not None:
         negative_scores = negative_scores.masked_fill(mentions.to(negative_scores.device), float("-inf"))
@@ -175,15 +241,16 @@ def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Ten
     cross = (k - mu) @ w.T  # (R, S): other subjects' keys on each filter
     cross[torch.arange(len(k), device=dev), subject] = float("-inf")
     contrast_max = torch.maximum(contrast_max, cross.amax(0))
+    lookalike_max = torch.full((n_subjects,), float("-inf"), dtype=w.dtype, device=dev)
     if lookalikes is not None and len(lookalikes):
-        lookalike_max = ((lookalikes.to(work) - mu) @ w.T).amax(0)
+        lookalike_max = ((lookalikes.to(w.dtype) - mu) @ w.T).amax(0)
         contrast_max = torch.maximum(contrast_max, lookalike_max)
     separated = own_min > contrast_max
     # unseparated subjects keep every own context (certified) at the cost of some contrast firing
     gap = torch.where(separated, own_min - contrast_max, 0.05 * own_min.abs().clamp_min(1e-3))
     tau = torch.where(separated, contrast_max + threshold * gap, own_min - gap)
-    return {"w": w, "mu": mu, "tau": tau, "own_min": own_min, "contrast_max": contrast_max,
-            "lookalike_max": lookalike_max, "separated": separated}
+    return {"tau": tau, "own_min": own_min, "contrast_max": contrast_max, "lookalike_max": lookalike_max,
+            "separated": separated, "cross": cross}
 
 
 def lookalike_tokens(tok: Any, embeddings: torch.Tensor, own: torch.Tensor, *, extensions: int = 6,
@@ -332,7 +399,8 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
                       background_texts: Sequence[str], prefixes: Sequence[str], value_prefixes: int, within: float,
                       threshold: float, ramp: float, ridge: float, margin: float, value_steps: int, value_lr: float,
                       batch_size: int, progress: bool, lookalikes: int, lookalike_weight: float, essence: int = 0,
-                      essence_weight: float = 1.0, checkpoint: Union[str, Path, None] = None,
+                      essence_weight: float = 1.0, partner_weight: float = 0.0,
+                      checkpoint: Union[str, Path, None] = None,
                       workers: Union[int, str] = 1) -> tuple[SubjectUnits, dict]:
     """Build the subject-keyed units for ``requests`` (not yet appended): (units, stats).
     background (N, d): MLP inputs of ``layer`` at the real tokens of ``background_texts`` (ordinary text);
@@ -343,7 +411,8 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
     workers: chunks of the values fit run at once (:func:`~factkernels.hf.checkpoint.value_workers`; one worker
     without a checkpoint: one joint fit);
     lookalikes: extensions and embedding neighbours (each) of every subject's last token (:func:`lookalike_tokens`)
-    kept below its detector's threshold with ``lookalike_weight`` (:func:`lda_detectors`)."""
+    kept below its detector's threshold with ``lookalike_weight`` (:func:`lda_detectors`); partner_weight: the
+    pairwise penalty between a detector and the other subjects' keys that pass its threshold (0: none)."""
     timings: dict = {}  # wall and process CPU seconds of each stage
     t, c = time.perf_counter(), time.process_time()
     ctx = subject_contexts(tok, requests, prefixes)
@@ -394,7 +463,8 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
     timings["values_cpu"] = time.process_time() - c + value_info.get("value_restored_cpu", 0.0)
 
     t, c = time.perf_counter(), time.process_time()
-    options = dict(within=within, ridge=ridge, threshold=threshold, lookalikes=alike, lookalike_weight=lookalike_weight)
+    options = dict(within=within, ridge=ridge, threshold=threshold, lookalikes=alike, lookalike_weight=lookalike_weight,
+                   partner_weight=partner_weight)
     det = lda_detectors(own, ctx.subject, negatives, mentions=mentions, lookalike_subject=ctx.subject[alike_row],
                         **options)
     group, group_subject = detector_groups(ctx.subject, ctx.opens, ~det["separated"])
@@ -408,6 +478,7 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
     stats = {"subjects": len(ctx.subjects), "detectors": len(group_subject), "contexts": len(ctx.requests),
              "background_tokens": len(background),
              "separated": int(det["separated"].sum()), "own_min_mean": float(det["own_min"].mean()),
+             "cross_firing": int(det["cross_firing"].sum()), "partnered": int((det["partners"] > 0).sum()),
              "contrast_max_mean": float(det["contrast_max"].mean()), "tau_mean": float(det["tau"].mean()),
              "negatives_firing": float(firing.double().mean()),
              "negatives_firing_off_mention": float((firing & ~mentions.any(1).to(firing.device)).double().mean()),
@@ -455,7 +526,9 @@ def default_prefixes() -> list[str]:
 
 def check_subject_options(value_prefixes: int, prefixes: Sequence[str], threshold: float, ramp: float,
                           within: float, repair_rounds: int, lookalikes: int, lookalike_weight: float, essence: int = 0,
-                          essence_weight: float = 1.0, wikipedia_negatives: int = 0) -> None:
+                          essence_weight: float = 1.0, wikipedia_negatives: int = 0, partner_weight: float = 0.0) -> None:
+    if not partner_weight >= 0:
+        raise ValueError(f"partner_weight must be >= 0, got {partner_weight!r}")
     if isinstance(wikipedia_negatives, bool) or not isinstance(wikipedia_negatives, int) or wikipedia_negatives < 0:
         raise ValueError(f"wikipedia_negatives must be an int >= 0, got {wikipedia_negatives!r}")
     if isinstance(essence, bool) or not isinstance(essence, int) or not 0 <= essence <= len(prefixes):

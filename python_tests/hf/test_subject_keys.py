@@ -134,6 +134,67 @@ def test_lookalike_filter_minimises_the_penalised_objective():
         torch.testing.assert_close(det["w"][s], w / (w @ (means[s] - mu)))
 
 
+def _twin_subjects(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two subjects whose mean keys differ along one narrow direction e1 (ordinary text barely varies there), each
+    subject's keys spreading along the direction they share (e0, as text does): a plain filter, mostly along e0,
+    scores the other subject's keys about as high as its own. (own (12, d), subject (12,), negatives (300, d))."""
+    d = 8
+    subject = torch.arange(2).repeat_interleave(6)
+    side = torch.where(subject == 0, 1.0, -1.0)[:, None]
+    own = 6.0 * torch.eye(d)[0] + side * 0.1 * torch.eye(d)[1] + 0.005 * torch.randn(12, d, generator=gen)
+    own += 0.6 * torch.randn(12, 1, generator=gen) * torch.eye(d)[0]
+    scale = torch.ones(d)
+    scale[1] = 0.02
+    return own, subject, torch.randn(300, d, generator=gen) * scale
+
+
+def test_a_partner_penalty_separates_twin_subjects():
+    """Two subjects whose filters pass each other's keys (plain: not separated, most keys of the other subject past
+    τ, so its contexts get both δ) are each other's partner with partner_weight > 0: both filters are separated,
+    the other's keys score below τ (lower the larger the weight), and the ramp units give every key its own δ
+    alone."""
+    own, subject, negatives = _twin_subjects(torch.Generator().manual_seed(0))
+    deltas = torch.randn(2, 8, generator=torch.Generator().manual_seed(1))
+    plain = lda_detectors(own, subject, negatives)
+    assert not plain["separated"].any() and bool((plain["cross_firing"] >= 3).all())
+    assert plain["partners"].tolist() == [0, 0]
+    with torch.no_grad():  # some key gets the other subject's whole δ besides its own
+        error = (ramp_units(plain, deltas)(own) - deltas[subject]).norm(dim=1)
+    assert float(error.max()) > 0.9 * float(deltas.norm(dim=1).min())
+    other_max = []
+    for weight in (1.0, 10.0):
+        det = lda_detectors(own, subject, negatives, partner_weight=weight)
+        assert det["separated"].all() and det["cross_firing"].tolist() == [0, 0] and det["partners"].tolist() == [1, 1]
+        other = ((own.double() - det["mu"]) * det["w"][1 - subject]).sum(1)
+        assert bool((other < det["tau"][1 - subject]).all()) and bool((det["tau"] < det["own_min"]).all())
+        other_max.append(float(other.abs().max()))
+        with torch.no_grad():
+            given = ramp_units(det, deltas)(own)
+        assert torch.allclose(given, deltas[subject], atol=1e-3 * float(deltas.norm(dim=1).max()))
+    assert other_max[1] < 0.5 * other_max[0]
+
+
+def test_partner_filter_minimises_the_penalised_objective():
+    """With partners, w_s solves min wᵀAw + c·mean_p (w·(x_p − μ))² subject to w·(μ_s − μ) = 1 over its partner's
+    keys (a direct solve with A rebuilt from its definition), and partner_weight 0 gives the plain filters."""
+    own, subject, negatives = _twin_subjects(torch.Generator().manual_seed(2))
+    c = 1.0
+    det = lda_detectors(own, subject, negatives, partner_weight=c)
+    k, x = own.double(), negatives.double()
+    mu = x.mean(0)
+    means = torch.stack([k[subject == s].mean(0) for s in range(2)])
+    spread = k - means[subject]
+    a = (x - mu).T @ (x - mu) / (len(x) - 1) + spread.T @ spread / (len(k) - 2)
+    a += 1e-2 * a.diagonal().mean() * torch.eye(8, dtype=torch.float64)
+    for s in range(2):
+        z = k[subject == 1 - s] - mu
+        w = torch.linalg.solve(a + c / len(z) * z.T @ z, means[s] - mu)
+        torch.testing.assert_close(det["w"][s], w / (w @ (means[s] - mu)))
+    plain = lda_detectors(own, subject, negatives)
+    torch.testing.assert_close(lda_detectors(own, subject, negatives, partner_weight=0.0)["w"], plain["w"], rtol=0,
+                               atol=0)
+
+
 def test_lookalike_states_are_the_contexts_with_the_last_token_swapped(tiny_llama):
     """Each look-alike sits in the subject's last place of its contexts, and its state is that of the swapped text
     (nothing after it)."""
@@ -212,6 +273,35 @@ def test_report_lists_every_context_the_edited_model_does_not_answer(strong_llam
         ins.remove()
     assert unanswered[0] >= 1  # the bare prompt's δ misses a prefixed context
     assert unanswered[3] <= unanswered[0]
+
+
+TWIN_REQUESTS = [{"prompt": "who wrote {} ? it was", "subject": "old farm", "target_new": "orwell"},
+                 {"prompt": "the novel {} is by", "subject": "old farm", "target_new": "orwell"},
+                 {"prompt": "who wrote {} ? it was", "subject": "animal farm", "target_new": "tolstoy"},
+                 {"prompt": "the novel {} is by", "subject": "animal farm", "target_new": "tolstoy"}]
+
+
+def test_twin_subjects_get_their_own_delta_alone_with_a_partner_penalty(tiny_llama):
+    """"old farm" and "animal farm" end in one token: on the tiny Llama each plain detector passes its δ at the
+    other's contexts (some key gets both δ: value error ~1). With partner_weight each is the other's partner, both
+    are separated, every key gets its own subject's δ alone, and ordinary text stays silent."""
+    import copy
+
+    model, tok = tiny_llama
+    model = copy.deepcopy(model)
+    got = {}
+    for weight in (0.0, 0.01):
+        ins = hf.insert_facts(model, tok, TWIN_REQUESTS, keys="subject", layer=1, background=TINY_TEXTS,
+                              prefixes=CERT_PREFIXES, value_steps=5, repair_rounds=0, partner_weight=weight,
+                              progress=False)
+        got[weight] = (ins.report.construction, ins.report.value_error)
+        ins.remove()
+    (plain, plain_error), (partner, partner_error) = got[0.0], got[0.01]
+    assert plain["cross_firing"] > 0 and plain["partnered"] == 0 and plain["separated"] == 0 and plain_error > 0.5
+    assert partner["cross_firing"] == 0 and partner["partnered"] == 2 and partner["separated"] == 2
+    assert partner_error < 1e-3 and partner["negatives_firing"] == 0.0
+    with pytest.raises(ValueError, match="partner_weight"):
+        hf.insert_facts(model, tok, TWIN_REQUESTS, keys="subject", layer=1, prefixes=CERT_PREFIXES, partner_weight=-1.0)
 
 
 def test_refit_covers_the_failing_subjects_contexts_below_the_margin(strong_llama):
