@@ -228,15 +228,14 @@ enum CorralSolveStep { kMajorCycles, kAdded, kMinorSteps, kSolveRows, kDrops, kR
 
 // The CUDA corral_solve's workspace, in doubles: a header (the row counter), then per warp its candidate star
 // (k x d), certificates (k), the corral's Gram matrix and factor ((d + 1)^2 each), five slot vectors, the point
-// and the best direction (d each), a group of additions' products with the corral and with each other and their
-// forward-solved borders (2 x kCorralSolveGroup x (d + 1 + kCorralSolveGroup)), the slots' candidates (d + 1 ints)
-// and the candidates' flags (k bytes), rounded up to 256 bytes.
+// and the best direction (d each), a group of additions' products with the corral and their forward-solved
+// borders (2 x kCorralSolveGroup x (d + 1)), the slots' candidates (d + 1 ints) and the candidates' flags
+// (k bytes), rounded up to 256 bytes.
 constexpr int64_t kCorralSolveHeader = 32;
-constexpr int kCorralSolveGroup = 8;  // additions whose products with the corral take one pass over its rows
+constexpr int kCorralSolveGroup = 4;  // additions whose products with the corral take one pass over its rows
 inline int64_t corral_solve_scratch(int64_t d, int64_t k) {
   const int64_t mmax = d + 1;
-  const int64_t doubles =
-      k * d + k + (2 * mmax + 6) * mmax + 2 * kCorralSolveGroup * (mmax + kCorralSolveGroup) + 2 * d + (k + 7) / 8;
+  const int64_t doubles = k * d + k + (2 * mmax + 2 * kCorralSolveGroup + 6) * mmax + 2 * d + (k + 7) / 8;
   return (doubles + 31) / 32 * 32;
 }
 inline int64_t corral_solve_work(int64_t d, int64_t k, int64_t slots) {

@@ -27,10 +27,6 @@ constexpr int kWarpsPerBlock = 4;
 // dependent on the corral.
 constexpr double kDependentPivot2 = 1e-9;
 enum : uint8_t { kValid = 1, kInCorral = 2 };  // per-candidate flags
-// Steps of a triangular solve whose entries of L each lane loads before running them (registers: 2 a step).
-constexpr int kPreload = 16;
-// Entries of a star row that a lane loads at once before multiplying them (a border group's products).
-constexpr int kRowTile = 16;
 
 // std::max / std::min semantics (the first argument when unordered), as the CPU kernel's.
 __device__ __forceinline__ double max_of(double a, double b) { return a < b ? b : a; }
@@ -92,47 +88,11 @@ template <typename T> __device__ __forceinline__ void copy_dropping(T* dst, cons
   }
 }
 
-// dst_t[c] = src_t[c + (c >= p)] for c < n + t * grow and rows t < rows, dst_t = dst + t * ld and src_t = src + t * ld
-// (dst_t may be src_t, or the row above it): copy_dropping's scheme on kShiftRows rows at a time, their entries read
-// into registers, then written after one __syncwarp (a drop moves up to two whole matrices by a row: one round trip
-// to memory a row was most of its time). Rows read are never written by an earlier step: a step writes rows at
-// and above those it reads, below those that earlier steps wrote; a row's column chunks are disjoint.
-__device__ __noinline__ void shift_rows(double* dst, const double* src, int64_t ld, int rows, int n, int grow, int p,
-                                        int lane) {
-  constexpr int kShiftRows = 4, kStage = 4;
-  for (int t0 = 0; t0 < rows; t0 += kShiftRows) {
-    const int last = t0 + kShiftRows < rows ? t0 + kShiftRows - 1 : rows - 1;
-    for (int base = 0, widest = n + last * grow; base < widest; base += 32 * kStage) {
-      double v[kShiftRows][kStage];
-#pragma unroll
-      for (int j = 0; j < kShiftRows; ++j) {
-        const int t = t0 + j, len = n + t * grow;
-#pragma unroll
-        for (int q = 0; q < kStage; ++q) {
-          const int c = base + 32 * q + lane;
-          v[j][q] = t < rows && c < len ? src[t * ld + c + (c >= p ? 1 : 0)] : 0.0;
-        }
-      }
-      __syncwarp();
-#pragma unroll
-      for (int j = 0; j < kShiftRows; ++j) {
-        const int t = t0 + j, len = n + t * grow;
-#pragma unroll
-        for (int q = 0; q < kStage; ++q) {
-          const int c = base + 32 * q + lane;
-          if (t < rows && c < len) dst[t * ld + c] = v[j][q];
-        }
-      }
-    }
-  }
-}
-
 // One warp's solver over its scratch slice (see corral_solve_scratch in kernels.h for the layout).
 struct RowSolver {
   const CorralSolveArgs& a;
   const int lane;
   const int d, K, mmax;  // mmax = d + 1: an affinely independent corral in R^d
-  const int gld;    // mmax + kCorralSolveGroup: the rows of qg and qs (a group's products with each other follow)
   double *X, *g, *Q, *L, *lam, *z, *res, *y, *wv, *p, *u, *qg, *qs;
   int* S;           // corral slot -> candidate
   uint8_t* flags;   // kValid | kInCorral per candidate
@@ -142,7 +102,7 @@ struct RowSolver {
   // in work)
   __device__ RowSolver(const CorralSolveArgs& args, int lane_, double* work, double* slot_vectors)
       : a(args), lane(lane_), d(static_cast<int>(args.d)), K(static_cast<int>(args.k)),
-        mmax(static_cast<int>(args.d) + 1), gld(static_cast<int>(args.d) + 1 + kCorralSolveGroup) {
+        mmax(static_cast<int>(args.d) + 1) {
     double* w = work;
     X = w;  // the star: x_k[c] = X[k * d + c]
     w += static_cast<int64_t>(K) * d;
@@ -161,10 +121,10 @@ struct RowSolver {
     p = w;
     u = w + d;
     w += 2 * d;
-    qg = w;  // a group of additions' products with the corral, then with each other: kCorralSolveGroup x gld
-    w += static_cast<int64_t>(kCorralSolveGroup) * gld;
+    qg = w;  // a group of additions' products with the corral: kCorralSolveGroup x mmax
+    w += static_cast<int64_t>(kCorralSolveGroup) * mmax;
     qs = w;  // the same plus 1, forward-solved: the group's borders of L
-    w += static_cast<int64_t>(kCorralSolveGroup) * gld;
+    w += static_cast<int64_t>(kCorralSolveGroup) * mmax;
     S = reinterpret_cast<int*>(w);
     w += mmax;
     flags = reinterpret_cast<uint8_t*>(w);
@@ -174,12 +134,9 @@ struct RowSolver {
 
   // x <- L^{-1} x (n x n) by blocks of 32 rows, a lane per row: each lane first takes its row's products with the
   // solution of the blocks above (rows of L read by one lane each), then the block's own rows are solved in turn,
-  // each x_i broadcast by one shuffle (a warp dot product per row would cost five). The entries of L a step
-  // multiplies are loaded kPreload steps at a time before those steps: a load per step put a round trip to memory
-  // (the warps' factors are far beyond L1 and L2) on the chain of every step. Rows below from are solved already
-  // (blocks then start at from: x[r] is written by lane (r - from) % 32, hence the closing __syncwarp). acc0: the
-  // first block's rows' products with the solution above it, when known (acc0[r], the same sum in the same order).
-  __device__ __noinline__ void forward_solve(int n, double* x, int from = 0, const double* acc0 = nullptr) {
+  // each x_i broadcast by one shuffle (a warp dot product per row would cost five). Rows below from are solved
+  // already (blocks then start at from: x[r] is written by lane (r - from) % 32, hence the closing __syncwarp).
+  __device__ void forward_solve(int n, double* x, int from = 0) {
     for (int b = from; b < n; b += 32) {
       __syncwarp();  // every lane reads the x of the blocks above
       const int r = b + lane;  // this lane's row (x[r]'s owner)
@@ -187,39 +144,26 @@ struct RowSolver {
       // the reciprocal pivot, computed before the chain of steps (a division in each step would double its latency)
       double acc = 0.0, xr = 0.0, rdiag = 1.0;
       if (r < n) {
-        if (acc0 && b == from) {
-          acc = acc0[r];
-        } else {
-#pragma unroll 16
-          for (int c = 0; c < b; ++c) acc += lr[c] * x[c];
-        }
+        for (int c = 0; c < b; ++c) acc += lr[c] * x[c];
         xr = x[r];
         rdiag = 1.0 / lr[r];
       }
       const int rows = n - b < 32 ? n - b : 32;
-      for (int i0 = 0; i0 < rows; i0 += kPreload) {
-        double l[kPreload];  // l[t] = lr[b + i0 + t], where step i0 + t updates this lane's row
-#pragma unroll
-        for (int t = 0; t < kPreload; ++t) l[t] = i0 + t < rows && lane > i0 + t && r < n ? lr[b + i0 + t] : 0.0;
-#pragma unroll
-        for (int t = 0; t < kPreload; ++t) {
-          const int i = i0 + t;
-          if (i >= rows) break;  // warp-uniform
-          double xi = 0.0;
-          if (lane == i) {
-            xi = (xr - acc) * rdiag;
-            xr = xi;
-          }
-          xi = __shfl_sync(kFull, xi, i);
-          if (lane > i && r < n) acc += l[t] * xi;
+      for (int i = 0; i < rows; ++i) {
+        double xi = 0.0;
+        if (lane == i) {
+          xi = (xr - acc) * rdiag;
+          xr = xi;
         }
+        xi = __shfl_sync(kFull, xi, i);
+        if (lane > i && r < n) acc += lr[b + i] * xi;
       }
       if (r < n) x[r] = xr;
     }
     if (from & 31) __syncwarp();
   }
 
-  // forward_solve on several right-hand sides at once, x_v = xg + v * gld for v < nrhs: one chain of steps whose
+  // forward_solve on several right-hand sides at once, x_v = xg + v * mmax for v < nrhs: one chain of steps whose
   // shuffles are independent across v (the chain's latency paid once, not nrhs times). Each x_v's arithmetic is
   // forward_solve's, in the same order. x_v[r] is read and written by lane r % 32. Not inlined: in the solver's
   // body it pushed the 128-register bound into spills (ptxas: 136 bytes of spill stores; none this way).
@@ -232,44 +176,36 @@ struct RowSolver {
 #pragma unroll
       for (int v = 0; v < kCorralSolveGroup; ++v) acc[v] = xr[v] = 0.0;
       if (r < n) {
-#pragma unroll 4
         for (int c = 0; c < b; ++c) {
           const double l = lr[c];
 #pragma unroll
           for (int v = 0; v < kCorralSolveGroup; ++v)
-            if (v < nrhs) acc[v] += l * xg[static_cast<int64_t>(v) * gld + c];
+            if (v < nrhs) acc[v] += l * xg[static_cast<int64_t>(v) * mmax + c];
         }
 #pragma unroll
         for (int v = 0; v < kCorralSolveGroup; ++v)
-          if (v < nrhs) xr[v] = xg[static_cast<int64_t>(v) * gld + r];
+          if (v < nrhs) xr[v] = xg[static_cast<int64_t>(v) * mmax + r];
         rdiag = 1.0 / lr[r];
       }
       const int rows = n - b < 32 ? n - b : 32;
-      for (int i0 = 0; i0 < rows; i0 += kPreload) {
-        double l[kPreload];  // as forward_solve's
+      for (int i = 0; i < rows; ++i) {
+        const double l = lane > i && r < n ? lr[b + i] : 0.0;
 #pragma unroll
-        for (int t = 0; t < kPreload; ++t) l[t] = i0 + t < rows && lane > i0 + t && r < n ? lr[b + i0 + t] : 0.0;
-#pragma unroll
-        for (int t = 0; t < kPreload; ++t) {
-          const int i = i0 + t;
-          if (i >= rows) break;  // warp-uniform
-#pragma unroll
-          for (int v = 0; v < kCorralSolveGroup; ++v) {
-            if (v >= nrhs) continue;  // warp-uniform
-            double xi = 0.0;
-            if (lane == i) {
-              xi = (xr[v] - acc[v]) * rdiag;
-              xr[v] = xi;
-            }
-            xi = __shfl_sync(kFull, xi, i);
-            if (lane > i && r < n) acc[v] += l[t] * xi;
+        for (int v = 0; v < kCorralSolveGroup; ++v) {
+          if (v >= nrhs) continue;  // warp-uniform
+          double xi = 0.0;
+          if (lane == i) {
+            xi = (xr[v] - acc[v]) * rdiag;
+            xr[v] = xi;
           }
+          xi = __shfl_sync(kFull, xi, i);
+          if (lane > i && r < n) acc[v] += l * xi;
         }
       }
       if (r < n)
 #pragma unroll
         for (int v = 0; v < kCorralSolveGroup; ++v)
-          if (v < nrhs) xg[static_cast<int64_t>(v) * gld + r] = xr[v];
+          if (v < nrhs) xg[static_cast<int64_t>(v) * mmax + r] = xr[v];
     }
   }
 
@@ -277,39 +213,27 @@ struct RowSolver {
   // (x[r]'s owner): each lane first takes its row's products with the solution of the blocks below (column r of
   // L, read across lanes in consecutive addresses), then the block's rows are solved from the bottom, each x_i
   // broadcast by one shuffle. A step's chain is a multiply-add and a shuffle: no shared-memory round trip (the
-  // loop this replaced updated x in shared memory and read it back every step), and no load of L (preloaded
-  // kPreload steps at a time, as in forward_solve).
-  __device__ __noinline__ void backward_solve(int n, double* x) {
+  // loop this replaced updated x in shared memory and read it back every step).
+  __device__ void backward_solve(int n, double* x) {
     for (int b = (n - 1) & ~31; b >= 0; b -= 32) {
       __syncwarp();  // every lane reads the x of the blocks below
       const int e = n - b < 32 ? n : b + 32;  // the block: rows [b, e)
       const int r = b + lane;
       double acc = 0.0, xr = 0.0, rdiag = 1.0;
       if (r < e) {
-#pragma unroll 16
         for (int c = n - 1; c >= e; --c) acc += L[static_cast<int64_t>(c) * mmax + r] * x[c];
         xr = x[r];
         rdiag = 1.0 / L[static_cast<int64_t>(r) * (mmax + 1)];
       }
-      for (int i1 = e - 1; i1 >= b; i1 -= kPreload) {  // steps i1, i1 - 1, ... down to b
-        double l[kPreload];  // l[t] = L[i1 - t][r], where step i1 - t updates this lane's x
-#pragma unroll
-        for (int t = 0; t < kPreload; ++t) {
-          const int i = i1 - t;
-          l[t] = i >= b && r < i ? L[static_cast<int64_t>(i) * mmax + r] : 0.0;
+      for (int i = e - 1; i >= b; --i) {
+        const double l = r < i ? L[static_cast<int64_t>(i) * mmax + r] : 0.0;
+        double xi = 0.0;
+        if (lane == i - b) {
+          xi = (xr - acc) * rdiag;
+          xr = xi;
         }
-#pragma unroll
-        for (int t = 0; t < kPreload; ++t) {
-          const int i = i1 - t;
-          if (i < b) break;  // warp-uniform
-          double xi = 0.0;
-          if (lane == i - b) {
-            xi = (xr - acc) * rdiag;
-            xr = xi;
-          }
-          xi = __shfl_sync(kFull, xi, i - b);
-          if (r < i) acc += l[t] * xi;
-        }
+        xi = __shfl_sync(kFull, xi, i - b);
+        if (r < i) acc += l * xi;
       }
       if (r < e) x[r] = xr;
     }
@@ -323,87 +247,59 @@ struct RowSolver {
   }
 
   // Removes row and column pos from the m x m system whose factor is L (rotations into the trailing block,
-  // then everything below and right of pos moves up and left by one). z, y: scratch (y holds the trailing block's
-  // diagonal meanwhile: no rotation before row k's changes its diagonal, so the owner of step k reads it from shared
-  // memory; the new diagonal goes back to L at the end). A step's chain is the owner's rotation, two shuffles and
-  // the update of the next row: each lane loads the entries of its first kRotateRows rows that the next step
-  // updates while this step runs (a load after the shuffles put a round trip to memory on every step's chain).
+  // then everything below and right of pos moves up and left by one). z: scratch.
   __device__ void cholesky_delete(int pos) {
-    constexpr int kRotateRows = 4;  // rows i = lane + 32 j, j < kRotateRows, whose entries are loaded a step ahead
     const int t = m - pos - 1;
-    double* T = L + static_cast<int64_t>(pos + 1) * mmax + (pos + 1);  // the trailing block, T[i * mmax + k]
     __syncwarp();
-    for (int i = lane; i < t; i += 32) {
-      z[i] = L[static_cast<int64_t>(pos + 1 + i) * mmax + pos];
-      y[i] = T[static_cast<int64_t>(i) * (mmax + 1)];
-    }
-    double next[kRotateRows];  // T[i][k] of this lane's rows i > k, for step k
-#pragma unroll
-    for (int j = 0; j < kRotateRows; ++j) {
-      const int i = lane + 32 * j;
-      next[j] = i > 0 && i < t ? T[static_cast<int64_t>(i) * mmax] : 0.0;
-    }
+    for (int i = lane; i < t; i += 32) z[i] = L[static_cast<int64_t>(pos + 1 + i) * mmax + pos];
     for (int k = 0; k < t; ++k) {
-      double cur[kRotateRows];
-#pragma unroll
-      for (int j = 0; j < kRotateRows; ++j) {  // this step's entries; the next step's issued now (column k + 1)
-        const int i = lane + 32 * j;
-        cur[j] = next[j];
-        next[j] = i > k + 1 && i < t ? T[static_cast<int64_t>(i) * mmax + k + 1] : 0.0;
-      }
       double c = 0.0, s = 0.0;
-      if (lane == (k & 31)) {  // the owner of w_k (z[k])
-        const double aa = y[k], b = z[k];
+      if (lane == (k & 31)) {  // the owner of w_k (z[k]); the diagonal is untouched by the rotations before
+        double* lk = L + static_cast<int64_t>(pos + 1 + k) * mmax + (pos + 1);
+        const double aa = lk[k], b = z[k];
         const double r = sqrt(aa * aa + b * b);
         c = r / aa;
         s = b / aa;
-        y[k] = r;
+        lk[k] = r;
       }
       c = __shfl_sync(kFull, c, k & 31);
       s = __shfl_sync(kFull, s, k & 31);
-#pragma unroll
-      for (int j = 0; j < kRotateRows; ++j) {  // i = lane mod 32: the owner of z[i]
-        const int i = lane + 32 * j;
-        if (i <= k || i >= t) continue;
-        const double v = (cur[j] + s * z[i]) / c;
-        T[static_cast<int64_t>(i) * mmax + k] = v;
-        z[i] = c * z[i] - s * v;
-      }
-      for (int i = lane + 32 * kRotateRows; i < t; i += 32) {  // rows past the first kRotateRows a lane
+      for (int i = lane; i < t; i += 32) {  // i = lane mod 32: the owner of z[i]
         if (i <= k) continue;
-        double* ti = T + static_cast<int64_t>(i) * mmax;
-        ti[k] = (ti[k] + s * z[i]) / c;
-        z[i] = c * z[i] - s * ti[k];
+        double* li = L + static_cast<int64_t>(pos + 1 + i) * mmax + (pos + 1);
+        li[k] = (li[k] + s * z[i]) / c;
+        z[i] = c * z[i] - s * li[k];
       }
     }
-    for (int i = lane; i < t; i += 32) T[static_cast<int64_t>(i) * (mmax + 1)] = y[i];
     __syncwarp();
-    // row i + 1 -> row i for i in [pos, m - 1), dropping column pos
-    shift_rows(L + static_cast<int64_t>(pos) * mmax, L + static_cast<int64_t>(pos + 1) * mmax, mmax, m - 1 - pos, pos + 1,
-               1, pos, lane);
+    for (int i = pos; i < m - 1; ++i)
+      copy_dropping(L + static_cast<int64_t>(i) * mmax, L + static_cast<int64_t>(i + 1) * mmax, i + 1, pos, lane);
   }
 
-  // Borders the corral with candidate k (border_group's pick v) if its pivot exceeds min_pivot2, at the given
-  // weight. q: k's products with the m0 members before the group and, at m0 + u, with the group's pick u; r: the
-  // first m0 entries of its border L^{-1}(q + 1), solved, and at m0 + u (u < v) their products with pick u's (the
-  // row of L of the slot u took: the forward solve's sum over those m0 columns); group[s - m0]: the pick at slot
-  // s >= m0. z: scratch.
-  __device__ bool add(int k, double min_pivot2, const double* q, const double* r, int m0, const int* group,
-                      double weight) {
+  // Borders the corral with candidate k if its pivot exceeds min_pivot2; weight 0. q0: k's products with the
+  // first m0 members, when already known, and r0 the first m0 entries of its border L^{-1}(q + 1) (both written
+  // by their owner lanes).
+  __device__ bool add(int k, double min_pivot2, const double* q0 = nullptr, const double* r0 = nullptr, int m0 = 0) {
     if (m >= mmax) return false;
-    __syncwarp();  // q and r were written by other lanes
+    __syncwarp();
     for (int s = lane; s < m; s += 32) {  // q_s = <x_{S[s]}, x_k>
-      const double qs_ = s < m0 ? q[s] : q[m0 + group[s - m0]];
-      wv[s] = qs_;
-      res[s] = s < m0 ? r[s] : qs_ + 1.0;
-      if (s >= m0) z[s] = r[m0 + group[s - m0]];
+      double acc = 0.0;
+      if (s < m0) {
+        wv[s] = q0[s];
+        res[s] = r0[s];
+        continue;
+      }
+      const int ks = S[s];
+      for (int c = 0; c < d; ++c) acc += xs(ks, c) * xs(k, c);
+      wv[s] = acc;
+      res[s] = acc + 1.0;
     }
     double qkk = 0.0;  // this lane's part of <x_k, x_k>, summed over the warp with the border's norm
     for (int c = lane; c < d; c += 32) {
       const double v = xs(k, c);
       qkk += v * v;
     }
-    forward_solve(m, res, m0, z);
+    forward_solve(m, res, m0);
     double rr = 0.0;
     for (int s = lane; s < m; s += 32) rr += res[s] * res[s];
     warp_sum2(qkk, rr);
@@ -418,7 +314,7 @@ struct RowSolver {
     if (lane == 0) {
       lm[m] = sqrt(piv2);
       Q[static_cast<int64_t>(m) * mmax + m] = qkk;
-      lam[m] = weight;
+      lam[m] = 0.0;
       S[m] = k;
       flags[k] |= kInCorral;
     }
@@ -427,131 +323,16 @@ struct RowSolver {
     return true;
   }
 
-  // Borders the corral with the candidates pick[v], v < picked, in turn, as add() one by one would (the pivot test
-  // with 0 for the point that would be the corral's member first, kDependentPivot2 for the others): their products
-  // with the corral as it stands and with each other take one pass over those rows (a lane per row), their borders
-  // one forward_solve_group, then add() solves each one's entries for the points added before it in the group.
-  // weight: each one's weight once added (null: 0).
-  __device__ __noinline__ void border_group(const int* pick, int picked, int first, const double* weight) {
-    __syncwarp();  // S as the last add() left it
-    const int m0 = m;
-    for (int s = lane; s < m0 + picked; s += 32) {  // qg[v][s] = <x_{S[s]}, x_{pick[v]}>, S[m0 + u] = pick[u]
-      const double* xm = X + static_cast<int64_t>(s < m0 ? S[s] : pick[s - m0]) * d;
-      double acc[kCorralSolveGroup];
-#pragma unroll
-      for (int v = 0; v < kCorralSolveGroup; ++v) acc[v] = 0.0;
-      // the row kRowTile entries at a time into registers, then their products with the picks' entries (the same
-      // few rows for every lane: L1 hits), so each tile waits on one round trip to memory, not each entry
-      for (int c0 = 0; c0 < d; c0 += kRowTile) {
-        double xt[kRowTile];
-#pragma unroll
-        for (int j = 0; j < kRowTile; ++j) xt[j] = c0 + j < d ? xm[c0 + j] : 0.0;
-#pragma unroll
-        for (int j = 0; j < kRowTile; ++j) {
-          const int c = c0 + j;
-          if (c >= d) break;  // warp-uniform
-#pragma unroll
-          for (int v = 0; v < kCorralSolveGroup; ++v)
-            if (v < picked) acc[v] += xt[j] * xs(pick[v], c);
-        }
-      }
-#pragma unroll
-      for (int v = 0; v < kCorralSolveGroup; ++v)
-        if (v < picked) {
-          qg[static_cast<int64_t>(v) * gld + s] = acc[v];
-          qs[static_cast<int64_t>(v) * gld + s] = acc[v] + 1.0;
-        }
-    }
-    forward_solve_group(m0, qs, picked);  // the group's borders against the corral as it stands
-    __syncwarp();  // x_v[c] was written by lane c % 32
-    // for u < v, the products of borders u and v over those m0 entries, in a forward solve's order: the sum that
-    // add() takes for v in the row of L that u's slot took (one round trip for all pairs, not a pass a pair)
-    for (int uv = lane; uv < picked * picked; uv += 32) {
-      const int u = uv / picked, v = uv % picked;
-      if (u >= v) continue;
-      const double* bu = qs + static_cast<int64_t>(u) * gld;
-      const double* bv = qs + static_cast<int64_t>(v) * gld;
-      double acc = 0.0;
-#pragma unroll 8
-      for (int c = 0; c < m0; ++c) acc += bu[c] * bv[c];
-      qs[static_cast<int64_t>(v) * gld + m0 + u] = acc;
-    }
-    int group[kCorralSolveGroup];  // the pick at each slot added so far
-    for (int v = 0; v < picked && m < mmax; ++v)
-      if (add(pick[v], m == first ? 0.0 : kDependentPivot2, qg + static_cast<int64_t>(v) * gld,
-              qs + static_cast<int64_t>(v) * gld, m0, group, weight ? weight[v] : 0.0))
-        group[m - 1 - m0] = v;
-  }
-
-  // p = sum_s lam_s x_{S[s]}, kHullColumns columns a lane per pass over the corral's rows (each row read across
-  // lanes, eight rows' loads at once).
-  __device__ __noinline__ void hull_point() {
-    constexpr int kHullColumns = 4;
-    for (int c0 = 0; c0 < d; c0 += 32 * kHullColumns) {
-      double acc[kHullColumns];
-#pragma unroll
-      for (int j = 0; j < kHullColumns; ++j) acc[j] = 0.0;
-#pragma unroll 8
-      for (int s = 0; s < m; ++s) {
-        const double l = lam[s];
-        const double* xrow = X + static_cast<int64_t>(S[s]) * d;
-#pragma unroll
-        for (int j = 0; j < kHullColumns; ++j) {
-          const int c = c0 + 32 * j + lane;
-          if (c < d) acc[j] += l * xrow[c];
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kHullColumns; ++j) {
-        const int c = c0 + 32 * j + lane;
-        if (c < d) p[c] = acc[j];
-      }
-    }
-  }
-
-  // The certificate against every candidate, g_k = <x_k, p>, a lane per candidate, two at a time; returns the
-  // smallest over the valid ones. The rows are read kRowTile entries at a time into registers before their
-  // products: a tile of each of the two rows waits on one round trip to memory.
-  __device__ __noinline__ double certificate() {
-    double gl = INFINITY;
-    for (int k = lane; k < K; k += 64) {
-      const int k2 = k + 32;
-      const double* x1 = X + static_cast<int64_t>(k) * d;
-      const double* x2 = X + static_cast<int64_t>(k2 < K ? k2 : k) * d;
-      double acc1 = 0.0, acc2 = 0.0;
-      for (int c0 = 0; c0 < d; c0 += kRowTile) {
-        double t1[kRowTile], t2[kRowTile];
-#pragma unroll
-        for (int j = 0; j < kRowTile; ++j) {
-          t1[j] = c0 + j < d ? x1[c0 + j] : 0.0;
-          t2[j] = c0 + j < d && k2 < K ? x2[c0 + j] : 0.0;
-        }
-#pragma unroll
-        for (int j = 0; j < kRowTile; ++j) {
-          if (c0 + j >= d) break;  // warp-uniform
-          const double pc = p[c0 + j];
-          acc1 += t1[j] * pc;
-          acc2 += t2[j] * pc;
-        }
-      }
-      g[k] = acc1;
-      if ((flags[k] & kValid) && acc1 < gl) gl = acc1;
-      if (k2 < K) {
-        g[k2] = acc2;
-        if ((flags[k2] & kValid) && acc2 < gl) gl = acc2;
-      }
-    }
-    return warp_min(gl);
-  }
-
-  // Drops corral member i (factor by rotations; Gram, slots and weights shift down). Not inlined, as minor():
-  // in the solver's body their registers spilled (ptxas: 156 bytes of spill stores; 4 this way).
-  __device__ __noinline__ void remove(int i) {
+  // Drops corral member i (factor by rotations; Gram, slots and weights shift down).
+  __device__ void remove(int i) {
     cholesky_delete(i);
-    // column i dropped from the rows above i (in place), then rows below i move up a row, dropping it
-    shift_rows(Q + i, Q + i, mmax, i, m - 1 - i, 0, 0, lane);
-    shift_rows(Q + static_cast<int64_t>(i) * mmax, Q + static_cast<int64_t>(i + 1) * mmax, mmax, m - 1 - i, m - 1, 0, i,
-               lane);
+    for (int r = 0; r < m - 1; ++r) {  // column i dropped; rows below i move up (source rows are never above)
+      double* qr = Q + static_cast<int64_t>(r) * mmax;
+      if (r < i)
+        copy_dropping(qr + i, qr + i, m - 1 - i, 0, lane);
+      else
+        copy_dropping(qr, qr + mmax, m - 1, i, lane);
+    }
     if (lane == 0) flags[S[i]] &= static_cast<uint8_t>(~kInCorral);
     __syncwarp();
     copy_dropping(S, S, m - 1, i, lane);
@@ -563,7 +344,7 @@ struct RowSolver {
   // Wolfe's minor cycle: affine minimum-norm weights y of the corral ((Q + 1 1^T + ridge I) z = 1, one
   // refinement against the system without ridge, y = z / sum z); while some y_i <= eps_w, move towards y until
   // the first weight reaches 0 and drop it (and every weight left at 0). Ends at y > 0 on the corral.
-  __device__ __noinline__ void minor() {
+  __device__ void minor() {
     for (int step = 0, steps = m + 2; step < steps && m > 0; ++step) {
       __syncwarp();
       for (int i = lane; i < m; i += 32) z[i] = 1.0;
@@ -574,7 +355,6 @@ struct RowSolver {
       __syncwarp();  // every lane reads all of z
       for (int i = lane; i < m; i += 32) {  // Q is symmetric: column i, read across lanes
         double acc = 0.0;
-#pragma unroll 16
         for (int j = 0; j < m; ++j) acc += Q[static_cast<int64_t>(j) * mmax + i] * z[j];
         res[i] = 1.0 - zsum - acc;
       }
@@ -619,12 +399,13 @@ struct RowSolver {
     }
   }
 
-  // The candidate star of the value wi towards cand (K), a lane per candidate, exact differences (a zero one is a
-  // duplicated value: no valid direction); a candidate outside [0, n) is padding (on a GPU the indices are not
-  // range-checked up front). Returns whether this lane met a duplicate. Not inlined: its row tiles in the solver's
-  // body pushed the 128-register bound into spills.
-  __device__ __noinline__ bool build_star(const double* wi, const int64_t* cand) {
+  __device__ void solve(int64_t row) {
     const int64_t n = a.n;
+    const double* wi = a.w + a.rows[row] * static_cast<int64_t>(d);
+    const int64_t* cand = a.cand + row * static_cast<int64_t>(K);
+    __syncwarp();  // the previous row's reads of this scratch are done
+    // the candidate star, a lane per candidate, exact differences (a zero one is a duplicated value: no valid
+    // direction); a candidate outside [0, n) is padding (on a GPU the indices are not range-checked up front)
     bool dup = false;
     for (int k = lane; k < K; k += 32) {
       const int64_t j = cand[k];
@@ -633,79 +414,41 @@ struct RowSolver {
       if (j < 0 || j >= n) {
         for (int c = 0; c < d; ++c) x[c] = 0.0;
       } else {
-        // the differences twice, for their norm, then scaled into the star (one write of the star row, not a write,
-        // a read and a write: the warps' stars stream from memory), kRowTile entries of both rows loaded at once
-        // (the stores could alias the rows for all the compiler knows: entry by entry, each load waited on them)
         const double* wj = a.w + j * d;
         double nn = 0.0;
-        for (int c0 = 0; c0 < d; c0 += kRowTile) {
-          double ti[kRowTile], tj[kRowTile];
-#pragma unroll
-          for (int q = 0; q < kRowTile; ++q) {
-            ti[q] = c0 + q < d ? wi[c0 + q] : 0.0;
-            tj[q] = c0 + q < d ? wj[c0 + q] : 0.0;
-          }
-#pragma unroll
-          for (int q = 0; q < kRowTile; ++q) {
-            if (c0 + q >= d) break;
-            const double t = ti[q] - tj[q];
-            nn += t * t;
-          }
+        for (int c = 0; c < d; ++c) {
+          const double t = wi[c] - wj[c];
+          x[c] = t;
+          nn += t * t;
         }
         const double nrm = sqrt(nn);
-        const double inv = nrm > 0.0 ? 1.0 / nrm : 1.0;  // a duplicate keeps its (zero) differences
-        for (int c0 = 0; c0 < d; c0 += kRowTile) {
-          double ti[kRowTile], tj[kRowTile];
-#pragma unroll
-          for (int q = 0; q < kRowTile; ++q) {
-            ti[q] = c0 + q < d ? wi[c0 + q] : 0.0;
-            tj[q] = c0 + q < d ? wj[c0 + q] : 0.0;
-          }
-#pragma unroll
-          for (int q = 0; q < kRowTile; ++q)
-            if (c0 + q < d) x[c0 + q] = (ti[q] - tj[q]) * inv;
-        }
-        if (nrm > 0.0)
+        if (nrm > 0.0) {
+          const double inv = 1.0 / nrm;
+          for (int c = 0; c < d; ++c) x[c] *= inv;
           f = kValid;
-        else
+        } else {
           dup = true;
+        }
       }
       flags[k] = f;
     }
-    return dup;
-  }
-
-  __device__ void solve(int64_t row) {
-    const double* wi = a.w + a.rows[row] * static_cast<int64_t>(d);
-    const int64_t* cand = a.cand + row * static_cast<int64_t>(K);
-    __syncwarp();  // the previous row's reads of this scratch are done
-    bool dup = build_star(wi, cand);
     dup = __any_sync(kFull, dup);
     __syncwarp();
-    // the warm corral (positions into cand), bordered in groups as a major cycle's additions (the same arithmetic
-    // as point by point, where each point's products with the corral took a pass over every member's row); its
-    // weights restart the line search
+    // the warm corral (positions into cand), bordered point by point; its weights restart the line search
     m = 0;
-    for (int64_t t = 0; t < a.kw && m < mmax;) {
-      int pick[kCorralSolveGroup];
-      double weight[kCorralSolveGroup];
-      int picked = 0;
-      for (; t < a.kw && picked < kCorralSolveGroup; ++t) {
-        const int64_t kk = a.warm_cols ? a.warm_cols[row * a.kw + t] : -1;
-        if (kk < 0 || kk >= K) continue;
-        const int k = static_cast<int>(kk);
-        bool skip = !(flags[k] & kValid) || (flags[k] & kInCorral);
-        for (int v = 0; v < picked; ++v) skip = skip || pick[v] == k;  // listed twice in one group
-        if (skip) continue;
-        pick[picked] = k;
-        weight[picked++] = max_of(a.warm_lam[row * a.kw + t], 0.0);
+    double wsum = 0.0;
+    for (int64_t t = 0; t < a.kw; ++t) {
+      const int64_t kk = a.warm_cols ? a.warm_cols[row * a.kw + t] : -1;
+      if (kk < 0 || kk >= K) continue;
+      const int k = static_cast<int>(kk);
+      if (!(flags[k] & kValid) || (flags[k] & kInCorral)) continue;
+      if (add(k, kDependentPivot2)) {
+        const double lw = max_of(a.warm_lam[row * a.kw + t], 0.0);
+        if (lane == ((m - 1) & 31)) lam[m - 1] = lw;
+        wsum += lw;
       }
-      if (picked > 0) border_group(pick, picked, -1, weight);
     }
     if (m > 0) {
-      double wsum = 0.0;  // in the order the points were added
-      for (int s = 0; s < m; ++s) wsum += lam[s];
-      __syncwarp();  // every lane has read every weight
       for (int s = lane; s < m; s += 32) lam[s] = wsum > 0.0 ? lam[s] / wsum : 1.0 / static_cast<double>(m);
       minor();
     }
@@ -722,12 +465,24 @@ struct RowSolver {
       const bool hull = m > 0;
       __syncwarp();  // lam and S were written by their owners
       if (hull) {
-        hull_point();
+        for (int c = lane; c < d; c += 32) {
+          double acc = 0.0;
+          for (int s = 0; s < m; ++s) acc += lam[s] * xs(S[s], c);
+          p[c] = acc;
+        }
       } else {
         for (int c = lane; c < d; c += 32) p[c] = start[c];
       }
       __syncwarp();  // every lane reads all of p
-      const double gmin = certificate();
+      // certificate against every candidate: g_k = <x_k, p>, a lane per candidate
+      double gl = INFINITY;
+      for (int k = lane; k < K; k += 32) {
+        double acc = 0.0;
+        for (int c = 0; c < d; ++c) acc += xs(k, c) * p[c];
+        g[k] = acc;
+        if ((flags[k] & kValid) && acc < gl) gl = acc;
+      }
+      const double gmin = warp_min(gl);
       double part = 0.0;
       for (int c = lane; c < d; c += 32) part += p[c] * p[c];
       const double pp = warp_sum(part), pn = sqrt(pp);
@@ -785,7 +540,31 @@ struct RowSolver {
           }
         }
         if (picked == 0) break;
-        border_group(pick, picked, before, nullptr);
+        const int m0 = m;
+        for (int s = lane; s < m0; s += 32) {  // qg[v][s] = <x_{S[s]}, x_{pick[v]}>, a lane per member
+          const double* xm = X + static_cast<int64_t>(S[s]) * d;
+          double acc[kCorralSolveGroup];
+#pragma unroll
+          for (int v = 0; v < kCorralSolveGroup; ++v) acc[v] = 0.0;
+          for (int c = 0; c < d; ++c) {
+            const double xc = xm[c];
+#pragma unroll
+            for (int v = 0; v < kCorralSolveGroup; ++v)
+              if (v < picked) acc[v] += xc * xs(pick[v], c);
+          }
+#pragma unroll
+          for (int v = 0; v < kCorralSolveGroup; ++v)
+            if (v < picked) {
+              qg[static_cast<int64_t>(v) * mmax + s] = acc[v];
+              qs[static_cast<int64_t>(v) * mmax + s] = acc[v] + 1.0;
+            }
+        }
+        forward_solve_group(m0, qs, picked);  // the group's borders against the corral as it stands
+#pragma unroll
+        for (int v = 0; v < kCorralSolveGroup; ++v)
+          if (v < picked && m < mmax)
+            add(pick[v], m == before ? 0.0 : kDependentPivot2, qg + static_cast<int64_t>(v) * mmax,
+                qs + static_cast<int64_t>(v) * mmax, m0);
       }
       if (m == before) break;  // nothing to add: the point stays (its certificate is what it is)
       if (!hull && lane == 0) lam[0] = 1.0;  // a cold start begins at the most violating point
