@@ -57,6 +57,7 @@ def test_cells_and_grids_are_validated():
     assert real_lm.cell("rome", n=10)["protocol"] == "sequential"
     assert real_lm.cell("memit", n="all")["protocol"] == "batch"
     assert real_lm.cell("ours", n=10)["settings"] == real_lm.OURS_SETTINGS
+    assert real_lm.cell("ours", n=10, kind="new")["settings"] == {**real_lm.OURS_SETTINGS, "partner_weight": 0.01}
     assert real_lm.cell("alphaedit", n=100, protocol="single")["protocol"] == "single"
     for bad in ({"method": "nope"}, {"method": "memit", "protocol": "sequential"}, {"method": "rome", "n": 0},
                 {"method": "rome", "n": "most"}, {"method": "unedited", "settings": {"a": 1}},
