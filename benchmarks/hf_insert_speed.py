@@ -54,7 +54,9 @@ def run(model, tok, facts: int, device: str, threads: int, workers, model_name: 
     ins = hf.insert_facts(model, tok, requests, progress=False, device=device, workers=workers, **SETTINGS)
     seconds = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
     report = ins.report
-    units = {**ins.mlp.swiglu_weights(), "margins": torch.tensor(report.margins)}
+    # the inserted units, kept only to save or compare them
+    units = (None if mlp_out is None and mlp_ref is None
+             else {**ins.mlp.swiglu_weights(), "margins": torch.tensor(report.margins)})
     ins.remove()
     if mlp_out is not None:
         from safetensors.torch import save_file
@@ -63,11 +65,8 @@ def run(model, tok, facts: int, device: str, threads: int, workers, model_name: 
     return {"model": model_name, "facts": len(requests), "cases": len(cases), "settings": SETTINGS, "device": device, "threads": threads,
             "workers": workers, "value_workers": report.values.get("value_workers", 1),
             "value_chunks": report.values.get("value_chunks", 1),
-            "value_chunk_seconds": report.values.get("value_chunk_seconds"),
-            "value_chunk_cpu": report.values.get("value_chunk_cpu"),
-            "value_chunk_steps": report.values.get("value_chunk_steps"),
-            "value_chunk_tokens": report.values.get("value_chunk_tokens"),
-            "value_chunk_worker": report.values.get("value_chunk_worker"),
+            **{f"value_chunk_{k}": report.values.get(f"value_chunk_{k}")
+               for k in ("seconds", "cpu", "steps", "tokens", "worker")},
             "makespan_cpu": makespans(report.values), "seconds": seconds, "timings": report.timings,
             "contexts": report.num_keys,
             "value_contexts": report.construction["value_contexts"], "subjects": report.construction["subjects"],
