@@ -2,7 +2,7 @@
 
 Every point of a small grid per method (the parameters issue 32 names: MEMIT's λ around the width-rescaled
 1.5e3, AlphaEdit's absolute null-space threshold around the published 2e-2, with the null space's size, GRACE's ε,
-WISE's routing ratio) edits the first ``--n`` cases of ``known_draw("validation")`` (every case's new object
+WISE's routing ratio and its other published settings) edits the first ``--n`` cases of ``known_draw("validation")`` (every case's new object
 under each of its relation's edit templates, ``metrics.case_requests``, as the test cells get them), is scored
 by ``metrics.score_cases`` and restored; the point with the best harmonic mean of efficacy, paraphrase and
 neighbourhood scores is chosen (ties: the first; the published settings come first). The weight editors edit
@@ -19,7 +19,8 @@ Resumable: points already in the output file are skipped; methods may run in sep
 write keeps the other methods' entries). λ and the null-space threshold enter only the final solve (MEMIT's
 ``execute_memit``, AlphaEdit's ``get_project``; z* comes from ``compute_z`` on the unedited model before it), so
 every point with the same residual settings and last layer reuses one δ (``hf.edit(targets=...)``), across
-methods too: with AlphaEdit at lr 0.5 its δ settings are MEMIT's. That δ is also kept chunk by chunk in the
+methods too: with AlphaEdit at lr 0.5 its δ settings are MEMIT's. WISE's points that differ only in act_ratio,
+which enters only the routing, route one trained side memory (``hf.edit(targets=...)``). That δ is also kept chunk by chunk in the
 cache folder (``hf.edit(checkpoint=<cache>/residual_targets)``, a file named by everything δ depends on), so a
 killed run resumes it and a later process reads it back. Session 22 (2 cores, load ~15-20): a GRACE point took ~145 CPU-s (20 min wall).
 """
@@ -57,7 +58,7 @@ def grid(method: str) -> list[dict]:
     of 1,106-1,440 of 1,536 dimensions, 5e-3 23-823, 1e-1 1,463-1,527)."""
     if method in ("grace", "wise"):
         return {"grace": [{}, {"eps": 10.0}, {"eps": 20.0}, {"eps": 5.0}],
-                "wise": [{}, {"act_ratio": 0.5}, {"act_ratio": 0.7}]}[method]
+                "wise": [{}, {"act_ratio": 0.7}, {"act_ratio": 0.5}, *WISE_LLAMA3]}[method]
     layers = {m: tuple(v) for m, v in traced_layers().items()}
     rescaled = 1.5e4 * 1536 / 16384
     return {
@@ -68,6 +69,11 @@ def grid(method: str) -> list[dict]:
         "alphaedit": [{"layers": layers["alphaedit"], "lr": 0.5, "nullspace_threshold": t}
                       for t in (2e-2, 5e-3, 1e-2, 5e-2, 1e-1)],
     }[method]
+
+
+WISE_LLAMA3 = [{"layer": 27, "lr": 0.9, "steps": 30, "act_margin": [2.0, 20.0, 10.0], "act_ratio": r} for r in (0.5, 0.88)]
+"""WISE's other published settings (EasyEdit hparams/WISE/llama3-8b.yaml: layer 29 of 32, here 27 of 30, edit_lr 0.9,
+n_iter 30, act_margin [2, 20, 10], act_ratio 0.5), and with the LLaMA-2 ratio 0.88."""
 
 
 def traced_layers() -> dict:
@@ -100,7 +106,9 @@ def main() -> None:
     result.update({"benchmark": "editor_validation_sweep", "model": MODEL, "split": "validation",
                    "select": "harmonic mean of efficacy, paraphrase, neighbourhood scores"})
     result.setdefault("methods", {})
-    shared: dict = {}  # residual settings and last layer -> the δ of an earlier point (MEMIT's serve AlphaEdit's)
+    # residual settings and last layer -> the δ of an earlier point (MEMIT's serve AlphaEdit's); WISE's settings but
+    # act_ratio -> its trained side memory (the ratio enters only the routing)
+    shared: dict = {}
     for method in args.methods:
         entry = result["methods"].setdefault(method, {"points": []})
         if entry["points"] and entry.get("cases", args.n) != args.n:
@@ -116,6 +124,8 @@ def main() -> None:
             stats = {} if method in ("grace", "wise") else {"mom2_n_samples": args.mom2_n_samples}
             hp = resolve_hparams(model, method, None, {**overrides, **stats})
             reuse, checkpoint = None, None
+            if method == "wise":
+                reuse = json.dumps({k: v for k, v in as_dict(hp).items() if k != "act_ratio"}, sort_keys=True)
             if method in ("memit", "alphaedit") and len(requests) <= getattr(hp, "batch_size", len(requests)):
                 reuse = json.dumps([hp.residual_settings(), hp.layers[-1]], sort_keys=True, default=str)
                 checkpoint = default_cache_dir() / "residual_targets"  # a killed run resumes its δ from here
@@ -123,7 +133,8 @@ def main() -> None:
             with torch.enable_grad():
                 applied = hf.edit(model, tok, requests, method=method, progress=False, targets=shared.get(reuse),
                                   checkpoint=checkpoint, **overrides, **stats)
-            seconds = {"edit": time.perf_counter() - wall, "edit_cpu": time.process_time() - cpu}
+            seconds = {"edit": time.perf_counter() - wall, "edit_cpu": time.process_time() - cpu,
+                       "reused": reuse in shared}
             try:
                 scores = score_cases(model, tok, cases, base)
             finally:

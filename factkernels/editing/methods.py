@@ -156,7 +156,9 @@ class GRACEHparams(_Published):
 class WISEHparams(_Published):
     """WISE (Wang et al. 2024; EasyEdit hparams/WISE/llama-7b.yaml): a side copy of ``layer``'s down
     projection trained by SGD (``steps``, ``lr``) on a random ``mask_ratio`` of its entries, each within
-    ``norm_constraint`` of the original, with the routing margins (alpha, beta, gamma) = ``act_margin``
+    ``norm_constraint`` of the original, on the target's NLL under the bare prompt and generated context
+    prefixes (``prefixes``, ``prefix_starts``: EasyEdit's ``get_context_templates``, lengths [[5, 5], [10, 5]]
+    from "I", "You", "Because", "Yes", "Q: ") with the routing margins (alpha, beta, gamma) = ``act_margin``
     on the activation distance ||silu(W' k) − silu(W k)||; a sequence is routed to the side memory when
     its distance exceeds ``act_ratio`` × the smallest distance seen on an edit."""
 
@@ -167,6 +169,8 @@ class WISEHparams(_Published):
     norm_constraint: float = 1.0
     act_margin: tuple[float, float, float] = (5.0, 20.0, 10.0)
     act_ratio: float = 0.88
+    prefixes: Prefixes = ((5, 5), (10, 5))
+    prefix_starts: tuple[str, ...] = ("I", "You", "Because", "Yes", "Q:")
     seed: int = 0
 
     REF_LAYERS: ClassVar[int] = 32

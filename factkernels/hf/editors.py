@@ -46,12 +46,13 @@ WEIGHT_EDITORS = ("rome", "memit", "alphaedit")
 class EditResult:
     """An applied edit: ``report`` (method, layers, hparams, NLLs, seconds), the residual ``targets`` it wrote
     when every δ was trained on the unedited model (MEMIT, one-batch AlphaEdit, one-fact ROME: pass them to
-    another :func:`edit` to try other update settings without re-training δ; else None), and how to undo it."""
+    another :func:`edit` to try other update settings without re-training δ; WISE: its trained side memory, to
+    route with another act_ratio; else None), and how to undo it."""
 
     method: str
     layers: tuple[int, ...]
     report: dict
-    targets: Optional[ResidualTargets] = field(repr=False)
+    targets: Any = field(repr=False)
     _undo: Callable[[], None] = field(repr=False)
 
     def restore(self) -> None:
@@ -114,7 +115,7 @@ def _check_targets(targets: ResidualTargets, n: int, layer: int, settings: dict)
 
 def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Optional[Sequence[int]] = None, *,
          stats: Optional[dict[int, torch.Tensor]] = None, cache_dir: Any = None, progress: Optional[bool] = None,
-         targets: Optional[ResidualTargets] = None, checkpoint: Union[str, Path, None] = None,
+         targets: Optional[Any] = None, checkpoint: Union[str, Path, None] = None,
          chunk: int = 8, device: Union[str, torch.device, None] = None, **hparams: Any) -> EditResult:
     """Apply ``method`` ("rome" | "memit" | "alphaedit" | "grace" | "wise") for ``requests`` to ``model`` in
     place (see the module docstring).
@@ -128,6 +129,8 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
     for that model (:data:`factkernels.editing.TUNED`: traced layers, validation-draw sweep). targets: the δ of
     an earlier edit of the same requests (``EditResult.targets``), reused instead of re-trained where every δ
     is trained on the unedited model; they must match the last layer and the δ settings, else ValueError.
+    For WISE, the trained side memory of an earlier edit of the same requests (``EditResult.targets``), routed
+    with this edit's act_ratio instead of trained again (every other setting must match).
     checkpoint: a .safetensors file keeping the residual step's finished chunks (MEMIT and one-batch
     AlphaEdit), so a long edit can be stopped and run again; or a folder (any other path), where that file is
     named by everything δ depends on (:func:`targets_file`): edits that train the same δ share it (MEMIT and
@@ -142,11 +145,9 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
     if device is not None:
         model.to(device)
     if method in ("grace", "wise"):
-        if targets is not None:
-            raise ValueError(f"{method} trains its own values; targets apply to {WEIGHT_EDITORS}")
         from .side_memory import edit_side_memory
 
-        return edit_side_memory(model, tok, reqs, method, hp, progress=progress)
+        return edit_side_memory(model, tok, reqs, method, hp, progress=progress, targets=targets)
     missing = [layer for layer in hp.layers if stats is None or layer not in stats]
     stats_texts = mom2_texts(hp.mom2_dataset, hp.mom2_n_samples) if missing else []
     covs = {**(stats or {}), **key_second_moments(model, tok, missing, texts=stats_texts, cache_dir=cache_dir,

@@ -5,16 +5,20 @@ last token; its value (cold start: uniform random, seeded) is trained with Adam 
 the projection's output at that token, the model continues with the target. At run time every position
 whose input lies within a key's radius gets that key's value as output (as in generation, where each new
 token is the last). WISE: a side copy W' of the down projection, trained by SGD on a random subset of its
-entries (clamped to W ± norm_constraint) on the target's NLL plus the routing margins against one
-unrelated text; a sequence whose activation distance reaches act_ratio × the smallest distance seen on an
-edit is computed with W', any other with W. One side memory (no sharding or merging: those start at 500
-edits in the published settings).
+entries (clamped to W ± norm_constraint) on the target's NLL under the bare prompt and the generated context
+prefixes (EasyEdit's ``get_context_templates``: 5 of 5 tokens and 5 of 10) plus the routing margins against one
+unrelated text, each edit until WISE's early stop (loss <= 0.02, moved <= 1e-4) or ``steps``; a sequence whose
+activation distance reaches act_ratio × the smallest mean distance seen on an edit's contexts is computed with
+W', any other with W. One side memory (no sharding or merging: those start at 500 edits in the published
+settings). The trained memory (:class:`WiseMemory`) is the result's ``targets``: routing it with another act_ratio
+needs no training.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F_nn
@@ -24,28 +28,34 @@ from ..editing import GRACEHparams, GraceCodebook, WISEHparams, as_dict, wise_ac
 from ..progress import progress_bar
 from .capture import (block_outputs, capture, encode_requests, encode_texts, final_hidden, hidden_with_delta,
                       model_device, tail_hidden)
+from .contexts import context_prefixes, with_prefixes
 from .layout import mlp_module
 from .requests import Request
 from .residual import frozen, target_nll
 
 
 def edit_side_memory(model: Any, tok: Any, requests: Sequence[Request], method: str, hp: Any, *,
-                     progress: Any = None) -> Any:
+                     progress: Any = None, targets: Optional["WiseMemory"] = None) -> Any:
     """Edit ``requests`` one after another into a GRACE codebook or a WISE side memory (see the module
-    docstring); returns an :class:`~factkernels.hf.editors.EditResult` whose restore() removes it."""
+    docstring); returns an :class:`~factkernels.hf.editors.EditResult` whose restore() removes it and, for
+    WISE, whose ``targets`` is the trained :class:`WiseMemory` (pass it back as ``targets`` to route the same
+    memory with another act_ratio without training it again)."""
     from .editors import EditResult
 
     started = time.perf_counter()
     with frozen(model):
+        trained = None
         if isinstance(hp, GRACEHparams):
+            if targets is not None:
+                raise ValueError("grace trains its own values; targets apply to wise and the weight editors")
             undo, extra = _grace(model, tok, requests, hp, progress)
         elif isinstance(hp, WISEHparams):
-            undo, extra = _wise(model, tok, requests, hp, progress)
+            undo, extra, trained = _wise(model, tok, requests, hp, progress, targets)
         else:
             raise TypeError(f"hp must be GRACE or WISE hyperparameters, got {type(hp).__name__}")
     report = {"method": method, "layers": [hp.layer], "facts": len(requests), "hparams": as_dict(hp),
               "seconds": time.perf_counter() - started, **extra}
-    return EditResult(method, (hp.layer,), report, None, undo)
+    return EditResult(method, (hp.layer,), report, trained, undo)
 
 
 def _grace(model: Any, tok: Any, requests: Sequence[Request], hp: GRACEHparams, progress: Any):
@@ -95,15 +105,44 @@ def _grace(model: Any, tok: Any, requests: Sequence[Request], hp: GRACEHparams, 
     return handle.remove, extra
 
 
-def _wise(model: Any, tok: Any, requests: Sequence[Request], hp: WISEHparams, progress: Any):
+@dataclass
+class WiseMemory:
+    """A trained WISE side memory: the side copy of the down projection (d, intermediate), the smallest mean
+    activation distance seen on an edit (routing threshold = ``min_act`` × act_ratio) and the settings it was
+    trained with. The routing ratio enters only at run time, so one memory serves every act_ratio
+    (``hf.edit(method="wise", targets=...)``, as the weight editors' δ serves every λ)."""
+
+    weight: torch.Tensor
+    min_act: float
+    settings: dict
+
+
+def early_stopped(losses: Sequence[float], *, below: float = 0.02, change: float = 1e-4) -> bool:
+    """WISE's EarlyStopMeter: an edit stops once its last loss is <= ``below`` and moved <= ``change`` since the
+    one before."""
+    return len(losses) >= 2 and losses[-1] <= below and abs(losses[-1] - losses[-2]) <= change
+
+
+def _wise_training_settings(hp: WISEHparams, n: int) -> dict:
+    return {**{k: v for k, v in as_dict(hp).items() if k != "act_ratio"}, "requests": n}
+
+
+def _wise(model: Any, tok: Any, requests: Sequence[Request], hp: WISEHparams, progress: Any,
+          trained: Optional[WiseMemory]):
     down = mlp_module(model, hp.layer).down_proj
     weight = down.weight.detach()
-    side = weight.clone()
-    generator = torch.Generator().manual_seed(hp.seed)
-    mask = (torch.rand(weight.shape, generator=generator) < hp.mask_ratio).to(weight)
+    settings = _wise_training_settings(hp, len(requests))
+    if trained is not None:
+        if not isinstance(trained, WiseMemory):
+            raise TypeError(f"targets for wise must be a WiseMemory (EditResult.targets), got {type(trained).__name__}")
+        differ = sorted(k for k in settings if trained.settings.get(k) != settings[k])
+        if differ:
+            raise ValueError(f"the side memory was trained with other settings ({', '.join(differ)}); only act_ratio "
+                             "may differ")
     alpha, beta, gamma = hp.act_margin
-    unrelated = natural_text("eval")
-    state: dict = {"editing": False, "min_act": None, "mask": None}
+    # generated before the hooks go in: the unedited model writes them
+    prefixes = context_prefixes(model, tok, hp.prefixes, hp.prefix_starts) if trained is None else ()
+    state: dict = {"editing": False, "weight": None if trained is None else trained.weight.to(weight)}
 
     def record_mask(_m: Any, _args: tuple, kwargs: dict) -> None:
         state["attention"] = kwargs.get("attention_mask")
@@ -115,59 +154,90 @@ def _wise(model: Any, tok: Any, requests: Sequence[Request], hp: WISEHparams, pr
         if state["editing"]:
             state["dist"] = wise_activation_distance(out, side_out, real)
             return side_out
-        dist = wise_activation_distance(out, side_out, real, top1_beyond=100)
-        routed = dist >= state["min_act"] * hp.act_ratio
+        state["dist"] = wise_activation_distance(out, side_out, real, top1_beyond=100)
+        routed = state["dist"] >= state["min_act"] * hp.act_ratio
         return torch.where(routed[:, None, None], side_out, out)
 
-    side_param = side.clone().requires_grad_(True)
-    state["weight"] = side_param
     handles = [model.model.register_forward_pre_hook(record_mask, with_kwargs=True),
                down.register_forward_hook(hook)]
-    min_act = float("inf")
-    try:
-        for i, r in enumerate(progress_bar(list(requests), desc="wise", enabled=progress is not False, leave=False)):
-            batch = encode_requests(tok, [r], with_target=True)
-            other_ids, other_mask = encode_texts(tok, [unrelated[i % len(unrelated)]], max_length=32)
-            opt = torch.optim.SGD([side_param], lr=hp.lr, weight_decay=1e-5)
-            # the blocks before the side memory never change: each step runs from the states before it
-            edit_in = block_outputs(model, batch.input_ids, batch.attention_mask, hp.layer - 1) if hp.layer else None
-            other_in = block_outputs(model, other_ids, other_mask, hp.layer - 1) if hp.layer else None
-            state["editing"] = True
-            for _ in range(hp.steps):
-                state["attention"] = batch.attention_mask
-                hidden = (tail_hidden(model, hp.layer - 1, edit_in, batch.attention_mask) if hp.layer else
-                          final_hidden(model, batch.input_ids, batch.attention_mask))
-                ft = target_nll(model, batch, hidden).mean()
-                in_scope = state["dist"]
-                state["attention"] = other_mask
-                if hp.layer:
-                    tail_hidden(model, hp.layer - 1, other_in, other_mask)
-                else:
-                    final_hidden(model, other_ids, other_mask)
-                out_scope = state["dist"]
-                loss = ft + wise_margin_loss(in_scope, out_scope, alpha, beta, gamma)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                side_param.grad.mul_(mask)
-                opt.step()
-                with torch.no_grad():
-                    side_param.copy_(torch.maximum(torch.minimum(side_param, weight + hp.norm_constraint),
-                                                   weight - hp.norm_constraint))
-            with torch.no_grad():  # the edit's activation distance with the trained side memory
-                final_hidden(model, batch.input_ids, batch.attention_mask)
-                min_act = min(min_act, float(state["dist"].mean()))
-            state["editing"] = False
-        state["weight"] = side_param.detach()
-        state["min_act"] = min_act
-    except Exception:
-        for h in handles:
-            h.remove()
-        raise
 
     def undo() -> None:
         for h in handles:
             h.remove()
-    return undo, {"routing_threshold": min_act * hp.act_ratio, "side_memory_change": float((state["weight"] - weight).norm())}
+    try:
+        extra = {}
+        if trained is None:
+            trained, extra = _train_wise(model, tok, requests, hp, prefixes, state, weight, (alpha, beta, gamma),
+                                         settings, progress)
+        state["weight"], state["min_act"] = trained.weight.to(weight), trained.min_act
+        with torch.no_grad():  # which edit prompts (with their new targets) the memory answers
+            routed = []
+            for r in requests:
+                batch = encode_requests(tok, [r], with_target=True)
+                state["attention"] = batch.attention_mask
+                final_hidden(model, batch.input_ids, batch.attention_mask)
+                routed.append(float(state["dist"][0]) >= trained.min_act * hp.act_ratio)
+    except Exception:
+        undo()
+        raise
+    extra = {**extra, "routing_threshold": trained.min_act * hp.act_ratio, "min_act": trained.min_act,
+             "edits_routed": sum(routed) / max(len(routed), 1),
+             "side_memory_change": float((trained.weight.to(weight) - weight).norm())}
+    return undo, extra, trained
 
 
-__all__ = ["edit_side_memory"]
+def _train_wise(model: Any, tok: Any, requests: Sequence[Request], hp: WISEHparams, prefixes: Sequence[str],
+                state: dict, weight: torch.Tensor, margins: tuple, settings: dict,
+                progress: Any) -> tuple[WiseMemory, dict]:
+    """Train the side memory edit by edit (each: the request under the bare prompt and every context prefix,
+    one unrelated text for the margins); returns it and a report."""
+    alpha, beta, gamma = margins
+    generator = torch.Generator().manual_seed(hp.seed)
+    mask = (torch.rand(weight.shape, generator=generator) < hp.mask_ratio).to(weight)
+    unrelated = natural_text("eval")
+    side_param = weight.clone().requires_grad_(True)
+    state["weight"] = side_param
+    min_act, steps_run = float("inf"), []
+    for i, r in enumerate(progress_bar(list(requests), desc="wise", enabled=progress is not False, leave=False)):
+        batch = encode_requests(tok, with_prefixes([r], prefixes), with_target=True)
+        other_ids, other_mask = encode_texts(tok, [unrelated[i % len(unrelated)]], max_length=32)
+        opt = torch.optim.SGD([side_param], lr=hp.lr, weight_decay=1e-5)
+        # the blocks before the side memory never change: each step runs from the states before it
+        edit_in = block_outputs(model, batch.input_ids, batch.attention_mask, hp.layer - 1) if hp.layer else None
+        other_in = block_outputs(model, other_ids, other_mask, hp.layer - 1) if hp.layer else None
+        state["editing"] = True
+        losses: list[float] = []
+        for _ in range(hp.steps):
+            if early_stopped(losses):
+                break
+            state["attention"] = batch.attention_mask
+            hidden = (tail_hidden(model, hp.layer - 1, edit_in, batch.attention_mask) if hp.layer else
+                      final_hidden(model, batch.input_ids, batch.attention_mask))
+            ft = target_nll(model, batch, hidden).mean()
+            in_scope = state["dist"]
+            state["attention"] = other_mask
+            if hp.layer:
+                tail_hidden(model, hp.layer - 1, other_in, other_mask)
+            else:
+                final_hidden(model, other_ids, other_mask)
+            loss = ft + wise_margin_loss(in_scope, state["dist"], alpha, beta, gamma)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            side_param.grad.mul_(mask)
+            opt.step()
+            with torch.no_grad():
+                side_param.copy_(torch.maximum(torch.minimum(side_param, weight + hp.norm_constraint),
+                                               weight - hp.norm_constraint))
+            losses.append(float(loss.detach()))
+        steps_run.append(len(losses))
+        with torch.no_grad():  # the edit's mean activation distance over its contexts with the trained memory
+            state["attention"] = batch.attention_mask
+            final_hidden(model, batch.input_ids, batch.attention_mask)
+            min_act = min(min_act, float(state["dist"].mean()))
+        state["editing"] = False
+    memory = WiseMemory(side_param.detach().clone(), min_act, settings)
+    return memory, {"contexts": 1 + len(prefixes), "prefixes": list(prefixes),
+                    "steps_mean": sum(steps_run) / max(len(steps_run), 1)}
+
+
+__all__ = ["edit_side_memory", "WiseMemory", "early_stopped"]

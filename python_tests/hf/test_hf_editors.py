@@ -504,7 +504,9 @@ def test_alphaedit_keeps_the_earlier_batches_keys_read_after_their_edits(llama, 
                 model.model.layers[i].mlp.down_proj.weight.copy_(weight)
 
 
-@pytest.mark.parametrize("method, extra", [("grace", {"eps": 1.0, "steps": 30}), ("wise", {"steps": 30})])
+# random weights keep WISE's unrelated text nearer its edits' distances than a trained LM does: a higher ratio
+@pytest.mark.parametrize("method, extra", [("grace", {"eps": 1.0, "steps": 30}),
+                                           ("wise", {"steps": 30, "act_ratio": 0.95, **FEW})])
 def test_side_memories_answer_the_edit_and_restore_removes_them(llama, method, extra):
     model, tok = llama
     before = _target_nll(model, tok, REQUESTS)
@@ -524,6 +526,35 @@ def test_side_memories_answer_the_edit_and_restore_removes_them(llama, method, e
         assert result.report["codebook_entries"] == 2
     else:
         assert result.report["routing_threshold"] > 0
+
+
+def test_wise_trains_over_contexts_and_routes_its_memory_with_another_ratio_without_training(llama):
+    from factkernels.hf.side_memory import early_stopped
+
+    model, tok = llama
+    plain = _logits(model, tok)
+    result = edit(model, tok, REQUESTS, method="wise", layers=[1], progress=False, steps=30, **FEW)
+    result.restore()
+    report, memory = result.report, result.targets
+    assert report["contexts"] == 3 and len(report["prefixes"]) == 2 and 1 <= report["steps_mean"] <= 30
+    assert report["edits_routed"] == 1.0 and report["min_act"] == memory.min_act > 0
+    assert report["routing_threshold"] == pytest.approx(0.88 * memory.min_act)
+    again = edit(model, tok, REQUESTS, method="wise", layers=[1], progress=False, steps=30, act_ratio=0.5,
+                 targets=memory, **FEW)
+    routed_logits = _logits(model, tok)
+    again.restore()
+    assert again.targets is memory and "steps_mean" not in again.report
+    assert again.report["routing_threshold"] == pytest.approx(0.5 * memory.min_act)
+    assert again.report["side_memory_change"] == report["side_memory_change"]
+    assert not torch.equal(routed_logits, plain) and torch.equal(_logits(model, tok), plain)
+    with pytest.raises(ValueError, match="other settings \\(lr\\)"):
+        edit(model, tok, REQUESTS, method="wise", layers=[1], progress=False, steps=30, lr=0.5, targets=memory, **FEW)
+    with pytest.raises(ValueError, match="grace trains its own values"):
+        edit(model, tok, REQUESTS, method="grace", layers=[1], progress=False, targets=memory)
+    assert torch.equal(_logits(model, tok), plain)  # a refused edit leaves no hook behind
+    # WISE's early stop: the last loss <= 0.02 and within 1e-4 of the one before
+    assert early_stopped([0.5, 0.01, 0.01005]) and not early_stopped([0.01005])
+    assert not early_stopped([0.03, 0.0300]) and not early_stopped([0.0105, 0.01])
 
 
 def test_causal_trace_restores_clean_states(llama):
