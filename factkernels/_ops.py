@@ -1051,6 +1051,11 @@ CORRAL_SOLVE_WORK_BYTES = 1 << 32
 # What corral_solve's ``steps`` count per row, in this order (CorralSolveStep in csrc/kernels.h): major cycles,
 # points added (the warm corral's included), minor-cycle steps (two Cholesky solves each) and the corral sizes summed
 # over them, drops and their rotations, the largest corral, the warm corral's size.
+# Variants of the CUDA corral_solve (CorralSolveVariant bits in csrc/kernels.h; csrc/cuda/corral_solve.cu says what
+# each changes), raced against "current" on a lent GPU by benchmarks/corral_race.py: the same outputs, bit for bit in
+# a CPU emulation of the warp. The C++ kernel has none.
+CORRAL_SOLVE_CUDA_VARIANTS = {"current": 0, "factor_shared": 1, "star_from_values": 2,
+                              "factor_shared+star_from_values": 3}
 CORRAL_SOLVE_STEPS = ("major_cycles", "added", "minor_steps", "solve_rows", "drops", "rotations", "largest_corral",
                       "warm_corral")
 
@@ -1162,7 +1167,8 @@ def corral_minor(Q: torch.Tensor, lam: torch.Tensor, occ: torch.Tensor, frozen: 
 
 def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start: torch.Tensor,
                  corral: Optional[tuple[torch.Tensor, torch.Tensor]] = None, *, tol: float, max_iter: int,
-                 n_init: int, n_add: int, zero_norm2: float, steps: Optional[torch.Tensor] = None):
+                 n_init: int, n_add: int, zero_norm2: float, steps: Optional[torch.Tensor] = None,
+                 cuda_variant: str = "current"):
     """Minimum-norm points of candidate stars, one whole solve per row (the kernel of U*'s active-set rounds: a
     C++ task per row on a CPU, a warp per row on a GPU).
 
@@ -1177,6 +1183,8 @@ def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start:
     is the batched solver itself (:func:`factkernels.corral.solve_rows` on :func:`factkernels.corral.candidate_star`,
     which ``backend="torch"`` runs); the tests compare the three. ``steps``: a CPU (r, len(CORRAL_SOLVE_STEPS))
     int64 tensor that receives each row's counts (the CUDA kernel takes the same steps and counts none).
+    ``cuda_variant``: a key of ``CORRAL_SOLVE_CUDA_VARIANTS`` (the CUDA kernel's variants under race; a CPU runs
+    "current" only).
     """
     if not uses_kernel("kernels", "corral_solve", W):
         raise RuntimeError("corral_solve has no kernel here (no extension, or not a float64 tensor)")
@@ -1192,6 +1200,9 @@ def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start:
     if any(t.device != W.device for t in others):
         raise ValueError(f"rows, cand, start and corral must be on W's device ({W.device})")
     cuda = W.device.type == "cuda"
+    if cuda_variant not in CORRAL_SOLVE_CUDA_VARIANTS or (not cuda and cuda_variant != "current"):
+        raise ValueError(f"cuda_variant must be one of {sorted(CORRAL_SOLVE_CUDA_VARIANTS)} on a GPU and 'current' "
+                         f"on a CPU, got {cuda_variant!r} on {W.device.type}")
     if not cuda:  # on a GPU each range check is a read back (a host sync per round): the callers build the
         # indices in range, and the CUDA kernel treats a candidate outside [0, n) as padding
         _indices("rows", rows, start, n, "values")
@@ -1225,5 +1236,5 @@ def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start:
     _C.corral_solve(_launch_args(W)[0], _ptr(W), n, d, _ptr(rows), _ptr(cand), r, K, _ptr(start), _ptr(cols),
                     _ptr(lam), kw, float(tol), int(max_iter), int(n_init), int(n_add), CORRAL_EPS_W, CORRAL_RIDGE,
                     float(zero_norm2), _ptr(U), _ptr(lo), _ptr(hi), _ptr(out_cols), _ptr(out_lam), kc, _ptr(dup),
-                    _ptr(work), slots, _ptr(steps), _stream(W))
+                    _ptr(work), slots, _ptr(steps), CORRAL_SOLVE_CUDA_VARIANTS[cuda_variant], _stream(W))
     return U, lo, hi, (out_cols, out_lam), dup
