@@ -47,7 +47,8 @@ def ptxas_report(arch: str) -> tuple[str, dict]:
         elif current and (m := REGS.search(line)):
             kernels[current]["registers"] = int(m.group(1))
             current = None
-    return version.strip().splitlines()[-1], kernels
+    release = [line for line in version.splitlines() if "release" in line]
+    return (release or version.strip().splitlines())[-1].strip(), kernels
 
 
 def main() -> None:
