@@ -10,7 +10,8 @@ runs under every variant of ``_ops.CORRAL_SOLVE_CUDA_VARIANTS`` (csrc/cuda/corra
 a CPU has "current" only): one warm-up, then ``repeats`` rounds in which the variants take turns (clock and
 temperature drift fall on all of them alike), each call timed by CUDA events (wall time on a CPU). Per call and
 variant: the median and fastest milliseconds, the speedup of the median against "current"'s, and whether the
-outputs (U, lo, hi, corral, weights, dup) equal current's bit for bit (every variant should: same arithmetic).
+outputs (U, lo, hi, corral, weights, dup) equal current's bit for bit (every variant should: same arithmetic). A
+variant whose launch raises is recorded under "failed" with its error, and the others still race.
 Per size and variant: the medians summed over the calls (U*'s corral time: 16.5 ms over 2 calls at 4,096 x 128 on
 an H200 in session 28's run 1) and the speedup. Writes benchmarks/results/corral_race-<device>.json; gpu_suite.py's
 "corral" section puts the same report into its JSON.
@@ -23,6 +24,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -77,28 +79,36 @@ def race(device: torch.device, sizes=SIZES, repeats: int = 5) -> dict:
     for n, d in sizes:
         values = embeddings.spherical(n, d, generator=torch.Generator().manual_seed(0)).to(device)
         calls = _capture_calls(values)
-        call_rows = []
+        call_rows, failed = [], {}
         for call in calls:
             args, kw = call
             reference = _timed(call, "current", device)[1]  # warm-up of "current", and the outputs to match
-            ms = {v: [] for v in variants}
-            same = {}
+            same = {"current": True}
             for v in variants[1:]:  # warm-up (a variant's first launch loads its kernel), outputs compared
-                same[v] = all(torch.equal(x, y) for x, y in zip(_timed(call, v, device)[1], reference))
+                if v in failed:
+                    continue
+                try:
+                    same[v] = all(torch.equal(x, y) for x, y in zip(_timed(call, v, device)[1], reference))
+                except RuntimeError:  # recorded: the other variants still race
+                    failed[v] = traceback.format_exc()[-2000:]
+                    print(f"corral_race {n}x{d} {v}: failed\n{failed[v]}", file=sys.stderr, flush=True)
+            ms = {v: [] for v in same}
             for _ in range(repeats):
-                for v in variants:
+                for v in ms:
                     ms[v].append(_timed(call, v, device)[0])
             base = statistics.median(ms["current"])
             call_rows.append({"rows": int(args[1].numel()), "candidates": int(args[2].shape[1]),
                               "warm_width": 0 if len(args) < 5 or args[4] is None else int(args[4][0].shape[1]),
                               "variants": {v: {"median_ms": statistics.median(t), "min_ms": min(t), "ms": t,
                                                "speedup": base / statistics.median(t),
-                                               "bit_identical": same.get(v, True)} for v, t in ms.items()}})
-        totals = {v: sum(c["variants"][v]["median_ms"] for c in call_rows) for v in variants}
-        rows.append({"n": n, "d": d, "calls": call_rows,
+                                               "bit_identical": same[v]} for v, t in ms.items()}})
+        timed = [v for v in variants if v not in failed]
+        totals = {v: sum(c["variants"][v]["median_ms"] for c in call_rows) for v in timed}
+        rows.append({"n": n, "d": d, "calls": call_rows, "failed": failed,
                      "total_median_ms": totals,
-                     "speedup": {v: totals["current"] / totals[v] for v in variants},
-                     "all_bit_identical": all(c["variants"][v]["bit_identical"] for c in call_rows for v in variants)})
+                     "speedup": {v: totals["current"] / totals[v] for v in timed},
+                     "all_bit_identical": not failed and all(c["variants"][v]["bit_identical"]
+                                                             for c in call_rows for v in timed)})
         print(json.dumps({"n": n, "d": d, "calls": len(call_rows), "total_median_ms": totals,
                           "all_bit_identical": rows[-1]["all_bit_identical"]}), flush=True)
     return {"variants": variants, "repeats": repeats, "rows": rows}
