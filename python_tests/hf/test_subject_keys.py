@@ -359,6 +359,50 @@ def test_essence_rows_are_kept_not_taught(strong_llama):
     assert kl[3.0] < kl[0.0]
 
 
+def test_rows_well_above_the_margin_are_measured_only_every_few_steps(strong_llama, monkeypatch):
+    """The values fit measures a row that reached the margin with RECHECK_SLACK to spare only every RECHECK_STEPS
+    steps, and before its subject is called done: fewer forwards than measuring it at every step, the same δ here
+    (no row falls that far between two measurements), and every row of a subject called done is at the margin
+    when measured afresh with its δ. (The strong tiny Llama reaches only negative margins: the fit's rule is the
+    same for any margin.)"""
+    from factkernels.hf import subject_values
+    from factkernels.hf.capture import hidden_with_delta, logits_at
+    from factkernels.hf.evaluate import fact_min, token_margin
+
+    model, tok = strong_llama
+    ctx = subject_contexts(tok, hf.parse_requests(REPAIR_REQUESTS), CERT_PREFIXES)
+    options = dict(margin=-2.0, steps=30, lr=0.5, batch_size=8, progress=False)
+    counted = subject_values.tail_with_delta
+    runs = []
+
+    def tail_with_delta(model, layer, cached, rows, delta):
+        runs.append(len(rows) * (not torch.is_grad_enabled()))  # rows measured without a graph
+        return counted(model, layer, cached, rows, delta)
+
+    monkeypatch.setattr(subject_values, "tail_with_delta", tail_with_delta)
+    fits = {}
+    for every in (1, subject_values.RECHECK_STEPS):
+        monkeypatch.setattr(subject_values, "RECHECK_STEPS", every)
+        runs.clear()
+        delta, info = subject_values.fit_subject_deltas(model, ctx.batch, ctx.subject, 1, **options)
+        fits[every] = delta, info, sum(runs)
+    (every_step, info_1, measured_1), (delta, info, measured) = fits[1], fits[subject_values.RECHECK_STEPS]
+    assert subject_values.RECHECK_STEPS > 1 and measured < measured_1
+    torch.testing.assert_close(delta, every_step, rtol=0, atol=1e-5)
+    assert info == info_1
+    batch = ctx.batch.scored_tokens()
+    rows, positions, tokens = batch.target_positions()
+    with torch.no_grad():
+        hidden = hidden_with_delta(model, 1, batch, None, torch.arange(len(batch)), batch.subject_last,
+                                   delta[ctx.subject])
+        fresh = fact_min(token_margin(logits_at(model, hidden, rows, positions), tokens), rows, len(batch))
+    worst = torch.full((4,), float("inf")).scatter_reduce(0, ctx.subject, fresh, "amin")
+    longer, _ = subject_values.fit_subject_deltas(model, ctx.batch, ctx.subject, 1, **{**options, "steps": 31})
+    done = (longer == delta).all(1)  # a subject called done keeps its δ from then on
+    assert bool(done.any()) and not bool(done.all())
+    assert bool((worst[done] >= options["margin"] - 1e-4).all())
+
+
 def test_essence_option_is_checked_and_its_rows_join_the_fit(tiny_llama):
     """insert_facts(essence=k): k continuations per subject join the δ fit (not the certified contexts); a bad k is
     refused before anything changes."""
