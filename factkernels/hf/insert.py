@@ -40,8 +40,8 @@ from ..progress import progress_bar
 from ..encoder import assemble, build_shared_gate
 from ..mlp import FactMLP
 from ..validation import check_positive_int
-from .capture import (PromptBatch, block_outputs, capture, encode_requests, encode_texts, hidden_with_delta,
-                      length_sorted_chunks, logits_at, model_device, tail_matches)
+from .capture import (PromptBatch, block_outputs, capture, default_batch_size, encode_requests, encode_texts,
+                      hidden_with_delta, length_sorted_chunks, logits_at, model_device, tail_matches)
 from .checkpoint import WORKERS_AUTO, ChunkCheckpoint, check_workers, fingerprint
 from .evaluate import batch_margins, fact_min, token_margin
 from .layout import mlp_layers, mlp_module
@@ -373,7 +373,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
                  layer: Optional[int] = None, position: str = "target", gate: str = "detector",
                  background: Optional[Sequence[str]] = None, margin: float = 3.0, value_steps: int = 60,
                  value_lr: float = 0.5, contrast: int = 2, sharpness: float = 100.0, threshold: float = 0.92,
-                 adaptive_threshold: bool = False, seed: int = 0, batch_size: int = 32,
+                 adaptive_threshold: bool = False, seed: int = 0, batch_size: Optional[int] = None,
                  progress: bool = True, checkpoint: Union[str, Path, None] = None, keys: str = "request",
                  prefixes: Optional[Sequence[str]] = None, value_prefixes: Optional[int] = None, within: float = 1.0,
                  subject_threshold: float = 0.5, ramp: float = 12.0, repair_rounds: int = 3, lookalikes: int = 6,
@@ -424,6 +424,8 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         "auto": torch's intra-op thread count on a CPU, 1 on a GPU (:func:`~factkernels.hf.checkpoint.value_workers`).
     device: where the model runs ("cpu", "cuda", ...): it is moved there in place (``model.to(device)``) and
         stays; default: where it is. Every step runs on the model's device.
+    batch_size: rows a forward runs at once; default 32 on a CPU, more on a GPU
+        (:func:`~factkernels.hf.capture.default_batch_size`).
     Returns an :class:`Insertion`; raises ValueError for bad requests, layer or options.
     """
     start_time, start_cpu = time.perf_counter(), time.process_time()
@@ -448,6 +450,8 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
     check_workers(workers)
     if device is not None:  # after every check: a refused request leaves the model where it was
         model.to(device)
+    if batch_size is None:
+        batch_size = default_batch_size(model)
     if background is None:
         from ..datasets import natural_text
 

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F_nn
 
 from ..progress import progress_bar
-from .capture import (PromptBatch, hidden_with_delta, length_sorted_chunks, model_device, padding_pieces, tail_matches,
-                      tail_start, tail_with_delta)
+from .capture import (PromptBatch, hidden_with_delta, length_sorted_chunks, model_device, padding_pieces,
+                      piece_overhead, tail_matches, tail_start, tail_with_delta)
 from .essence import bucketed_kl, essence_reference
 
 UNEMBED_CHUNKS = 4
@@ -50,6 +50,7 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
     probe = batch.rows(slice(0, 2))
     start = batch.subject_last
     from_start = batch.attention_mask.sum(1) - start  # tokens each row runs through the later blocks
+    overhead = piece_overhead(model)
     cached = (tail_start(model, batch, layer, start, batch_size=batch_size)
               if tail_matches(model, probe.input_ids, probe.attention_mask, layer) else None)
 
@@ -62,7 +63,7 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
         t_rows, t_pos, t_tokens = sub.target_positions()
         step = values[subject[chunk].to(device)]
         hidden = []
-        for piece in padding_pieces(from_start[chunk], batch_size):
+        for piece in padding_pieces(from_start[chunk], batch_size, overhead):
             at = (t_rows >= piece[0]) & (t_rows <= piece[-1])  # target_positions lists rows in order
             rows, pos = t_rows[at] - piece[0], t_pos[at]
             if cached is None:  # a model whose tail differs: δ by a hook in a full forward

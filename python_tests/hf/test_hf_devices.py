@@ -38,6 +38,21 @@ def test_insert_facts_runs_on_the_device_asked(tiny_llama):
     assert _on(model, "cpu")
 
 
+def test_a_gpu_runs_larger_forwards_and_the_cpu_keeps_its_own(tiny_llama):
+    """Without batch_size, insertion runs 32 rows a forward on a CPU (its pieces cut where padding costs more than
+    PIECE_OVERHEAD tokens) and GPU_BATCH_SIZE rows on another device, where padding rarely splits them."""
+    from factkernels.hf.capture import (GPU_BATCH_SIZE, PIECE_OVERHEAD, default_batch_size, padding_pieces,
+                                        piece_overhead)
+
+    cpu_model, meta_model = tiny_llama[0], copy.deepcopy(tiny_llama[0]).to("meta")
+    assert default_batch_size(cpu_model) == 32 and piece_overhead(cpu_model) == PIECE_OVERHEAD
+    assert default_batch_size(meta_model) == GPU_BATCH_SIZE > 32 and piece_overhead(meta_model) > PIECE_OVERHEAD
+    lengths = torch.arange(4, 20).repeat_interleave(16)  # 256 rows of 4..19 tokens
+    on_cpu = padding_pieces(lengths, default_batch_size(cpu_model), piece_overhead(cpu_model))
+    on_gpu = padding_pieces(lengths, default_batch_size(meta_model), piece_overhead(meta_model))
+    assert len(on_cpu) >= 16 and len(on_gpu) == 1
+
+
 def _edit(model, tok, method, device):
     stats = {1: torch.eye(64)} if method in ("rome", "memit", "alphaedit") else None  # C given: no text pass
     few = {"prefixes": ((4, 1),)} if stats else {}
