@@ -169,7 +169,8 @@ def resumable_subject_fit(fit: Callable[..., tuple[torch.Tensor, dict]], model: 
     and fit's info (steps: the most of any chunk) with "value_workers", "value_chunks", and per chunk in the
     order taken: wall and CPU seconds ("value_chunk_seconds", "value_chunk_cpu": a worker's own; how evenly the
     workers were loaded), "value_chunk_steps", "value_chunk_tokens" (its :func:`subject_costs`),
-    "value_chunk_worker" (which worker ran it, 0.., as read back for restored chunks); and
+    "value_chunk_worker" (which worker ran it, 0.., as read back for restored chunks); fit's "value_tokens_graph" and
+    "value_tokens_measured" summed over the chunks; and
     "value_restored_seconds" / "value_restored_cpu": wall and CPU seconds earlier runs spent on chunks read back
     (a chunk's wall divided by the workers that ran beside it)."""
     essence = torch.zeros(len(batch), dtype=torch.bool) if essence is None else essence.cpu().bool()
@@ -244,6 +245,7 @@ def resumable_subject_fit(fit: Callable[..., tuple[torch.Tensor, dict]], model: 
                     "value_chunk_steps": [i["value_steps"] for i in infos],
                     "value_chunk_tokens": [int(cost[plan[start]].sum()) for start in plan],
                     "value_chunk_worker": [i.get("worker", 0) for i in infos],
+                    **{k: sum(i.get(k, 0) for i in infos) for k in ("value_tokens_graph", "value_tokens_measured")},
                     "value_restored_seconds": restored[0], "value_restored_cpu": restored[1]}
 
 

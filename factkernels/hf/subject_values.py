@@ -40,7 +40,10 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
     (:func:`~factkernels.hf.essence.continuations`), not facts: they are not taught and have no margin; while
     their subject is fit, ``essence_weight`` times each row's mean KL(p ‖ p_δ) over its target positions (p the
     unedited model's, over its top :data:`~factkernels.hf.essence.ESSENCE_TOP` tokens and the rest) joins the loss, so δ leaves what the
-    model says after the subject alone where no fact is asked (ROME's essence term, over whole continuations)."""
+    model says after the subject alone where no fact is asked (ROME's essence term, over whole continuations).
+    Returns δ and {"value_steps", "value_min_margin" (the last step's, over the rows with a margin),
+    "value_tokens_graph", "value_tokens_measured": the tokens run through the later blocks with a graph and without
+    (the fit's work, whatever the machine's load)}."""
     device = model_device(model)
     n_subjects = int(subject.max()) + 1 if init is None else len(init)
     delta = (torch.zeros(n_subjects, model.config.hidden_size, device=device) if init is None
@@ -88,11 +91,14 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
     reference = essence_reference(essence, from_start, batch, batch_size,
                                   lambda chunk, sub: target_logits(chunk, sub, torch.zeros_like(delta)))
 
+    tokens = {True: 0, False: 0}  # tokens run through the later blocks with a graph (True) and without
+
     def run(rows: torch.Tensor, train: bool) -> torch.Tensor:
         """Margins of ``rows`` with the current δ (into ``margins``); with ``train``, the gradient of the summed
         target cross-entropy of those below the margin (and of the essence rows' KL) accumulated into δ.grad.
         Returns the rows below it."""
         below_rows = []
+        tokens[train] += int(from_start[rows].sum())
         for part in length_sorted_chunks(from_start[rows], batch_size * UNEMBED_CHUNKS):
             chunk = rows[part]
             sub = batch.rows(chunk)
@@ -158,7 +164,8 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
     finally:
         for p in params:
             p.requires_grad_(True)
-    return delta.detach(), {"value_steps": len(history), "value_min_margin": history[-1] if history else None}
+    return delta.detach(), {"value_steps": len(history), "value_min_margin": history[-1] if history else None,
+                            "value_tokens_graph": tokens[True], "value_tokens_measured": tokens[False]}
 
 
 __all__ = ["RECHECK_SLACK", "RECHECK_STEPS", "UNEMBED_CHUNKS", "fit_subject_deltas"]
