@@ -47,6 +47,14 @@ def test_smollm2_preset_is_what_tracing_the_sweep_and_the_sanity_gate_chose():
         scores = [p["scores"]["score"] for p in entry["points"]]
         assert entry["points"][scores.index(max(scores))]["overrides"] == entry["chosen"]
         assert max(scores) == entry["chosen_scores"]["score"]
+    # WISE's points that differ only in act_ratio route one trained side memory, each with its own threshold
+    memories: dict = {}
+    for point in swept["wise"]["points"]:
+        hp, report = point["hparams"], point["report"]
+        assert report["routing_threshold"] == pytest.approx(report["min_act"] * hp["act_ratio"])
+        trained_with = json.dumps({k: v for k, v in hp.items() if k != "act_ratio"}, sort_keys=True)
+        memories.setdefault(trained_with, set()).add((report["min_act"], report["side_memory_change"]))
+    assert len(memories) < len(swept["wise"]["points"]) and all(len(m) == 1 for m in memories.values())
     assert tuned["alphaedit"]["lr"] == gate["hparams"]["lr"] and gate["efficacy_score"] >= 0.95
     # the sanity gate run with the preset: every editor it ran edited with the preset's settings and passed
     preset_gate = json.loads((results / "editor_sanity_gate_preset.json").read_text())
