@@ -16,7 +16,7 @@ other than 1 joins the file name as ``_w<n>``, "auto" as ``_wauto``), each value
 round's) makespan: the CPU seconds until the last worker is done, each worker taking the next chunk when free
 (chunk CPU seconds are a worker's own, so this holds on a loaded machine), beside the even split; the tokens the
 values fit ran through the blocks after the layer with a graph and without (each repair round's too, in "repairs":
-its work, which the load does not change); device and
+its work, which the load does not change) and the steps each subject ran (which ones run to the limit); device and
 environment (``--label`` adds a suffix to the file name: the same size run by another version of the library, e.g.
 a checkout of an earlier commit first on PYTHONPATH, for a before/after pair; the file records the commit the
 library came from). ``--extrapolate`` adds, from the sizes already written, each stage's least-squares line in the
@@ -69,7 +69,7 @@ def run(model, tok, facts: int, device: str, threads: int, workers, model_name: 
             "value_chunks": report.values.get("value_chunks", 1),
             **{f"value_chunk_{k}": report.values.get(f"value_chunk_{k}")
                for k in ("seconds", "cpu", "steps", "tokens", "worker")},
-            **{k: report.values.get(k) for k in ("value_tokens_graph", "value_tokens_measured")},
+            **{k: report.values.get(k) for k in ("value_tokens_graph", "value_tokens_measured", "value_subject_steps")},
             "makespan_cpu": makespans(report.values), "seconds": seconds, "timings": report.timings,
             "contexts": report.num_keys,
             "value_contexts": report.construction["value_contexts"], "subjects": report.construction["subjects"],

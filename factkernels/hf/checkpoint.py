@@ -170,7 +170,7 @@ def resumable_subject_fit(fit: Callable[..., tuple[torch.Tensor, dict]], model: 
     order taken: wall and CPU seconds ("value_chunk_seconds", "value_chunk_cpu": a worker's own; how evenly the
     workers were loaded), "value_chunk_steps", "value_chunk_tokens" (its :func:`subject_costs`),
     "value_chunk_worker" (which worker ran it, 0.., as read back for restored chunks); fit's "value_tokens_graph" and
-    "value_tokens_measured" summed over the chunks; and
+    "value_tokens_measured" summed over the chunks, "value_subject_steps" per subject (S,); and
     "value_restored_seconds" / "value_restored_cpu": wall and CPU seconds earlier runs spent on chunks read back
     (a chunk's wall divided by the workers that ran beside it)."""
     essence = torch.zeros(len(batch), dtype=torch.bool) if essence is None else essence.cpu().bool()
@@ -238,6 +238,10 @@ def resumable_subject_fit(fit: Callable[..., tuple[torch.Tensor, dict]], model: 
     for start, (tensors, _) in chunks.items():
         deltas[present[plan[start]].to(deltas.device)] = tensors["delta"].to(deltas)
     margins = [i["value_min_margin"] for i in infos if i["value_min_margin"] is not None]
+    subject_steps = [0] * len(deltas)
+    for start in plan:
+        for s, n in zip(present[plan[start]].tolist(), chunks[start][1].get("value_subject_steps", [])):
+            subject_steps[s] = n
     return deltas, {"value_steps": max(i["value_steps"] for i in infos), "value_min_margin": min(margins, default=None),
                     "value_chunks": len(infos), "value_workers": workers if several else 1,
                     "value_chunk_seconds": [round(i["seconds"], 3) for i in infos],
@@ -246,6 +250,7 @@ def resumable_subject_fit(fit: Callable[..., tuple[torch.Tensor, dict]], model: 
                     "value_chunk_tokens": [int(cost[plan[start]].sum()) for start in plan],
                     "value_chunk_worker": [i.get("worker", 0) for i in infos],
                     **{k: sum(i.get(k, 0) for i in infos) for k in ("value_tokens_graph", "value_tokens_measured")},
+                    "value_subject_steps": subject_steps,
                     "value_restored_seconds": restored[0], "value_restored_cpu": restored[1]}
 
 

@@ -43,7 +43,8 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
     model says after the subject alone where no fact is asked (ROME's essence term, over whole continuations).
     Returns δ and {"value_steps", "value_min_margin" (the last step's, over the rows with a margin),
     "value_tokens_graph", "value_tokens_measured": the tokens run through the later blocks with a graph and without
-    (the fit's work, whatever the machine's load)}."""
+    (the fit's work, whatever the machine's load), "value_subject_steps": (S,) the steps each subject's rows ran (0
+    without rows; ``steps`` for one that never reached the margin)}."""
     device = model_device(model)
     n_subjects = int(subject.max()) + 1 if init is None else len(init)
     delta = (torch.zeros(n_subjects, model.config.hidden_size, device=device) if init is None
@@ -92,6 +93,7 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
                                   lambda chunk, sub: target_logits(chunk, sub, torch.zeros_like(delta)))
 
     tokens = {True: 0, False: 0}  # tokens run through the later blocks with a graph (True) and without
+    ran = torch.zeros(n_subjects, dtype=torch.long)  # steps each subject's rows ran
 
     def run(rows: torch.Tensor, train: bool) -> torch.Tensor:
         """Margins of ``rows`` with the current δ (into ``margins``); with ``train``, the gradient of the summed
@@ -150,6 +152,7 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
                 run(fell, train=True)
                 subject_min = torch.full((n_subjects,), float("inf")).scatter_reduce(0, subject, margins, "amin")
             history.append(float(margins[~essence].min()))
+            ran[torch.unique(subject[active])] += 1
             if bool((subject_min >= margin).all()):
                 break
             active = (subject_min[subject] < margin).nonzero().flatten()
@@ -165,7 +168,8 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
         for p in params:
             p.requires_grad_(True)
     return delta.detach(), {"value_steps": len(history), "value_min_margin": history[-1] if history else None,
-                            "value_tokens_graph": tokens[True], "value_tokens_measured": tokens[False]}
+                            "value_tokens_graph": tokens[True], "value_tokens_measured": tokens[False],
+                            "value_subject_steps": ran.tolist()}
 
 
 __all__ = ["RECHECK_SLACK", "RECHECK_STEPS", "UNEMBED_CHUNKS", "fit_subject_deltas"]

@@ -391,6 +391,8 @@ def test_rows_well_above_the_margin_are_measured_only_every_few_steps(strong_lla
     done = (longer == delta).all(1)  # a subject called done keeps its δ from then on
     assert bool(done.any()) and not bool(done.all())
     assert bool((worst[done] >= options["margin"] - 1e-4).all())
+    steps = torch.tensor(info["value_subject_steps"])  # the subjects still fit ran every step, the others fewer
+    assert bool((steps[~done] == options["steps"]).all()) and bool((steps[done] < options["steps"]).all())
 
 
 def test_essence_option_is_checked_and_its_rows_join_the_fit(tiny_llama):
@@ -528,6 +530,7 @@ def test_values_resume_from_their_chunk_checkpoint(strong_llama, tmp_path):
                                               checkpoint=tmp_path / "whole.safetensors", **options)
     torch.testing.assert_close(whole, joint, rtol=0, atol=1e-5)
     assert whole_info["value_steps"] == joint_info["value_steps"] and whole_info["value_chunks"] == 2
+    assert whole_info["value_subject_steps"] == joint_info["value_subject_steps"]  # each subject's own, by chunk
     assert whole_info["value_min_margin"] == pytest.approx(joint_info["value_min_margin"], abs=1e-4)
     assert whole_info["value_restored_seconds"] == 0.0
     calls = []
