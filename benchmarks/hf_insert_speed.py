@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/hf_insert_speed.py --facts 50 100 --threads 1
     python benchmarks/hf_insert_speed.py --facts 960 --device cuda          # on a GPU
     PYTHONPATH=/tmp/old OMP_NUM_THREADS=1 python benchmarks/hf_insert_speed.py --facts 100 --label before
+    OMP_NUM_THREADS=1 python benchmarks/hf_insert_speed.py --facts 100 --recheck-steps 1 --label every_step
     python benchmarks/hf_insert_speed.py --facts 960 --threads 2 --workers 2    # values chunks on 2 workers
 
 
@@ -40,6 +41,7 @@ import torch
 from factkernels import hf
 from factkernels.datasets.editing_benchmark import known_draw
 from factkernels.environment import environment
+from factkernels.hf import subject_values
 from factkernels.hf.metrics import case_requests
 
 OUT = Path(__file__).resolve().parent / "results" / "hf" / "insert_speed"
@@ -65,7 +67,8 @@ def run(model, tok, facts: int, device: str, threads: int, workers, model_name: 
 
         save_file({k: v.detach().cpu().contiguous() for k, v in units.items()}, str(mlp_out))
     return {"model": model_name, "facts": len(requests), "cases": len(cases), "settings": SETTINGS, "device": device, "threads": threads,
-            "workers": workers, "value_workers": report.values.get("value_workers", 1),
+            "workers": workers, "recheck_steps": subject_values.RECHECK_STEPS,
+            "value_workers": report.values.get("value_workers", 1),
             "value_chunks": report.values.get("value_chunks", 1),
             **{f"value_chunk_{k}": report.values.get(f"value_chunk_{k}")
                for k in ("seconds", "cpu", "steps", "tokens", "worker")},
@@ -166,7 +169,12 @@ def main() -> None:
                         help="the packaged short name, or the same .gguf file by path (a lent GPU machine has no package)")
     parser.add_argument("--mlp-out", type=Path, help="write the inserted units' weights and margins here")
     parser.add_argument("--mlp-ref", type=Path, help="another run's --mlp-out: record the difference from it")
+    parser.add_argument("--recheck-steps", type=int,
+                        help="the values fit's RECHECK_STEPS (1: every row at the margin measured at every step, as "
+                             "before 7024eac); recorded in the JSON")
     args = parser.parse_args()
+    if args.recheck_steps is not None:
+        subject_values.RECHECK_STEPS = args.recheck_steps
     torch.set_num_threads(args.threads)
     OUT.mkdir(parents=True, exist_ok=True)
     model = tok = None
