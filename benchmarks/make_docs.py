@@ -721,7 +721,7 @@ def _span(values: list) -> str:
 def headline() -> str:
     cpu = f"{RESULTS}/cpu.json"
     big = f"{RESULTS}/construct_cg_32768.json"
-    hf = f"{RESULTS}/hf/insert_detector_n1000_s100_t0.92_c2_L20_seed0.json"
+    hf = f"{RESULTS}/hf/insert_speed/subject_L10_n960_cpu_w2_quiet29.json"
     budget = f"{RESULTS}/experiments/rgr-budget/summary.json"
     construct = next(r for r in load(cpu)["construct"] if r["F"] == 4096)
     gpu_run = LATEST_RUN
@@ -744,9 +744,9 @@ def headline() -> str:
          f"accuracy {report['accuracy']:.3f}", _link(big)],
         ["NTK MLPs / ours, ours / GD-trained MLPs, in parameters (Fig. 2b, seed grid)",
          f"{_span([r['ntk_over_ours'] for r in ratios])}, {_span([r['ours_over_gd'] for r in ratios])}", _link(SCALING)],
-        [f"{insert['report']['num_facts']:,} new facts into SmolLM2-135M (layer {insert['report']['layer']}, one CPU thread)",
-         f"efficacy {insert['scores']['efficacy']:.3f}, neighbourhood {insert['scores']['neighborhood']:.3f}, "
-         f"perplexity ×{insert['scores']['perplexity_ratio']:.4f}, {insert['insert_seconds'] / 60:.1f} min", _link(hf)],
+        [f"{insert['facts']:,} fact requests ({insert['subjects']} subjects, {insert['contexts']:,} contexts) "
+         f"inserted into SmolLM2-135M with subject keys (2-core CPU, {insert['workers']} workers)",
+         f"{insert['seconds']['wall'] / 60:.1f} min, efficacy {insert['efficacy']:.4f}", _link(hf)],
         _real_lm_headline(),
         ["minimal key budget of max-over-heads attention (seed 002)",
          f"D_K* ≈ {fit['slope']:.2f} m log2(m) / d_model (R² {fit['r2']:.3f})", _link(budget)],
