@@ -132,7 +132,7 @@ def fit_subject_deltas(model: Any, batch: PromptBatch, subject: torch.Tensor, la
         for step in progress_bar(range(steps), desc=f"subject values at layer {layer}", enabled=progress,
                                  leave=False):
             opt.zero_grad()
-            # rows at the margin at their last run run first without a graph: most stay there and add no gradient
+            # rows that were at the margin when last run go first without a graph: most stay there and add no gradient
             # (a backward costs about a forward); those that fell below run again with it, so the gradient is the
             # sum over the rows below the margin (up to float rounding: other batches). Rows at least
             # RECHECK_SLACK above it run only every RECHECK_STEPS steps (and on the last): they rarely fall in
