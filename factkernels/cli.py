@@ -289,7 +289,8 @@ def _run_experiment(args: argparse.Namespace) -> int:
     if grid is not None and result.summary is not None:  # the summary covers every cell in the folder
         result.summary, files = engine.summarize_dir(args.experiment, args.out)
         result.files[:] = files
-    print(f"{result.experiment} ({scale}): {result.total} cells, ran {result.ran}, kept {result.kept}, "
+    stale = f" ({len(result.stale)} of them stale)" if result.stale else ""
+    print(f"{result.experiment} ({scale}): {result.total} cells, ran {result.ran}{stale}, kept {result.kept}, "
           f"missing {result.missing}")
     if result.summary is None:
         print(f"summary waits for the {result.missing} missing cells (other shards, or rerun with --resume)")

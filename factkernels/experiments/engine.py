@@ -138,6 +138,9 @@ class Experiment:
     tags: tuple[str, ...] = field(default=())
     devices: tuple[str, ...] = ("cpu",)
     """Device types its cells can put their work on (:func:`run`'s ``device``, read with :func:`cell_device`)."""
+    stale: Optional[Callable[[Cell], Optional[str]]] = None
+    """Why a finished cell no longer matches what its config would run now (e.g. its config names a preset
+    that has changed since), or None when it does: a resumed run reruns such a cell (:func:`run`)."""
 
 
 CPU_OR_CUDA = ("cpu", "cuda")
@@ -305,7 +308,8 @@ def write_json(path: Path, payload: dict, indent: Optional[int] = None) -> None:
 
 @dataclass
 class RunResult:
-    """What :func:`run` did: cells in the grid, run now, kept from before, and the summary if complete."""
+    """What :func:`run` did: cells in the grid, run now (``stale``: those of them rerun because the finished cell
+    was stale, key -> why), kept from before, and the summary if complete."""
 
     experiment: str
     total: int
@@ -314,6 +318,7 @@ class RunResult:
     missing: int
     summary: Optional[dict]
     files: list[str]
+    stale: dict[str, str] = field(default_factory=dict)
 
 
 def matches(config: dict, only: dict) -> bool:
@@ -354,7 +359,9 @@ def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple
         overrides: Optional[dict] = None, device: Union[str, torch.device, None] = None) -> RunResult:
     """Run experiment ``name`` at ``scale`` into ``out`` (see the module docstring).
 
-    resume: keep cells already on disk (default: recompute them). shard: (i, N) runs every N-th cell.
+    resume: keep cells already on disk (default: recompute them), except those the experiment's ``stale`` hook
+    says no longer match their config: they run again (one log line each, even when quiet, names the cell and
+    why), their old file kept until the new one replaces it. shard: (i, N) runs every N-th cell.
     grid: run these configs instead of ``experiment.grid(scale)``. only: run the sub-grid of cells
     whose config has these field values (e.g. {"n_facts": 100}); its summary covers every cell of
     the full grid present on disk. overrides: replace these config fields in every cell of the grid
@@ -381,7 +388,11 @@ def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple
         raise ValueError(f"experiment {name!r} has duplicate cells in its {scale} grid")
     mine = [(k, c) for idx, (k, c) in enumerate(zip(keys, configs)) if shard is None or idx % shard[1] == shard[0] - 1]
     done = load_cells(out, name) if resume else {}
-    todo = [(k, c) for k, c in mine if k not in done]
+    stale = {k: why for k, _ in mine if k in done and experiment.stale is not None
+             and (why := experiment.stale(done[k])) is not None}
+    for key, why in stale.items():
+        log_line(f"{name} cell {key} is stale, running it again: {why}")
+    todo = [(k, c) for k, c in mine if k not in done or k in stale]
     set_threads(threads if threads is not None else experiment.threads)
     bar = progress_bar(todo, desc=name, enabled=not quiet, unit="cell")
     logs = not quiet and bar.disable  # stderr is a log file: a line per cell instead of a bar
@@ -413,7 +424,7 @@ def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple
             path.unlink()
     if not missing:
         summary, files = summarize_dir(name, out, keys=[k for k in full_keys if k in present] if only else keys)
-    return RunResult(name, len(keys), len(todo), len(mine) - len(todo), len(missing), summary, files)
+    return RunResult(name, len(keys), len(todo), len(mine) - len(todo), len(missing), summary, files, stale)
 
 
 def summarize_dir(name: str, out: PathLike, *, keys: Optional[Iterable[str]] = None) -> tuple[dict, list[str]]:

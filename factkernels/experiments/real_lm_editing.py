@@ -74,6 +74,9 @@ TINY_SETTINGS = {"ours": {**OURS_SETTINGS, "layer": 1, "value_steps": 10},
                  "grace": {"layer": 1, "steps": 10}, "wise": {"layer": 1, "steps": 10}}
 """The tiny model's settings (layers it has, few steps)."""
 TINY_CASES = 4
+MODEL_SHAPES = {MODEL: (30, 1536), "tiny": (3, 64)}
+"""(layers, MLP width) of each cell model, which the editors' published layers and λ are moved to
+(:func:`factkernels.editing.hparams`): a finished cell's hparams are checked against them without loading it."""
 
 
 def default_protocol(method: str) -> str:
@@ -171,7 +174,8 @@ def _tiny_model() -> tuple[Any, Any]:
     backend.normalizer = tokenizers.normalizers.Lowercase()
     backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
     tok = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]")
-    config = transformers.LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+    layers, width = MODEL_SHAPES["tiny"]
+    config = transformers.LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=width, num_hidden_layers=layers,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                                       hidden_act="silu", pad_token_id=1, initializer_range=0.2)
     torch.manual_seed(0)
@@ -308,6 +312,46 @@ def run_cell(config: dict) -> dict:
             "report": engine.clean_json(method_report), "load_average": list(os.getloadavg())}
 
 
+def hparams_drift(config: dict, result: dict) -> dict:
+    """{field: {"ran": the value a finished editor cell recorded, "now": what its settings resolve to now}} for
+    every field of the method's hyperparameter dataclass where they differ: its settings name a preset of
+    :data:`factkernels.editing.TUNED` that has moved since, or the published defaults moved (lists and tuples
+    compare equal). "ran" is absent for a field the cell did not record (it predates the field). {} for ours and
+    the unedited model (no preset) and for a result without recorded hparams (test doubles)."""
+    if config["method"] not in EDITORS:
+        return {}
+    method_report = result.get("report") or {}
+    cases = method_report.get("per_case")  # the single protocol: every case ran the cell's settings
+    recorded = cases[0].get("hparams") if cases else method_report.get("hparams")
+    if recorded is None:
+        return {}
+    if config["model"] not in MODEL_SHAPES:
+        raise ValueError(f"no (layers, MLP width) for model {config['model']!r}: add it to MODEL_SHAPES")
+    from ..editing.methods import as_dict, json_ready
+    from ..hf.editors import hparams_for_shape
+
+    settings = dict(config["settings"])
+    now = as_dict(hparams_for_shape(config["method"], *MODEL_SHAPES[config["model"]], settings.pop("layers", None),
+                                    settings))
+    drift = {}
+    for k, v in now.items():
+        if k not in recorded:
+            drift[k] = {"now": v}
+        elif json_ready(recorded[k]) != v:
+            drift[k] = {"ran": recorded[k], "now": v}
+    return drift
+
+
+def stale_reason(finished: engine.Cell) -> Optional[str]:
+    """Why a finished cell no longer runs what its config runs now (:func:`hparams_drift`), or None."""
+    drift = hparams_drift(finished.config, finished.result)
+    if not drift:
+        return None
+    return "its hparams differ from what its settings give now: " + "; ".join(
+        f"{k} {'ran ' + json.dumps(d['ran']) if 'ran' in d else 'not recorded'}, now {json.dumps(d['now'])}"
+        for k, d in sorted(drift.items()))
+
+
 def parse_sizes(text: str) -> list[Union[int, str]]:
     """"10,100,all" -> [10, 100, "all"]."""
     sizes: list[Union[int, str]] = []
@@ -329,4 +373,5 @@ EXPERIMENT = engine.register(engine.Experiment(
     plot=report.plot,
     tags=("hf",),
     devices=engine.CPU_OR_CUDA,
+    stale=stale_reason,
 ))

@@ -4,7 +4,8 @@ A row is one (model, kind, split, method, settings, protocol, n) over its draws:
 ``hf.metrics.score_cases`` as its mean and 95 % Student-t interval over the draws (``metrics.over_draws``),
 the harmonic mean of the three mean scores (efficacy, paraphrase, neighbourhood), and the edit's wall and
 CPU seconds (an edit that restored its fitted targets from a checkpoint counts that fit's wall seconds, and its
-CPU seconds where recorded (ours); an editor's CPU seconds are then unknown).
+CPU seconds where recorded (ours); an editor's CPU seconds are then unknown). A cell that ran other hyperparameters than its settings give now (a preset moved
+since: ``real_lm_editing.hparams_drift``) is a row of its own, labelled by the values it ran (:func:`settings_label`).
 
 Figures: ``real_lm_triangle`` — reliability (efficacy score), generalization (paraphrase score) and locality
 (neighbourhood score) in three aligned panels (stacked, methods shared), one bar per method and number of
@@ -52,6 +53,19 @@ def settings_text(settings: dict) -> str:
     return ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(settings.items())) or "defaults"
 
 
+def settings_label(row: dict) -> str:
+    """A row's settings as the table and figures name them: :func:`settings_text`, and for cells that ran before
+    their preset moved, "(as of k=v, ...)": the values they ran where these differ from what the settings give now,
+    and "before k, ...": fields added since, which they did not record."""
+    drift = row.get("hparams_drift")
+    if not drift:
+        return settings_text(row["settings"])
+    ran = {k: d["ran"] for k, d in drift.items() if "ran" in d}
+    added = sorted(k for k, d in drift.items() if "ran" not in d)
+    parts = ([f"as of {settings_text(ran)}"] if ran else []) + ([f"before {', '.join(added)}"] if added else [])
+    return f"{settings_text(row['settings'])} ({'; '.join(parts)})"
+
+
 def _all_or_none(values: list[float]) -> list[float]:
     """``values``, or [NaN] when one is unknown (a mean over the other draws would understate the cost)."""
     return [math.nan] if any(math.isnan(v) for v in values) else values
@@ -64,18 +78,22 @@ def _interval(values: list[float]) -> dict:
 
 
 def summarize(cells: list) -> dict:
-    """{"rows": one row per (model, kind, split, method, settings, protocol, n) over its draws, "claims": {}}."""
+    """{"rows": one row per (model, kind, split, method, settings, protocol, n, hyperparameters that differ from
+    what the settings give now) over its draws, "claims": {}}; a row of cells whose hyperparameters differ holds
+    them as "hparams_drift" (``real_lm_editing.hparams_drift``)."""
     from ..hf.metrics import KINDS, harmonic_mean, over_draws
+    from .real_lm_editing import hparams_drift
 
-    groups: dict[str, list] = {}
+    groups: dict[str, tuple[dict, list]] = {}
     for c in cells:
         cfg = c.config
+        drift = hparams_drift(cfg, c.result)
         key = json.dumps([cfg["model"], cfg["kind"], cfg["split"], cfg["method"], cfg["settings"], cfg["protocol"],
-                          cfg["n"]], sort_keys=True)
-        groups.setdefault(key, []).append(c)
+                          cfg["n"], drift], sort_keys=True)
+        groups.setdefault(key, (drift, []))[1].append(c)
     order = _order()
     rows = []
-    for members in groups.values():
+    for drift, members in groups.values():
         members.sort(key=lambda c: c.config["draw"])
         cfg = members[0].config
         per_draw = [c.result["scores"] for c in members]
@@ -88,10 +106,11 @@ def summarize(cells: list) -> dict:
                      "by_relation": _by_relation(per_draw),
                      "hmean": harmonic_mean(means),
                      "seconds": _interval([s[wall] + s.get("targets_restored", 0.0) for s in seconds]),
-                     "cpu_seconds": _interval(_all_or_none([_edit_cpu(s, wall) for s in seconds]))})
+                     "cpu_seconds": _interval(_all_or_none([_edit_cpu(s, wall) for s in seconds])),
+                     **({"hparams_drift": drift} if drift else {})})
     rows.sort(key=lambda r: (r["model"], r["kind"], r["split"], _size_key(r["n"]),
                              order.index(r["method"]) if r["method"] in order else len(order),
-                             r["protocol"], settings_text(r["settings"])))
+                             r["protocol"], settings_label(r)))
     return {"rows": rows, "comparison": compare(rows), "claims": {}}
 
 
@@ -163,7 +182,7 @@ def markdown_table(summary: dict, *, kind: str = "known", split: str = "test", m
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in mine:
         m = r["metrics"]
-        cells = [_size_text(r), r["method"], r["protocol"], settings_text(r["settings"]), str(len(r["draws"]))]
+        cells = [_size_text(r), r["method"], r["protocol"], settings_label(r), str(len(r["draws"]))]
         cells += [_pm(m.get(k)) for k in TABLE_METRICS[:3]] + [f"{r['hmean']:.3f}"]
         cells += [_pm(m.get(k)) for k in TABLE_METRICS[3:6]]
         cells += [_pm(m.get("fluency"), 2), _pm(m.get("consistency")), _pm(m.get("kl_mean"), 1, "e"),
@@ -171,6 +190,9 @@ def markdown_table(summary: dict, *, kind: str = "known", split: str = "test", m
         cpu = r["cpu_seconds"]["mean"]
         cells.append(f"{r['seconds']['mean']:.0f}" + (f" ({cpu:.0f})" if cpu == cpu else ""))
         lines.append("| " + " | ".join(cells) + " |")
+    if any("hparams_drift" in r for r in mine):
+        lines.append("\nSettings marked \"(as of ...)\" are cells run before their preset moved: the values they ran "
+                     "where these differ from the preset now (\"before\": settings added since, which they did not record).")
     ceiling = [r for r in summary["rows"] if (r["kind"], r["split"], r["model"], r["method"]) ==
                (kind, split, model, "unedited")]
     if ceiling and kind == "known":  # greedy true object under held-out templates: how far paraphrases can go
@@ -213,14 +235,14 @@ def _rows_for(summary: dict) -> list[dict]:
 def _label(row: dict, methods_with_many: set) -> str:
     if row["method"] not in methods_with_many:
         return row["method"]
-    return f"{row['method']} ({row['protocol']}, {settings_text(row['settings'])})"
+    return f"{row['method']} ({row['protocol']}, {settings_label(row)})"
 
 
 def _series(rows: list[dict]) -> dict[str, list[dict]]:
     """Rows by curve (a method, or a method's protocol and settings when it has several), sizes ascending."""
     variants: dict[str, set] = {}
     for r in rows:
-        variants.setdefault(r["method"], set()).add((r["protocol"], settings_text(r["settings"])))
+        variants.setdefault(r["method"], set()).add((r["protocol"], settings_label(r)))
     many = {m for m, v in variants.items() if len(v) > 1}
     out: dict[str, list[dict]] = {}
     for r in sorted(rows, key=lambda r: _size_key(r["n"])):

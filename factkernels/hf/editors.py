@@ -72,13 +72,13 @@ def weight_restorer(model: Any, layers: Sequence[int]) -> Callable[[], None]:
     return undo
 
 
-def resolve_hparams(model: Any, method: str, layers: Optional[Sequence[int]], overrides: dict) -> Any:
-    """The method's hyperparameters for this model (registry defaults moved to its depth and width), with
-    ``layers`` and ``overrides``; raises ValueError for unknown ones or bad layers."""
+def hparams_for_shape(method: str, num_layers: int, mlp_width: int, layers: Optional[Sequence[int]],
+                      overrides: dict) -> Any:
+    """The hyperparameters :func:`edit` resolves for a model of ``num_layers`` layers and MLP width ``mlp_width``
+    (registry defaults moved to them), with ``layers`` and ``overrides``; raises ValueError for unknown ones."""
     get_method(method)
     if method not in WEIGHT_EDITORS + ("grace", "wise"):
         raise ValueError(f"method must be one of {WEIGHT_EDITORS + ('grace', 'wise')}, got {method!r}")
-    mlps = mlp_layers(model)
     if layers is not None:
         layers = (int(layers),) if isinstance(layers, int) else tuple(int(l) for l in layers)
         if method in ("grace", "wise"):
@@ -87,7 +87,14 @@ def resolve_hparams(model: Any, method: str, layers: Optional[Sequence[int]], ov
             overrides = {**overrides, "layer": layers[0]}
         else:
             overrides = {**overrides, "layers": layers}
-    hp = make_hparams(method, num_layers=len(mlps), mlp_width=mlps[0].down_proj.in_features, **overrides)
+    return make_hparams(method, num_layers=num_layers, mlp_width=mlp_width, **overrides)
+
+
+def resolve_hparams(model: Any, method: str, layers: Optional[Sequence[int]], overrides: dict) -> Any:
+    """The method's hyperparameters for this model (:func:`hparams_for_shape` at its depth and width); raises
+    ValueError for unknown ones or bad layers."""
+    mlps = mlp_layers(model)
+    hp = hparams_for_shape(method, len(mlps), mlps[0].down_proj.in_features, layers, overrides)
     chosen = (hp.layer,) if method in ("grace", "wise") else hp.layers
     if not chosen or (method == "rome" and len(chosen) != 1):
         raise ValueError(f"layers for {method} must be {'one layer' if method == 'rome' else 'non-empty'}, "
@@ -279,5 +286,5 @@ def _apply_spread(model: Any, tok: Any, reqs: Sequence[Request], prefixes: Seque
             previous[layer] = gram if previous[layer] is None else previous[layer] + gram
 
 
-__all__ = ["WEIGHT_EDITORS", "EditResult", "edit", "resolve_hparams", "context_keys",
+__all__ = ["WEIGHT_EDITORS", "EditResult", "edit", "hparams_for_shape", "resolve_hparams", "context_keys",
            "weight_restorer", "targets_file"]

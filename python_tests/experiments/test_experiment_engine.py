@@ -284,3 +284,48 @@ def test_work_shared_by_cells_is_kept_until_the_grid_is_complete(toy, tmp_path):
         assert not list((tmp_path / "toy-shared" / "partial").glob("*"))
     finally:
         del engine.REGISTRY["toy-shared"]
+
+
+def test_resume_runs_a_stale_cell_again_and_keeps_its_file_until_rewritten(tmp_path, capsys):
+    # The hook compares the rule a finished cell recorded with the rule now; a fresh cell is kept.
+    rule = {"now": 1, "interrupt": False}
+
+    def run_cell(config):
+        calls.append(config)
+        if rule["interrupt"]:
+            raise KeyboardInterrupt
+        return {"sum": config["x"] + config["y"], "rule": rule["now"]}
+
+    def stale(cell):
+        return None if cell.result["rule"] == rule["now"] else f"rule ran {cell.result['rule']}, now {rule['now']}"
+
+    engine.register(engine.Experiment("toy-stale", "toy", (CLAIM,), _grid, run_cell, _summarize, stale=stale))
+    try:
+        engine.run("toy-stale", tmp_path, scale="tiny", quiet=True)
+        key = engine.cell_key({"x": 2, "y": 0})
+        path = tmp_path / "toy-stale" / "cells" / f"{key}.json"
+        old = json.loads(path.read_text())
+        old["result"]["rule"] = 0  # this cell ran an earlier rule
+        path.write_text(json.dumps(old))
+        calls.clear()
+        capsys.readouterr()
+        rule["interrupt"] = True
+        with pytest.raises(KeyboardInterrupt):  # an interrupted rerun loses nothing
+            engine.run("toy-stale", tmp_path, scale="tiny", resume=True, quiet=True)
+        assert calls == [{"x": 2, "y": 0}] and json.loads(path.read_text()) == old
+        rule["interrupt"] = False
+        calls.clear()
+        capsys.readouterr()
+        res = engine.run("toy-stale", tmp_path, scale="tiny", resume=True, quiet=True)
+        assert calls == [{"x": 2, "y": 0}] and (res.ran, res.kept) == (1, 3)
+        assert res.stale == {key: "rule ran 0, now 1"} and json.loads(path.read_text())["result"]["rule"] == 1
+        lines = capsys.readouterr().err.splitlines()  # even when quiet: one line naming the cell and why
+        assert [line[11:] for line in lines] == [f"toy-stale cell {key} is stale, running it again: rule ran 0, now 1"]
+        calls.clear()
+        res = engine.run("toy-stale", tmp_path, scale="tiny", resume=True, quiet=True)
+        assert not calls and (res.ran, res.kept, res.stale) == (0, 4, {})
+        rule["now"] = 2  # every cell stale, but a run on a part of the grid reruns only that part
+        res = engine.run("toy-stale", tmp_path, scale="tiny", resume=True, quiet=True, only={"y": 2})
+        assert calls == [{"x": 0, "y": 2}, {"x": 2, "y": 2}] and len(res.stale) == 2
+    finally:
+        del engine.REGISTRY["toy-stale"]

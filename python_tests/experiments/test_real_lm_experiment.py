@@ -21,6 +21,7 @@ def test_tiny_grid_runs_every_method_and_leaves_the_model_unedited(tiny_run, tmp
     assert {f for f in res.files if f.endswith(".png")} == {"real_lm_triangle.png", "real_lm_scaling.png",
                                                             "real_lm_seconds.png"}
     cells = engine.load_cells(folder.parent, real_lm.NAME)
+    assert {k for k, c in cells.items() if real_lm.stale_reason(c)} == set()  # MODEL_SHAPES["tiny"] is the model's
     for c in cells.values():
         scores = c.result["scores"]
         for metric in ("efficacy_score", "paraphrase_score", "neighbourhood_score", "efficacy_exact"):
@@ -180,3 +181,72 @@ def test_triangle_legend_names_only_sizes_with_bars():
                                                            "seconds": {"baseline": 1.0}}, 1.0))
     fig = report._triangle(report.summarize(cells)["rows"])
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["10 edits"]
+
+
+WISE_NOW = {"layer": 25, "steps": 70, "lr": 1.0, "mask_ratio": 0.2, "norm_constraint": 1.0, "act_margin": [5.0, 20.0, 10.0],
+            "act_ratio": 0.7, "prefixes": [[5, 5], [10, 5]], "prefix_starts": ["I", "You", "Because", "Yes", "Q:"],
+            "seed": 0}
+"""WISE's SmolLM2 preset as a cell records it: published layer 27 of 32 moved to 25 of 30, act_ratio 0.7."""
+
+
+def _ran(method, draw, hparams, settings=None, protocol=None):
+    """A finished SmolLM2 cell of ``method`` (preset settings by default) that recorded ``hparams``."""
+    config = real_lm.cell(method, n=10, draw=draw, settings=settings or {"preset": "smollm2-135m"}, protocol=protocol)
+    scores = {"num_cases": 10, "efficacy_score": 0.5, "paraphrase_score": 0.5, "neighbourhood_score": 0.5}
+    report_ = {"per_case": [{"hparams": hparams}] * 10} if protocol == "single" else {"hparams": hparams}
+    return engine.Cell(engine.cell_key(config), config,
+                       {"scores": scores, "seconds": {"edit": 1.0, "edit_cpu": 1.0}, "report": report_}, 1.0)
+
+
+def test_a_cell_that_ran_other_hparams_than_its_preset_gives_now_is_stale():
+    assert real_lm.EXPERIMENT.stale is real_lm.stale_reason
+    assert real_lm.stale_reason(_ran("wise", 0, WISE_NOW)) is None
+    tuples = {k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v
+              for k, v in WISE_NOW.items()}
+    assert real_lm.hparams_drift(_ran("wise", 0, tuples).config, _ran("wise", 0, tuples).result) == {}
+    old = {k: v for k, v in WISE_NOW.items() if k not in ("prefixes", "prefix_starts")} | {"act_ratio": 0.88}
+    stale = _ran("wise", 0, old)  # ran before the preset moved to 0.7 and before the context prefixes
+    assert real_lm.hparams_drift(stale.config, stale.result) == {
+        "act_ratio": {"ran": 0.88, "now": 0.7}, "prefixes": {"now": [[5, 5], [10, 5]]},
+        "prefix_starts": {"now": ["I", "You", "Because", "Yes", "Q:"]}}
+    assert real_lm.stale_reason(stale) == (
+        'its hparams differ from what its settings give now: act_ratio ran 0.88, now 0.7; prefix_starts not '
+        'recorded, now ["I", "You", "Because", "Yes", "Q:"]; prefixes not recorded, now [[5, 5], [10, 5]]')
+    # explicit settings win over the preset; ROME's single protocol records its hparams per case
+    assert real_lm.stale_reason(_ran("wise", 0, old | {"prefixes": [[5, 5], [10, 5]], "prefix_starts": WISE_NOW[
+        "prefix_starts"]}, settings={"preset": "smollm2-135m", "act_ratio": 0.88})) is None
+    rome = {"layers": [5], "steps": 20, "lr": 0.5, "weight_decay": 0.5, "clamp_norm": 4.0, "kl_factor": 0.0625,
+            "early_stop": 5e-2, "prefixes": [[5, 10], [10, 10]], "prefix_starts": [""], "mom2_dataset": "wikipedia",
+            "mom2_n_samples": None, "ridge": 1e-4}
+    assert real_lm.stale_reason(_ran("rome", 0, rome, protocol="single")) is None
+    assert "layers ran [4], now [5]" in real_lm.stale_reason(_ran("rome", 0, rome | {"layers": [4]}, protocol="single"))
+    ours = real_lm.cell("ours", n=10)  # no preset: never stale by this rule, whatever it reports
+    assert real_lm.stale_reason(engine.Cell("k", ours, {"report": {"hparams": {"layer": 3}}})) is None
+
+
+def test_committed_cells_of_published_settings_match_the_model_shapes():
+    # SmolLM2's (layers, width) move MEMIT's and AlphaEdit's published layers and λ: cells run on the model agree
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "experiments"
+    published = [c for c in engine.load_cells(folder, real_lm.NAME).values()
+                 if c.config["method"] in real_lm.EDITORS and c.config["settings"] == {}]
+    assert {c.config["method"] for c in published} >= {"memit", "alphaedit"}
+    assert all(real_lm.hparams_drift(c.config, c.result) == {} for c in published)
+
+
+def test_summary_labels_stale_cells_by_what_they_ran():
+    old = WISE_NOW | {"act_ratio": 0.88}
+    cells = [_ran("wise", 0, old), _ran("wise", 1, WISE_NOW), _ran("wise", 2, WISE_NOW)]
+    summary = report.summarize(cells)
+    now, then = summary["rows"]  # not averaged together: the stale draw is a row of its own
+    assert (now["draws"], then["draws"]) == ([1, 2], [0]) and "hparams_drift" not in now
+    assert then["hparams_drift"] == {"act_ratio": {"ran": 0.88, "now": 0.7}}
+    table = report.markdown_table(summary)
+    assert '| 10 | wise | batch | preset="smollm2-135m" | 2 |' in table
+    assert '| 10 | wise | batch | preset="smollm2-135m" (as of act_ratio=0.88) | 1 |' in table
+    assert "cells run before their preset moved" in table
+    assert list(report._series(summary["rows"])) == ['wise (batch, preset="smollm2-135m")',
+                                                     'wise (batch, preset="smollm2-135m" (as of act_ratio=0.88))']
+    fresh = report.markdown_table(report.summarize(cells[1:]))
+    assert "(as of" not in fresh and "before their preset moved" not in fresh
