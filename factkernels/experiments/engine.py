@@ -8,7 +8,8 @@ An :class:`Experiment` names the paper claims it tests and gives four functions:
     plot(summary, cells)   -> {name: matplotlib figure} (optional)
 
 :func:`run` executes a grid into ``OUT/NAME/cells/KEY.json`` the moment each cell finishes, so a run
-can be stopped and resumed (``resume=True`` keeps finished cells), split across processes or machines
+can be stopped and resumed (``resume=True`` keeps finished cells, except those the experiment's ``stale``
+hook says no longer match their config), split across processes or machines
 (``shard=(i, N)`` runs the cells whose index is i−1 mod N) and merged (copy the cell files into one
 folder, or :func:`merge`). When every cell of the grid is present, :func:`summarize_dir` writes
 ``OUT/NAME/summary.json`` and the PNGs.

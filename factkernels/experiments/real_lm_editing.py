@@ -2,7 +2,8 @@
 
 A cell edits one draw of the editing benchmark (:mod:`factkernels.datasets.editing_benchmark`) with one
 method and scores it with :mod:`factkernels.hf.metrics` against the unedited model on the same cases, then
-restores the model. Its config (the cell's file name is a hash of it, so a finished cell is never redone):
+restores the model. Its config (the cell's file name is a hash of it, so a resumed run redoes a finished cell
+only when it is stale: it ran other hyperparameters than its settings give now, :func:`hparams_drift`):
 
     {"model": "smollm2-135m" | "tiny",
      "method": "unedited" | a real-model method of factkernels.editing.METHODS ("ours" is hf.insert_facts),
