@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels.h"
 
@@ -143,7 +144,12 @@ PYBIND11_MODULE(_C, m) {
                                   cptr<T>(bu), cptr<T>(wd), cptr<T>(bd), mptr<T>(out), ldo,
                                   n, d_in, h, hg, d_out, to_activation(act)};
             py::gil_scoped_release nogil;
-            FK_LAUNCH_CPU(gated_forward, a, dev, stream);
+            if constexpr (std::is_same_v<T, float>) {
+              FK_LAUNCH(gated_forward, a, dev, stream);
+            } else {  // the CUDA kernel's tensor cores take float32 only; _ops.py runs the twin for float64
+              if (dev >= 0) throw std::invalid_argument("gated_forward's CUDA kernel takes float32 only");
+              cpu::gated_forward(a);
+            }
           });
         });
 

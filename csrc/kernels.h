@@ -270,11 +270,13 @@ int num_threads();
 }  // namespace cpu
 
 #ifdef FACTKERNELS_CUDA
-// No CUDA gadget products, gated_forward, decode or gate_features: on an H100 and an H200 their
-// shared-memory float32 kernels ran at 0.26-0.97x of the cuBLAS-backed torch twins (gate_features at
-// the construction's shape 0.73x on an H200 twice), which run on a GPU instead (docs/results/kernels.md,
-// "Kernels that earn their place"; benchmarks/runs/gpu/NOTES.md).
+// No CUDA gadget products, decode or gate_features: on an H100 and an H200 their shared-memory float32
+// kernels ran at 0.26-0.97x of the cuBLAS-backed torch twins (gate_features at the construction's shape
+// 0.73x on an H200 twice), which run on a GPU instead (docs/results/kernels.md, "Kernels that earn their
+// place"; benchmarks/runs/gpu/NOTES.md). gated_forward's CUDA-core kernel lost too (0.42-0.62x); the one
+// here runs on the tensor cores in a 3xTF32 split, float32 only, and is not measured yet.
 namespace cuda {
+void gated_forward(const GatedForwardArgs<float>& a, uintptr_t stream);
 template <typename T> void softmax_xent(const SoftmaxXentArgs<T>& a, uintptr_t stream);
 template <typename T> void hadamard_gram(const HadamardGramArgs<T>& a, uintptr_t stream);
 template <typename T> void max_head_scores(const MaxHeadScoresArgs<T>& a, uintptr_t stream);
