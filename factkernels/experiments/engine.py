@@ -19,10 +19,10 @@ Cell file: {"experiment", "key", "config", "result", "seconds", "device", "envir
 A cell that takes hours may keep partial progress in ``OUT/NAME/partial/KEY.json`` (:func:`partial_path`,
 e.g. the trials of a cost search): a resumed run continues from it, and it is deleted once the cell is
 written. Work that several cells share (one editor residual step serves a grid of update settings) goes
-to ``OUT/NAME/partial/shared-KEY.*`` (:func:`shared_partial_path`), kept until every cell of the grid is
-present. Commit these files with the cells to continue a long cell in another session. A cell may also
-read another cell's result or partial progress (:func:`other_cell`), e.g. a search that replays the sizes
-a search of another scoring criterion has measured.
+to ``OUT/NAME/partial/shared-KEY.*`` or a folder ``shared-KEY/`` (:func:`shared_partial_path`), kept until
+every cell of the grid is present. Commit these files with the cells to continue a long cell in another
+session. A cell may also read another cell's result or partial progress (:func:`other_cell`), e.g. a search
+that replays the sizes a search of another scoring criterion has measured.
 """
 
 from __future__ import annotations
@@ -210,10 +210,10 @@ def partial_path() -> Optional[Path]:
 
 def shared_partial_path(tag: dict) -> Optional[Path]:
     """A file for work that several cells of the running experiment share, named by ``tag`` (a JSON-able
-    dict saying what it holds): ``OUT/NAME/partial/shared-KEY.json`` (other suffixes of the name are its
-    too), or None outside a run. The cells that write and read it must check that it holds what they need
-    (e.g. a :class:`~factkernels.hf.checkpoint.ChunkCheckpoint` fingerprint). Kept on resume and by fresh
-    runs; removed once every cell of the grid is present."""
+    dict saying what it holds): ``OUT/NAME/partial/shared-KEY.json`` (other suffixes of the name, and a
+    folder of the name without one, are its too), or None outside a run. The cells that write and read it must
+    check that it holds what they need (e.g. a :class:`~factkernels.hf.checkpoint.ChunkCheckpoint`
+    fingerprint). Kept on resume and by fresh runs; removed once every cell of the grid is present."""
     partial = _PARTIAL.get()
     return None if partial is None else partial.parent / f"shared-{cell_key(tag)}.json"
 
@@ -422,7 +422,7 @@ def run(name: str, out: PathLike, *, scale: str = "quick", shard: Optional[tuple
     summary, files = None, []
     if all(k in present for k in full_keys):  # the whole grid is done: nothing left to share
         for path in (Path(out) / name / "partial").glob("shared-*"):
-            path.unlink()
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
     if not missing:
         summary, files = summarize_dir(name, out, keys=[k for k in full_keys if k in present] if only else keys)
     return RunResult(name, len(keys), len(todo), len(mine) - len(todo), len(missing), summary, files, stale)

@@ -25,9 +25,11 @@ the wall seconds an earlier cell spent on the δ this edit read back, see below)
 method reports: hparams, layers, units, NLLs), "requests", "generate", "load_average"}; the engine adds the
 config, wall seconds, device and environment. The unedited model's scores of a draw are computed once per
 process (``_baseline``); "unedited" cells write them, and a grid runs each draw's cells in a row. The
-weight editors keep their δ in the cache folder (``hf.edit(checkpoint=<cache>/residual_targets)``, a file
-named by everything δ depends on): a cell stopped mid-δ resumes it, and MEMIT's and AlphaEdit's cells of the
-same draw, whose δ settings agree (SmolLM2 preset; AlphaEdit's batches of 100 hold 10 cases), train it once.
+weight editors keep their δ in ``OUT/real-lm-editing/partial/shared-KEY/`` (``hf.edit(checkpoint=<folder>)``, a
+file per δ batch named by everything δ depends on, the edited weights included): a cell stopped mid-δ resumes it,
+on another machine too once the folder is committed (AlphaEdit's sequential batches from the last one finished),
+and MEMIT's and AlphaEdit's cells of the same draw run in one command, whose δ settings agree (SmolLM2 preset; at
+10 cases AlphaEdit's batch of 100 requests holds them all), train it once. The folder goes when the grid is done.
 Ours keeps its values fit's chunks of subjects likewise (``checkpoint=<cache>/subject_values``; with the CPU
 seconds they took: "targets_restored_cpu").
 
@@ -48,6 +50,7 @@ import json
 import os
 import time
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from ..editing import method_names
@@ -231,11 +234,22 @@ def _edit(config: dict, model: Any, tok: Any, requests: list, tiny: bool):
 
         stats = key_second_moments(model, tok, settings["layers"], texts=_texts("eval", True), cache_dir=False)
     if not tiny and method in hf.editors.WEIGHT_EDITORS:
-        from ..hf.statistics import default_cache_dir
-
-        settings["checkpoint"] = default_cache_dir() / "residual_targets"
+        settings["checkpoint"] = _targets_folder()
     applied = hf.edit(model, tok, requests, method=method, stats=stats, progress=False, **settings)
     return applied.restore, applied.report
+
+
+def _targets_folder() -> Path:
+    """Where the weight editors keep δ (files named by everything δ depends on, :func:`~factkernels.hf.editors.
+    targets_file`): in a run, the experiment's shared partial folder ``OUT/NAME/partial/shared-KEY/`` (in the results
+    tree, so a run stopped on one machine resumes on another from a commit; removed once the grid is complete), else
+    the cache folder."""
+    folder = engine.shared_partial_path({"residual_targets": "files_named_by_content"})
+    if folder is None:
+        from ..hf.statistics import default_cache_dir
+
+        return default_cache_dir() / "residual_targets"
+    return folder.with_suffix("")
 
 
 def _timed_edit(config: dict, model: Any, tok: Any, requests: list, tiny: bool):

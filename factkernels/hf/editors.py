@@ -142,7 +142,9 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
     AlphaEdit), so a long edit can be stopped and run again; or a folder (any other path), where that file is
     named by everything δ depends on (:func:`targets_file`): edits that train the same δ share it (MEMIT and
     AlphaEdit with the same residual settings; a grid over λ or the null-space threshold, which enter only
-    the update, as in the references' ``execute_memit`` and ``get_project``). chunk: facts per δ batch. device: where the model
+    the update, as in the references' ``execute_memit`` and ``get_project``), and a sequential edit (ROME,
+    AlphaEdit's batches) keeps one file per batch, named by the weights the earlier batches left, so a rerun
+    reads back every batch up to the one it stopped in. chunk: facts per δ batch. device: where the model
     runs ("cpu", "cuda", ...): moved there in place (``model.to(device)``) once the arguments are checked, and
     it stays; default: where it is.
     """
@@ -193,9 +195,10 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
                 batch_targets = targets
             else:
                 saved = None
-                if shared and checkpoint is not None:
-                    saved = (Path(checkpoint) if Path(checkpoint).suffix == ".safetensors"
-                             else targets_file(checkpoint, model, batch_reqs, last, step, chunk))
+                if checkpoint is not None and Path(checkpoint).suffix == ".safetensors":
+                    saved = Path(checkpoint) if shared else None  # one file holds one batch's δ
+                elif checkpoint is not None:  # named by the weights too: a later batch's file by the edited model
+                    saved = targets_file(checkpoint, model, batch_reqs, last, step, chunk)
                 batch_targets = residual_targets(model, tok, batch_reqs, last, **step, chunk=chunk,
                                                  progress=progress and len(batches) == 1, checkpoint=saved)
                 restored += batch_targets.restored_seconds

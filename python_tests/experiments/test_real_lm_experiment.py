@@ -250,3 +250,32 @@ def test_summary_labels_stale_cells_by_what_they_ran():
                                                      'wise (batch, preset="smollm2-135m" (as of act_ratio=0.88))']
     fresh = report.markdown_table(report.summarize(cells[1:]))
     assert "(as of" not in fresh and "before their preset moved" not in fresh
+
+
+def test_weight_editors_keep_delta_in_the_runs_shared_partial_folder_until_the_grid_is_done(tmp_path, monkeypatch):
+    # In a run the δ folder is OUT/NAME/partial/shared-KEY/ (a commit carries it to another machine); the engine
+    # removes it with the other shared work once every cell is present. Outside a run: the cache folder.
+    monkeypatch.setenv("FACTKERNELS_CACHE", str(tmp_path / "cache"))
+    assert real_lm._targets_folder() == tmp_path / "cache" / "residual_targets"
+    claim = engine.Claim("toy-delta", "000", "Fig. 0", "a folder per run", "always")
+    folders = []
+
+    def run_cell(config):
+        folder = real_lm._targets_folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"targets_{config['x']}.safetensors").write_bytes(b"x")
+        folders.append(folder)
+        if config["x"] == 1:
+            assert sorted(p.name for p in folder.iterdir()) == ["targets_0.safetensors", "targets_1.safetensors"]
+        return {"x": config["x"]}
+
+    engine.register(engine.Experiment("toy-delta", "toy", (claim,), lambda scale: [{"x": 0}, {"x": 1}], run_cell,
+                                      lambda cells: {"claims": {}}))
+    try:
+        engine.run("toy-delta", tmp_path, scale="tiny", quiet=True, only={"x": 0})
+        assert folders[0].is_dir() and folders[0].parent == tmp_path / "toy-delta" / "partial"
+        assert folders[0].name.startswith("shared-") and not folders[0].suffix
+        engine.run("toy-delta", tmp_path, scale="tiny", resume=True, quiet=True)
+        assert folders[1] == folders[0] and not folders[0].exists()
+    finally:
+        del engine.REGISTRY["toy-delta"]

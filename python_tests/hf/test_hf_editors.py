@@ -187,6 +187,36 @@ def test_a_checkpoint_folder_shares_one_delta_between_memit_and_alphaedit(llama,
              **FEW)
 
 
+def test_a_sequential_edit_resumes_every_finished_batch_from_a_checkpoint_folder(llama, tmp_path, monkeypatch):
+    """AlphaEdit in batches of one keeps a δ file per batch, named by the weights the earlier batches left: a rerun
+    reads each back (no residual step) and leaves the same weights; an explicit file keeps no sequential δ."""
+    model, tok = llama
+    stats = key_second_moments(model, tok, [0, 1], texts=TEXTS, cache_dir=tmp_path)
+    folder = tmp_path / "targets"
+    alpha = {"method": "alphaedit", "layers": [0, 1], "nullspace_threshold": 1.0, "l2": 1e-4, "batch_size": 1}
+    first = edit(model, tok, REQUESTS, stats=stats, progress=False, checkpoint=folder, **alpha, **STRONG, **FEW)
+    expected = [model.model.layers[i].mlp.down_proj.weight.detach().clone() for i in (0, 1)]
+    first.restore()
+    assert first.report["batches"] == len(REQUESTS) >= 2
+    assert len(list(folder.iterdir())) == len(REQUESTS) and first.report["targets_restored_seconds"] == 0
+    import factkernels.hf.residual as residual
+
+    def no_step(*_args, **_kwargs):
+        raise AssertionError("δ was re-trained")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(residual, "_train_chunk", no_step)
+        again = edit(model, tok, REQUESTS, stats=stats, progress=False, checkpoint=folder, **alpha, **STRONG, **FEW)
+        try:
+            assert all(torch.equal(model.model.layers[i].mlp.down_proj.weight, w) for i, w in zip((0, 1), expected))
+            assert again.report["targets_restored_seconds"] > 0
+        finally:
+            again.restore()
+    single = tmp_path / "one.safetensors"
+    edit(model, tok, REQUESTS, stats=stats, progress=False, checkpoint=single, **alpha, **STRONG, **FEW).restore()
+    assert not single.exists()
+
+
 def test_residual_targets_train_each_fact_on_its_own(llama):
     """Facts stop at their own early-stop step and only the others keep running: δ trained for all requests
     in one chunk equals δ trained one request at a time (and a fact that stopped keeps the δ it stopped with)."""
