@@ -47,6 +47,7 @@ from .evaluate import batch_margins, fact_min, token_margin
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
 from .subject_keys import WIKIPEDIA_NEGATIVES, check_subject_options, default_prefixes, insert_subject_keyed
+from .subject_values import SUBJECT_VALUE_LR
 from .units import Insertion, InsertionReport, append_units, removed_on_failure
 
 GATES = ("detector", "generic")
@@ -372,7 +373,7 @@ def default_layer(model: Any, position: str = "target") -> int:
 def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Request, dict]]], *,
                  layer: Optional[int] = None, position: str = "target", gate: str = "detector",
                  background: Optional[Sequence[str]] = None, margin: float = 3.0, value_steps: int = 60,
-                 value_lr: float = 0.5, contrast: int = 2, sharpness: float = 100.0, threshold: float = 0.92,
+                 value_lr: Optional[float] = None, contrast: int = 2, sharpness: float = 100.0, threshold: float = 0.92,
                  adaptive_threshold: bool = False, seed: int = 0, batch_size: Optional[int] = None,
                  progress: bool = True, checkpoint: Union[str, Path, None] = None, keys: str = "request",
                  prefixes: Optional[Sequence[str]] = None, value_prefixes: Optional[int] = None, within: float = 1.0,
@@ -422,6 +423,8 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         :data:`~factkernels.hf.subject_keys.WIKIPEDIA_NEGATIVES`). ``workers``: chunks of subjects whose values
         are fit at once, each on one intra-op thread (:func:`~factkernels.hf.checkpoint.resumable_subject_fit`);
         "auto": torch's intra-op thread count on a CPU, 1 on a GPU (:func:`~factkernels.hf.checkpoint.value_workers`).
+        ``value_lr``: default :data:`~factkernels.hf.subject_values.SUBJECT_VALUE_LR` (1.0).
+    value_lr: Adam's learning rate for δ; default 0.5 (``keys="subject"``: above).
     device: where the model runs ("cpu", "cuda", ...): it is moved there in place (``model.to(device)``) and
         stays; default: where it is. Every step runs on the model's device.
     batch_size: rows a forward runs at once; default 32 on a CPU, more on a GPU
@@ -448,6 +451,8 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         check_subject_options(value_prefixes, prefixes, subject_threshold, ramp, within, repair_rounds, lookalikes,
                               lookalike_weight, essence, essence_weight, wikipedia_negatives, partner_weight)
     check_workers(workers)
+    if value_lr is None:
+        value_lr = SUBJECT_VALUE_LR if keys == "subject" else 0.5
     if device is not None:  # after every check: a refused request leaves the model where it was
         model.to(device)
     if batch_size is None:

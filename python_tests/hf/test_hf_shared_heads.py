@@ -178,12 +178,12 @@ def test_margins_from_the_mid_states_equal_the_edited_models_full_forward(tiny_l
         appended.remove()
 
 
-def _plain_subject_deltas(model, batch, subject, layer, *, margin, steps, lr):
+def _plain_subject_deltas(model, batch, subject, layer, *, margin, steps, lr, init=None):
     """The values loop without its shortcuts: every row in a hooked full forward with a graph at every step."""
     batch = batch.scored_tokens()
     n_subjects = int(subject.max()) + 1
-    delta = torch.zeros(n_subjects, model.config.hidden_size, requires_grad=True)
-    opt = torch.optim.Adam([delta], lr=lr)
+    delta = (torch.zeros(n_subjects, model.config.hidden_size) if init is None else init.clone()).requires_grad_(True)
+    opt = torch.optim.Adam([delta], lr=lr, betas=subject_values.ADAM_BETAS)
     rows, positions, tokens = batch.target_positions()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -254,6 +254,31 @@ def test_subject_values_equal_the_plain_loop(tiny_llama, contexts, monkeypatch):
         plain = _plain_subject_deltas(model, contexts, subject, 1, margin=margin, steps=25, lr=0.5)
         torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-4 * float(plain.abs().max()))
     assert info["value_steps"] > 1 and False in graphs and True in graphs
+
+
+def test_a_refit_from_init_measures_its_rows_before_running_a_graph(tiny_llama, contexts):
+    """From ``init`` (a repair round's refit) the first step measures every row without a graph and runs with one
+    only the rows below the margin there: its graph tokens are those rows' tokens from the subject's last token on,
+    and the refit's δ is the plain loop's from the same init."""
+    model, _ = tiny_llama
+    subject = torch.tensor([0, 1, 2, 3, 3]).repeat_interleave(len(PREFIXES) + 1)
+    options = dict(margin=float(batch_margins(model, contexts, 4).quantile(0.5)), lr=0.5, batch_size=4,
+                   progress=False)
+    half, _ = subject_values.fit_subject_deltas(model, contexts, subject, 1, steps=3, **options)
+    batch = contexts.scored_tokens()
+    rows, positions, tokens = batch.target_positions()
+    with torch.no_grad():
+        hidden = hidden_with_delta(model, 1, batch, None, torch.arange(len(batch)), batch.subject_last, half[subject])
+        at_init = fact_min(token_margin(logits_at(model, hidden, rows, positions), tokens), rows, len(batch))
+    below = at_init < options["margin"]
+    assert bool(below.any()) and not bool(below.all())
+    from_start = batch.attention_mask.sum(1) - batch.subject_last
+    _, first = subject_values.fit_subject_deltas(model, contexts, subject, 1, steps=1, init=half, **options)
+    assert first["value_tokens_graph"] == int(from_start[below].sum())
+    assert first["value_tokens_measured"] == int(from_start.sum())
+    refit, _ = subject_values.fit_subject_deltas(model, contexts, subject, 1, steps=20, init=half, **options)
+    plain = _plain_subject_deltas(model, contexts, subject, 1, margin=options["margin"], steps=20, lr=0.5, init=half)
+    torch.testing.assert_close(refit, plain, rtol=1e-4, atol=1e-4 * float(plain.abs().max()))
 
 
 def test_subject_values_without_cached_tails_equal_the_plain_loop(tiny_llama, contexts, monkeypatch):

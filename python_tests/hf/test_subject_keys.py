@@ -418,6 +418,32 @@ def test_essence_option_is_checked_and_its_rows_join_the_fit(tiny_llama):
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
+def test_value_lr_defaults_to_subject_value_lr_with_subject_keys_only(tiny_llama, monkeypatch):
+    """insert_facts' value_lr: by default SUBJECT_VALUE_LR (1.0) for the subject values fit, 0.5 for request keys'
+    δ; a given value_lr reaches either."""
+    from factkernels.hf import insert, subject_values
+
+    model, tok = tiny_llama
+    requests = [{"prompt": "the author of {} is", "subject": "emma", "target_new": "tolstoy"}]
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("value_lr", kwargs.get("lr")))
+        raise Stop
+
+    monkeypatch.setattr(insert, "insert_subject_keyed", spy)
+    monkeypatch.setattr(insert, "optimise_deltas", spy)
+    for options in ({"keys": "subject"}, {"keys": "subject", "value_lr": 0.3}, {"keys": "request"},
+                    {"keys": "request", "value_lr": 0.3}):
+        with pytest.raises(Stop):
+            hf.insert_facts(model, tok, requests, layer=1, background=TINY_TEXTS, prefixes=TINY_PREFIXES,
+                            progress=False, **options)
+    assert subject_values.SUBJECT_VALUE_LR == 1.0 and seen == [1.0, 0.3, 0.5, 0.3]
+
+
 def test_a_negative_that_fires_a_detector_raises_its_threshold():
     """A background state scoring between a detector's threshold and its own contexts fires it; given as a negative
     too, it sets the contrast and the threshold moves above it."""
