@@ -26,10 +26,10 @@ RECHECK_STEPS = 4
 RECHECK_SLACK = 0.5
 
 # Adam's learning rate and betas for δ. Its steps are about lr per coordinate whatever the gradient's scale, and a
-# subject's δ grows to a norm of ~100-200 over its ~15-60 steps: at 100 validation requests lr 1.0 with β2 0.9 (the
-# second moment following the few rows still below the margin, not the first steps' large gradients) ran 32 %
-# fewer weighted tokens than lr 0.5 with β2 0.999 (δ norms 209 against 139 on average), every subject reaching the
-# margin (benchmarks/results/hf/insert_speed/).
+# subject's δ grows to a norm of ~100-200 over its ~10-60 steps. At 100 validation requests lr 1.0 with β2 0.9 (the
+# second moment following the few rows still below the margin, not the first steps' large gradients) ran the first
+# fit in 31 % fewer weighted tokens than lr 0.5 with β2 0.999, every subject reaching the margin, δ's norm ~1.5x
+# (benchmarks/results/hf/insert_speed/subject_L10_n100_cpu_v32_{before,after}.json).
 SUBJECT_VALUE_LR = 1.0
 ADAM_BETAS = (0.9, 0.9)
 
