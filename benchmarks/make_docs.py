@@ -721,7 +721,7 @@ def _span(values: list) -> str:
 def headline() -> str:
     cpu = f"{RESULTS}/cpu.json"
     big = f"{RESULTS}/construct_cg_32768.json"
-    hf = f"{RESULTS}/hf/insert_speed/subject_L10_n960_cpu_w2_quiet29.json"
+    hf = f"{RESULTS}/hf/insert_speed/subject_L10_n960_cpu_w2_quiet30.json"
     budget = f"{RESULTS}/experiments/rgr-budget/summary.json"
     construct = next(r for r in load(cpu)["construct"] if r["F"] == 4096)
     gpu_run = LATEST_RUN
