@@ -298,10 +298,12 @@ LENT_RUNS = {"s24 run 1": f"{RESULTS}/gpu_suite-NVIDIA_H200-s24-run1.json",
              "s24 run 2": f"{RESULTS}/gpu_suite-NVIDIA_H200-s24-run2.json",
              "s24 run 3": f"{RESULTS}/gpu_suite-NVIDIA_H200-s24-run3.json",
              "s28 run 1": f"{RESULTS}/gpu_suite-NVIDIA_H200-s28-run1.json",
-             "s28 run 2": f"{RESULTS}/gpu_suite-NVIDIA_H200-s28-run2.json"}
-# The README's GPU rows: run 2 measured a corral kernel rewrite that ran slower and was reverted, so run 1's corral
-# kernel is the one main ships
-LATEST_RUN = LENT_RUNS["s28 run 1"]
+             "s28 run 2": f"{RESULTS}/gpu_suite-NVIDIA_H200-s28-run2.json",
+             "s31 run 1": f"{RESULTS}/gpu_suite-NVIDIA_H200-s31-run1.json",
+             "s31 scale": f"{RESULTS}/gpu_suite-NVIDIA_H200-s31-scale.json"}
+# The README's GPU rows: the latest run of the construct section and of the scale section
+LATEST_RUN = LENT_RUNS["s31 run 1"]
+LATEST_SCALE_RUN = LENT_RUNS["s31 scale"]
 
 
 def _gpu_of(path: str) -> str:
@@ -722,9 +724,10 @@ def headline() -> str:
     cpu = f"{RESULTS}/cpu.json"
     big = f"{RESULTS}/construct_cg_32768.json"
     hf = f"{RESULTS}/hf/insert_speed/subject_L10_n960_cpu_w2_quiet30.json"
+    hf_gpu = f"{RESULTS}/hf/insert_speed/subject_L10_n960_cuda_s31.json"
     budget = f"{RESULTS}/experiments/rgr-budget/summary.json"
     construct = next(r for r in load(cpu)["construct"] if r["F"] == 4096)
-    gpu_run = LATEST_RUN
+    gpu_run = LATEST_SCALE_RUN
     scale, default = load(gpu_run)["scale"], load(LATEST_RUN)["construct"]["default"]
     report = load(big)["construct_json"]["report"]
     insert = load(hf)
@@ -747,6 +750,8 @@ def headline() -> str:
         [f"{insert['facts']:,} fact requests ({insert['subjects']} subjects, {insert['contexts']:,} contexts) "
          f"inserted into SmolLM2-135M with subject keys (2-core CPU, {insert['workers']} workers)",
          f"{insert['seconds']['wall'] / 60:.1f} min, efficacy {insert['efficacy']:.4f}", _link(hf)],
+        [f"the same {load(hf_gpu)['facts']:,} requests on one {load(hf_gpu)['environment']['gpu'].replace('NVIDIA ', '')}",
+         f"{load(hf_gpu)['seconds']['wall']:.1f} s, efficacy {load(hf_gpu)['efficacy']:.4f}", _link(hf_gpu)],
         _real_lm_headline(),
         ["minimal key budget of max-over-heads attention (seed 002)",
          f"D_K* ≈ {fit['slope']:.2f} m log2(m) / d_model (R² {fit['r2']:.3f})", _link(budget)],

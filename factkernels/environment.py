@@ -38,10 +38,11 @@ def code_version(where: Optional[Path] = None) -> str:
 
 
 def environment() -> dict:
-    """Versions (the optional real-model packages when imported), platform, threads, what was compiled and the
-    code's commit."""
+    """Versions (the optional real-model packages when imported), platform, threads, what was compiled, the GPU
+    (when CUDA is available) and the code's commit."""
     optional = {name: getattr(sys.modules[name], "__version__", "unknown") for name in OPTIONAL if name in sys.modules}
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
             "scipy": scipy.__version__, "networkx": networkx.__version__, **optional, "platform": platform.platform(),
             "processor": platform.processor(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "build": _ops.build_info(), "code": code_version()}
+            "build": _ops.build_info(),
+            **({"gpu": torch.cuda.get_device_name()} if torch.cuda.is_available() else {}), "code": code_version()}
