@@ -1,13 +1,11 @@
 """Registers, stack and spills of a CUDA kernel's instantiations, as ptxas reports them (no GPU needed).
 
     python benchmarks/cuda_ptxas.py --kernel corral_solve                # sm_90, nvcc from PATH
-    python benchmarks/cuda_ptxas.py --kernel gated_forward --arch sm_80
+    python benchmarks/cuda_ptxas.py --kernel corral_solve --arch sm_80
 
 Compiles the kernel's source once with ``nvcc -O3 -Xptxas -v`` and writes, per kernel instantiation, the registers a
 thread, the stack frame and the spill stores and loads in bytes, to benchmarks/results/<stem>-<arch>.json
-(``KERNELS``). A block's shared memory is set by the source, not by ptxas: corral_solve.cu's shared_bytes for each
-corral_solve variant (``_ops.CORRAL_SOLVE_CUDA_VARIANTS``), gated_forward.cu's Layout for each output tile width DN
-(64 or 128) and gate mode (shared: hg <= 64 < h, one gate tile a block; per_chunk: the gate rows each chunk needs).
+(``KERNELS``). A block's shared memory is set by the source, not by ptxas (corral_solve.cu's shared_bytes).
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from factkernels import _ops
 from factkernels.environment import code_version
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,19 +27,11 @@ REGS = re.compile(r"Used (\d+) registers")
 
 
 def _corral_name(entry: str) -> str | None:
-    names = {bits: name for name, bits in _ops.CORRAL_SOLVE_CUDA_VARIANTS.items()}
-    m = re.search(r"corral_solve_kernelILi(\d+)E", entry)
-    return names[int(m.group(1))] if m else None
-
-
-def _gated_name(entry: str) -> str | None:
-    m = re.search(r"gated_forward_kernelILi(\d+)ELb([01])E", entry)
-    return f"DN={m.group(1)}, gate {'shared' if m.group(2) == '1' else 'per_chunk'}" if m else None
+    return "corral_solve" if "corral_solve_kernel" in entry else None
 
 
 # kernel: (source under csrc/, result file stem, the instantiation's name from its mangled entry or None)
-KERNELS = {"corral_solve": ("cuda/corral_solve.cu", "corral_ptxas", _corral_name),
-           "gated_forward": ("cuda/gated_forward.cu", "gated_forward_ptxas", _gated_name)}
+KERNELS = {"corral_solve": ("cuda/corral_solve.cu", "corral_ptxas", _corral_name)}
 
 
 def ptxas_report(kernel: str, arch: str) -> tuple[str, dict]:

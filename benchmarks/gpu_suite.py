@@ -23,8 +23,6 @@ What it runs (all on --device, default cuda):
              (active_set, dense) and, unless --no-ustar-large, 65,536 x 256 (backend auto and torch): time,
              rho, streaming passes and one pass's time, and (below each row's threshold) kernel launches, host
              syncs, copies and the top device kernels (ustar_launches.py)
-  corral     the CUDA corral_solve's variants against the current kernel on U*'s own calls at 4,096 x 128 and
-             65,536 x 256 (corral_race.py): CUDA-event medians of 5 turns each, speedups, bit-identity
   gd_batch   GD cost searches with every seed (and, for the GD MLP, the sizes ahead) as one batch vs one
              model at a time (gd_batch.py's race at its CPU setting, d = 16, F = 64, 3 seeds, one run each),
              and the cost of one step of 1, 3, 9, 21 GD MLPs as one batch (and of 1 and 3 at F = 256 ... 2,048),
@@ -57,8 +55,6 @@ from factkernels.embeddings import random_fact_set
 
 from bench import (bench_attention, bench_construct, bench_kernels, cholesky_seconds, device_info, gemm_rate, race,
                    sync, timeit)
-from corral_race import SIZES as CORRAL_RACE_SIZES
-from corral_race import race as race_corral_variants
 from gd_batch import race as race_gd_searches
 from gd_batch import step_costs as gd_step_costs
 from gd_batch import loss_kernel_race as gd_loss_kernel_race
@@ -68,7 +64,7 @@ from ustar_launches import profile_counts, profiler
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_DEVICE_STATUS = 2
-SECTIONS = ("tests", "kernels", "attention", "construct", "ustar", "corral", "scale", "gd_batch", "largest_f")
+SECTIONS = ("tests", "kernels", "attention", "construct", "ustar", "scale", "gd_batch", "largest_f")
 
 
 def cuda_unavailable_reason(device: torch.device) -> str | None:
@@ -404,7 +400,6 @@ def main(argv: list[str] | None = None) -> int:
         "default": bench_build(device, d, num_facts)})
     ustar_rows = USTAR_QUICK_ROWS if args.quick else USTAR_ROWS + (USTAR_LARGE_ROWS if args.ustar_large else ())
     section("ustar", lambda: bench_ustar(device, ustar_rows, args.ustar_seconds))
-    section("corral", lambda: race_corral_variants(device, ((512, 32),) if args.quick else CORRAL_RACE_SIZES))
     section("scale", lambda: bench_scale(device, *((32, 1024, 2**12) if args.quick else
                                                    (args.scale_d, args.scale_facts, 2**20)), rate))
 

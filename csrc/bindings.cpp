@@ -7,7 +7,6 @@
 
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 
 #include "kernels.h"
 
@@ -144,12 +143,7 @@ PYBIND11_MODULE(_C, m) {
                                   cptr<T>(bu), cptr<T>(wd), cptr<T>(bd), mptr<T>(out), ldo,
                                   n, d_in, h, hg, d_out, to_activation(act)};
             py::gil_scoped_release nogil;
-            if constexpr (std::is_same_v<T, float>) {
-              FK_LAUNCH(gated_forward, a, dev, stream);
-            } else {  // the CUDA kernel's tensor cores take float32 only; _ops.py runs the twin for float64
-              if (dev >= 0) throw std::invalid_argument("gated_forward's CUDA kernel takes float32 only");
-              cpu::gated_forward(a);
-            }
+            FK_LAUNCH_CPU(gated_forward, a, dev, stream);
           });
         });
 
@@ -226,13 +220,13 @@ PYBIND11_MODULE(_C, m) {
            int64_t k, uintptr_t start, uintptr_t warm_cols, uintptr_t warm_lam, int64_t kw, double tol,
            int64_t max_iter, int64_t n_init, int64_t n_add, double eps_w, double ridge, double zero_norm2,
            uintptr_t u, uintptr_t lo, uintptr_t hi, uintptr_t out_cols, uintptr_t out_lam, int64_t kc,
-           uintptr_t dup, uintptr_t work, int64_t slots, uintptr_t steps, int variant, uintptr_t stream) {
+           uintptr_t dup, uintptr_t work, int64_t slots, uintptr_t steps, uintptr_t stream) {
           const int dev = device_index(device);
           CorralSolveArgs a{cptr<double>(w), n, d, cptr<int64_t>(rows), cptr<int64_t>(cand), r, k,
                             cptr<double>(start), cptr<int64_t>(warm_cols), cptr<double>(warm_lam), kw, tol,
                             max_iter, n_init, n_add, eps_w, ridge, zero_norm2, mptr<double>(u), mptr<double>(lo),
                             mptr<double>(hi), mptr<int64_t>(out_cols), mptr<double>(out_lam), kc,
-                            mptr<uint8_t>(dup), mptr<double>(work), slots, mptr<int64_t>(steps), variant};
+                            mptr<uint8_t>(dup), mptr<double>(work), slots, mptr<int64_t>(steps)};
           py::gil_scoped_release nogil;
           FK_LAUNCH(corral_solve, a, dev, stream);
         });

@@ -217,13 +217,7 @@ struct CorralSolveArgs {
   double* work;
   int64_t slots;
   int64_t* steps;
-  int variant;  // CUDA only: bits of CorralSolveVariant (0: the kernel as it stands; the CPU kernel takes 0 only)
 };
-
-// Variants of the CUDA corral_solve, raced against variant 0 on a lent GPU (csrc/cuda/corral_solve.cu says what each
-// changes; all compute the same outputs): the factor's first diagonal blocks in shared memory, and the star recomputed
-// from the values instead of stored.
-enum CorralSolveVariant { kCorralFactorShared = 1, kCorralStarFromValues = 2, kCorralSolveVariants = 4 };
 
 // What corral_solve's steps count per row: major cycles (certificate passes), points added to the corral (the warm
 // corral's included), minor-cycle steps (each two Cholesky solves of the corral's system) and the corral sizes
@@ -233,20 +227,15 @@ enum CorralSolveStep { kMajorCycles, kAdded, kMinorSteps, kSolveRows, kDrops, kR
                        kCorralSolveSteps };
 
 // The CUDA corral_solve's workspace, in doubles: a header (the row counter), then per warp its candidate star
-// (k x d; kCorralStarFromValues keeps there the k inverse norms and a group's kCorralSolveGroup rows, so at least
-// that many), certificates (k), the corral's Gram matrix and factor ((d + 1)^2 each), five slot vectors, the point
+// (k x d), certificates (k), the corral's Gram matrix and factor ((d + 1)^2 each), five slot vectors, the point
 // and the best direction (d each), a group of additions' products with the corral and their forward-solved
 // borders (2 x kCorralSolveGroup x (d + 1)), the slots' candidates (d + 1 ints) and the candidates' flags
 // (k bytes), rounded up to 256 bytes.
 constexpr int64_t kCorralSolveHeader = 32;
 constexpr int kCorralSolveGroup = 4;  // additions whose products with the corral take one pass over its rows
-inline int64_t corral_star_doubles(int64_t d, int64_t k) {
-  return k * d > k + kCorralSolveGroup * d ? k * d : k + kCorralSolveGroup * d;
-}
 inline int64_t corral_solve_scratch(int64_t d, int64_t k) {
   const int64_t mmax = d + 1;
-  const int64_t doubles =
-      corral_star_doubles(d, k) + k + (2 * mmax + 2 * kCorralSolveGroup + 6) * mmax + 2 * d + (k + 7) / 8;
+  const int64_t doubles = k * d + k + (2 * mmax + 2 * kCorralSolveGroup + 6) * mmax + 2 * d + (k + 7) / 8;
   return (doubles + 31) / 32 * 32;
 }
 inline int64_t corral_solve_work(int64_t d, int64_t k, int64_t slots) {
@@ -270,13 +259,12 @@ int num_threads();
 }  // namespace cpu
 
 #ifdef FACTKERNELS_CUDA
-// No CUDA gadget products, decode or gate_features: on an H100 and an H200 their shared-memory float32
-// kernels ran at 0.26-0.97x of the cuBLAS-backed torch twins (gate_features at the construction's shape
-// 0.73x on an H200 twice), which run on a GPU instead (docs/results/kernels.md, "Kernels that earn their
-// place"; benchmarks/runs/gpu/NOTES.md). gated_forward's CUDA-core kernel lost too (0.42-0.62x); the one
-// here runs on the tensor cores in a 3xTF32 split, float32 only, and is not measured yet.
+// No CUDA gadget products, gated_forward, decode or gate_features: on an H100 and an H200 their
+// shared-memory float32 kernels ran at 0.26-0.97x of the cuBLAS-backed torch twins (gate_features at
+// the construction's shape 0.73x on an H200 twice; gated_forward on the tensor cores, 3xTF32, 0.63-0.79x at
+// d = 128), which run on a GPU instead (docs/results/kernels.md, "Kernels that earn their place";
+// benchmarks/runs/gpu/NOTES.md).
 namespace cuda {
-void gated_forward(const GatedForwardArgs<float>& a, uintptr_t stream);
 template <typename T> void softmax_xent(const SoftmaxXentArgs<T>& a, uintptr_t stream);
 template <typename T> void hadamard_gram(const HadamardGramArgs<T>& a, uintptr_t stream);
 template <typename T> void max_head_scores(const MaxHeadScoresArgs<T>& a, uintptr_t stream);

@@ -201,7 +201,9 @@ def _indices(name: str, t: torch.Tensor, ref: torch.Tensor, size: int, what: str
 # accuracy), which no lent GPU run could yet show winning, so those four CUDA kernels are removed: on a GPU
 # they run their twins (decode's twin streams in chunks, so it never holds n x |V| scores either). The twins'
 # products in a 3xTF32 split on the tensor cores (session 24) lost too: the 2^18 x 1,024 build's CG solve took
-# 96.7 s (102 iterations) against 66.5 s (94) in float32 on an H200 (gpu_suite-NVIDIA_H200-s24-run3.json). Their CPU
+# 96.7 s (102 iterations) against 66.5 s (94) in float32 on an H200 (gpu_suite-NVIDIA_H200-s24-run3.json), and a
+# fused gated_forward on the tensor cores (hand WMMA, 3xTF32; session 31, H200) ran 0.63-0.79x its twin at the
+# construction's d = 128 (gpu_suite-NVIDIA_H200-s31-run2.json), so it is removed as well. Their CPU
 # kernels stay (1.5-4.3x their twins). gate_features' CUDA kernel won on the H100 (1.13-1.14x) but lost at the
 # construction's shape on the H200 in two sessions (0.73x at n = 4,096, k = 128, h = 48; 1.02-1.06x at n = 1,024;
 # gpu_suite-NVIDIA_H200-s24-run1.json, -s28-run1.json), a 0.05 ms op either way: it is removed too. CUDA "auto"
@@ -220,13 +222,8 @@ KERNEL_OPS = ("gate_features", "hadamard_gram", "gadget_matvec", "gadget_rmatvec
               "corral_solve")
 # exact_star_scores (a gather of scattered rows per pair, the float64 re-check of streamed candidates) has no CUDA
 # kernel either: its twin is a few batched torch ops there.
-CPU_ONLY_KERNELS = frozenset({"gate_features", "gadget_matvec", "gadget_rmatvec", "decode", "exact_star_scores",
-                              "corral_minor"})
-# gated_forward's CUDA kernel (csrc/cuda/gated_forward.cu, issue 33) runs its products on the tensor cores in a 3xTF32
-# split (float32-accurate), so it takes float32 only: float64 on a GPU runs the twin. It replaces the CUDA-core
-# kernel that lost (0.42-0.62x above) and is not measured yet: "auto" keeps the twin on a GPU until a lent GPU race
-# (gpu_suite's kernels section) shows it at >= 1.2x its twin at the construction's shapes.
-CUDA_FLOAT32_ONLY_KERNELS = frozenset({"gated_forward"})
+CPU_ONLY_KERNELS = frozenset({"gate_features", "gadget_matvec", "gadget_rmatvec", "gated_forward", "decode",
+                              "exact_star_scores", "corral_minor"})
 CUDA_AUTO_KERNELS = frozenset({"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk",
                                "corral_solve"})
 # star_topk's CUDA kernel (CUDA-core tiles, a running list per output) won at k = 8 (1.28-1.91x its twin) and lost
@@ -261,15 +258,10 @@ def _use_kernel(backend: str, op: str, *tensors: Optional[torch.Tensor]) -> bool
     if backend == "kernels" and ref.device.type == "cuda" and op in CPU_ONLY_KERNELS:
         raise RuntimeError(f"backend='kernels': {op} has no CUDA kernel (its cuBLAS-backed torch twin was faster on "
                            "an H100 and an H200, so the CUDA kernel was removed); use backend='auto' or 'torch'")
-    if (backend == "kernels" and ref.device.type == "cuda" and op in CUDA_FLOAT32_ONLY_KERNELS
-            and ref.dtype != torch.float32):
-        raise RuntimeError(f"backend='kernels': {op}'s CUDA kernel takes float32 only (tensor cores in a 3xTF32 "
-                           f"split), got {ref.dtype}; use backend='auto' or 'torch'")
     ok = (
         _C is not None
         and ref.dtype in (torch.float32, torch.float64)
         and (ref.device.type == "cpu" or (ref.device.type == "cuda" and op not in CPU_ONLY_KERNELS
-                                          and (op not in CUDA_FLOAT32_ONLY_KERNELS or ref.dtype == torch.float32)
                                           and _cuda_kernels_usable()))
         and not any(t is not None and t.requires_grad and torch.is_grad_enabled() for t in tensors)
     )
@@ -1061,11 +1053,6 @@ CORRAL_SOLVE_WORK_BYTES = 1 << 32
 # What corral_solve's ``steps`` count per row, in this order (CorralSolveStep in csrc/kernels.h): major cycles,
 # points added (the warm corral's included), minor-cycle steps (two Cholesky solves each) and the corral sizes summed
 # over them, drops and their rotations, the largest corral, the warm corral's size.
-# Variants of the CUDA corral_solve (CorralSolveVariant bits in csrc/kernels.h; csrc/cuda/corral_solve.cu says what
-# each changes), raced against "current" on a lent GPU by benchmarks/corral_race.py: the same outputs, bit for bit in
-# a CPU emulation of the warp. The C++ kernel has none.
-CORRAL_SOLVE_CUDA_VARIANTS = {"current": 0, "factor_shared": 1, "star_from_values": 2,
-                              "factor_shared+star_from_values": 3}
 CORRAL_SOLVE_STEPS = ("major_cycles", "added", "minor_steps", "solve_rows", "drops", "rotations", "largest_corral",
                       "warm_corral")
 
@@ -1177,8 +1164,7 @@ def corral_minor(Q: torch.Tensor, lam: torch.Tensor, occ: torch.Tensor, frozen: 
 
 def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start: torch.Tensor,
                  corral: Optional[tuple[torch.Tensor, torch.Tensor]] = None, *, tol: float, max_iter: int,
-                 n_init: int, n_add: int, zero_norm2: float, steps: Optional[torch.Tensor] = None,
-                 cuda_variant: str = "current"):
+                 n_init: int, n_add: int, zero_norm2: float, steps: Optional[torch.Tensor] = None):
     """Minimum-norm points of candidate stars, one whole solve per row (the kernel of U*'s active-set rounds: a
     C++ task per row on a CPU, a warp per row on a GPU).
 
@@ -1193,8 +1179,6 @@ def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start:
     is the batched solver itself (:func:`factkernels.corral.solve_rows` on :func:`factkernels.corral.candidate_star`,
     which ``backend="torch"`` runs); the tests compare the three. ``steps``: a CPU (r, len(CORRAL_SOLVE_STEPS))
     int64 tensor that receives each row's counts (the CUDA kernel takes the same steps and counts none).
-    ``cuda_variant``: a key of ``CORRAL_SOLVE_CUDA_VARIANTS`` (the CUDA kernel's variants under race; a CPU runs
-    "current" only).
     """
     if not uses_kernel("kernels", "corral_solve", W):
         raise RuntimeError("corral_solve has no kernel here (no extension, or not a float64 tensor)")
@@ -1210,9 +1194,6 @@ def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start:
     if any(t.device != W.device for t in others):
         raise ValueError(f"rows, cand, start and corral must be on W's device ({W.device})")
     cuda = W.device.type == "cuda"
-    if cuda_variant not in CORRAL_SOLVE_CUDA_VARIANTS or (not cuda and cuda_variant != "current"):
-        raise ValueError(f"cuda_variant must be one of {sorted(CORRAL_SOLVE_CUDA_VARIANTS)} on a GPU and 'current' "
-                         f"on a CPU, got {cuda_variant!r} on {W.device.type}")
     if not cuda:  # on a GPU each range check is a read back (a host sync per round): the callers build the
         # indices in range, and the CUDA kernel treats a candidate outside [0, n) as padding
         _indices("rows", rows, start, n, "values")
@@ -1246,5 +1227,5 @@ def corral_solve(W: torch.Tensor, rows: torch.Tensor, cand: torch.Tensor, start:
     _C.corral_solve(_launch_args(W)[0], _ptr(W), n, d, _ptr(rows), _ptr(cand), r, K, _ptr(start), _ptr(cols),
                     _ptr(lam), kw, float(tol), int(max_iter), int(n_init), int(n_add), CORRAL_EPS_W, CORRAL_RIDGE,
                     float(zero_norm2), _ptr(U), _ptr(lo), _ptr(hi), _ptr(out_cols), _ptr(out_lam), kc, _ptr(dup),
-                    _ptr(work), slots, _ptr(steps), CORRAL_SOLVE_CUDA_VARIANTS[cuda_variant], _stream(W))
+                    _ptr(work), slots, _ptr(steps), _stream(W))
     return U, lo, hi, (out_cols, out_lam), dup

@@ -1,6 +1,6 @@
-// Shared CUDA building blocks: error checks, device queries, activations and the
-// shared-memory tiled product A B^T that the Hadamard Gram, the head scores and the
-// star scores accumulate through, with row-major operand loaders.
+// Shared CUDA building blocks: error checks, device queries and the shared-memory
+// tiled product A B^T that the Hadamard Gram, the head scores and the star scores
+// accumulate through, with row-major operand loaders.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,25 +29,6 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Multiprocessors of the current device (launch sizing).
 int multiprocessor_count();
-
-// ------------------------------------------------------------ activations
-
-template <typename T> __device__ __forceinline__ T sigmoid(T x) {
-  const T z = exp(-fabs(x));  // <= 1: no overflow for either sign
-  const T s = T(1) / (T(1) + z);
-  return x >= T(0) ? s : z * s;
-}
-
-template <typename T> __device__ __forceinline__ T activate(Activation act, T x) {
-  switch (act) {
-    case Activation::kSilu: return x * sigmoid(x);
-    case Activation::kGelu: return T(0.5) * x * erfc(x * T(-0.70710678118654752440));  // erfc: exact tail
-    case Activation::kTanh: return tanh(x);
-    case Activation::kSigmoid: return sigmoid(x);
-    case Activation::kSoftplus: return x > T(20) ? x : log1p(exp(x));
-  }
-  return x;
-}
 
 // ----------------------------------------------------------- tiled product
 

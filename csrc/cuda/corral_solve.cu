@@ -13,21 +13,7 @@
 // element c of p, u is read and written only by lane s % 32 (c % 32) inside loops; where a lane reads what
 // another lane wrote, a __syncwarp() comes first (the triangular solves' pivots and the rotations go through
 // shuffles instead).
-//
-// Variants (bits of CorralSolveArgs::variant, kernels.h; 0, the default, is the kernel as it stands), raced against
-// it on a lent GPU (benchmarks/corral_race.py) because their speed cannot be told without one. Each does the same
-// arithmetic in the same order (bit-identical outputs in a CPU emulation of the warp):
-//   kCorralFactorShared: the factor's first two diagonal 32 x 32 blocks (rows < 64) in shared memory, 8.4 kB a warp:
-//     each step of a triangular solve's serial chain and of a drop's rotations reads an entry of a diagonal block
-//     (the products with the blocks above or below are off the chain), a round trip to L1/L2/HBM where the row's
-//     line is not cached, ~30 cycles from shared memory. Corrals at 4,096 x 128 hold 43 members on average.
-//   kCorralStarFromValues: the star is never written: x_k[c] = (w_i[c] - w_j[c]) * inv_k from the values (the same
-//     two roundings as the stored row's; a group of additions stages its 4 rows for the pass over the corral), so a
-//     warp no longer moves its K x d star (196 kB at K = 192, d = 128: with 2,112 warps, 0.4 GB against a 50 MB L2,
-//     which the factor and Gram rows of the serial chains share) and reads the values instead (4 MB at 4,096 x 128).
 #include <math.h>
-
-#include <type_traits>
 
 #include "cuda/common.cuh"
 
@@ -81,77 +67,45 @@ __device__ __forceinline__ void warp_argmin(double& v, int& i) {
   }
 }
 
-// dst(c) = src(c + (c >= p)) for c < n (drops entry p; dst may be src, or a row above it): up to 128 entries are
+// dst[c] = src[c + (c >= p)] for c < n (drops entry p; dst may be src, or a row above it): up to 128 entries are
 // read into registers, then written after a __syncwarp. No __syncwarp after the writes: the reads of a later call
-// on rows below are ordered by its own, and a caller syncs before other lanes read what was written. dst, src:
-// element references by index (a factor row may span shared and global memory).
-template <typename T, typename Dst, typename Src>
-__device__ __forceinline__ void copy_dropping_at(Dst dst, Src src, int n, int p, int lane) {
+// on rows below are ordered by its own, and a caller syncs before other lanes read what was written.
+template <typename T> __device__ __forceinline__ void copy_dropping(T* dst, const T* src, int n, int p, int lane) {
   constexpr int kStage = 4;
   for (int base = 0; base < n; base += 32 * kStage) {
     T v[kStage];
 #pragma unroll
     for (int j = 0; j < kStage; ++j) {
       const int c = base + 32 * j + lane;
-      v[j] = c < n ? src(c + (c >= p ? 1 : 0)) : T{};
+      v[j] = c < n ? src[c + (c >= p ? 1 : 0)] : T{};
     }
     __syncwarp();
 #pragma unroll
     for (int j = 0; j < kStage; ++j) {
       const int c = base + 32 * j + lane;
-      if (c < n) dst(c) = v[j];
+      if (c < n) dst[c] = v[j];
     }
   }
 }
 
-template <typename T> __device__ __forceinline__ void copy_dropping(T* dst, const T* src, int n, int p, int lane) {
-  copy_dropping_at<T>([dst](int c) -> T& { return dst[c]; }, [src](int c) { return src[c]; }, n, p, lane);
-}
-
-// A row of the star read by index: stored in the scratch (x_k), or recomputed from the values (kCorralStarFromValues).
-struct StoredStarRow {
-  const double* x;
-  __device__ __forceinline__ double operator[](int c) const { return x[c]; }
-};
-struct ValueStarRow {
-  const double* wi;  // the row's value
-  const double* wj;  // the candidate's (wi for padding, with inv 0)
-  double inv;        // 1 / ||wi - wj|| (1 for a duplicate: the stored row keeps its unscaled zero difference)
-  __device__ __forceinline__ double operator[](int c) const { return (wi[c] - wj[c]) * inv; }
-};
-
-// kCorralFactorShared: rows < kSharedFactorRows of the factor keep their diagonal 32 x 32 blocks in shared memory,
-// each a packed lower triangle (528 doubles).
-constexpr int kSharedFactorRows = 64;
-constexpr int kSharedFactorBlock = 32 * 33 / 2;
-constexpr int64_t kSharedFactorBytes = (kSharedFactorRows / 32) * kSharedFactorBlock * sizeof(double);
-
-// One warp's solver over its scratch slice (see corral_solve_scratch in kernels.h for the layout); kVariant: bits of
-// CorralSolveVariant.
-template <int kVariant> struct RowSolver {
-  static constexpr bool kFactorShared = (kVariant & kCorralFactorShared) != 0;
-  static constexpr bool kStarFromValues = (kVariant & kCorralStarFromValues) != 0;
-  using StarRow = std::conditional_t<kStarFromValues, ValueStarRow, StoredStarRow>;
+// One warp's solver over its scratch slice (see corral_solve_scratch in kernels.h for the layout).
+struct RowSolver {
   const CorralSolveArgs& a;
   const int lane;
   const int d, K, mmax;  // mmax = d + 1: an affinely independent corral in R^d
   double *X, *g, *Q, *L, *lam, *z, *res, *y, *wv, *p, *u, *qg, *qs;
-  double* Ls;       // kFactorShared: the factor's diagonal blocks of rows < kSharedFactorRows (shared memory)
-  const double* wi = nullptr;     // kStarFromValues: the row's value
-  const int64_t* cand = nullptr;  // kStarFromValues: the row's candidates
   int* S;           // corral slot -> candidate
   uint8_t* flags;   // kValid | kInCorral per candidate
   int m = 0;        // corral size (the same in every lane)
 
-  // work: the warp's scratch slice, whose first star_doubles hold the star; slot_vectors: where its five slot
-  // vectors live (shared memory, or their place in work); factor_blocks: kFactorShared's diagonal blocks (shared)
-  __device__ RowSolver(const CorralSolveArgs& args, int lane_, double* work, int64_t star_doubles,
-                       double* slot_vectors, double* factor_blocks)
+  // work: the warp's scratch slice; slot_vectors: where its five slot vectors live (shared memory, or their place
+  // in work)
+  __device__ RowSolver(const CorralSolveArgs& args, int lane_, double* work, double* slot_vectors)
       : a(args), lane(lane_), d(static_cast<int>(args.d)), K(static_cast<int>(args.k)),
-        mmax(static_cast<int>(args.d) + 1), Ls(factor_blocks) {
+        mmax(static_cast<int>(args.d) + 1) {
     double* w = work;
-    X = w;  // the star: x_k[c] = X[k * d + c] (kStarFromValues: X[k] = inv_k, a group's rows from X + K)
-    w += star_doubles;
+    X = w;  // the star: x_k[c] = X[k * d + c]
+    w += static_cast<int64_t>(K) * d;
     g = w;
     w += K;
     Q = w;
@@ -176,54 +130,7 @@ template <int kVariant> struct RowSolver {
     flags = reinterpret_cast<uint8_t*>(w);
   }
 
-  // Row k of the star.
-  __device__ __forceinline__ StarRow star(int k) const {
-    if constexpr (kStarFromValues) {
-      const int64_t j = cand[k];
-      return {wi, j >= 0 && j < a.n ? a.w + j * d : wi, X[k]};
-    } else {
-      return {X + static_cast<int64_t>(k) * d};
-    }
-  }
-
-  // Pick v (candidate k) of a group of additions, for the pass over the corral's rows: its row of the star, or
-  // under kStarFromValues its copy staged by stage_group (one pointer a pick, as the stored rows': no registers
-  // for the pass's recomputed rows).
-  __device__ __forceinline__ const double* group_row(int v, int k) const {
-    return kStarFromValues ? X + K + static_cast<int64_t>(v) * d : X + static_cast<int64_t>(k) * d;
-  }
-  __device__ void stage_group(const int* pick, int picked) {
-    if constexpr (kStarFromValues) {
-      for (int v = 0; v < picked; ++v) {
-        const StarRow xv = star(pick[v]);
-        double* dst = X + K + static_cast<int64_t>(v) * d;
-        for (int c = lane; c < d; c += 32) dst[c] = xv[c];
-      }
-      __syncwarp();
-    }
-  }
-
-  // Entry (r, c) of the factor, c <= r.
-  __device__ __forceinline__ double& Lat(int r, int c) const {
-    if constexpr (kFactorShared) {
-      if (r < kSharedFactorRows && (r >> 5) == (c >> 5)) {
-        const int rr = r & 31;
-        return Ls[(r >> 5) * kSharedFactorBlock + rr * (rr + 1) / 2 + (c & 31)];
-      }
-    }
-    return L[static_cast<int64_t>(r) * mmax + c];
-  }
-
-  // sum_{c < b} L[r, c] x[c], c ascending: the entries left of r's 32 x 32 storage block read through its row
-  // pointer (never in shared memory), the rest (a solve whose blocks start off the 32-grid) through Lat.
-  __device__ __forceinline__ double row_products(int r, int b, const double* x) const {
-    const double* lr = L + static_cast<int64_t>(r) * mmax;
-    const int cb = b < (r & ~31) ? b : (r & ~31);
-    double acc = 0.0;
-    for (int c = 0; c < cb; ++c) acc += lr[c] * x[c];
-    for (int c = cb; c < b; ++c) acc += Lat(r, c) * x[c];
-    return acc;
-  }
+  __device__ __forceinline__ double xs(int k, int c) const { return X[static_cast<int64_t>(k) * d + c]; }
 
   // x <- L^{-1} x (n x n) by blocks of 32 rows, a lane per row: each lane first takes its row's products with the
   // solution of the blocks above (rows of L read by one lane each), then the block's own rows are solved in turn,
@@ -233,12 +140,13 @@ template <int kVariant> struct RowSolver {
     for (int b = from; b < n; b += 32) {
       __syncwarp();  // every lane reads the x of the blocks above
       const int r = b + lane;  // this lane's row (x[r]'s owner)
+      const double* lr = L + static_cast<int64_t>(r) * mmax;
       // the reciprocal pivot, computed before the chain of steps (a division in each step would double its latency)
       double acc = 0.0, xr = 0.0, rdiag = 1.0;
-      if (r < n) acc = row_products(r, b, x);
       if (r < n) {
+        for (int c = 0; c < b; ++c) acc += lr[c] * x[c];
         xr = x[r];
-        rdiag = 1.0 / Lat(r, r);
+        rdiag = 1.0 / lr[r];
       }
       const int rows = n - b < 32 ? n - b : 32;
       for (int i = 0; i < rows; ++i) {
@@ -248,7 +156,7 @@ template <int kVariant> struct RowSolver {
           xr = xi;
         }
         xi = __shfl_sync(kFull, xi, i);
-        if (lane > i && r < n) acc += Lat(r, b + i) * xi;
+        if (lane > i && r < n) acc += lr[b + i] * xi;
       }
       if (r < n) x[r] = xr;
     }
@@ -263,7 +171,7 @@ template <int kVariant> struct RowSolver {
     for (int b = 0; b < n; b += 32) {
       __syncwarp();  // every lane reads the x of the blocks above
       const int r = b + lane;
-      const double* lr = L + static_cast<int64_t>(r) * mmax;  // blocks on the 32-grid: left of them never shared
+      const double* lr = L + static_cast<int64_t>(r) * mmax;
       double acc[kCorralSolveGroup], xr[kCorralSolveGroup], rdiag = 1.0;
 #pragma unroll
       for (int v = 0; v < kCorralSolveGroup; ++v) acc[v] = xr[v] = 0.0;
@@ -277,11 +185,11 @@ template <int kVariant> struct RowSolver {
 #pragma unroll
         for (int v = 0; v < kCorralSolveGroup; ++v)
           if (v < nrhs) xr[v] = xg[static_cast<int64_t>(v) * mmax + r];
-        rdiag = 1.0 / Lat(r, r);
+        rdiag = 1.0 / lr[r];
       }
       const int rows = n - b < 32 ? n - b : 32;
       for (int i = 0; i < rows; ++i) {
-        const double l = lane > i && r < n ? Lat(r, b + i) : 0.0;
+        const double l = lane > i && r < n ? lr[b + i] : 0.0;
 #pragma unroll
         for (int v = 0; v < kCorralSolveGroup; ++v) {
           if (v >= nrhs) continue;  // warp-uniform
@@ -315,10 +223,10 @@ template <int kVariant> struct RowSolver {
       if (r < e) {
         for (int c = n - 1; c >= e; --c) acc += L[static_cast<int64_t>(c) * mmax + r] * x[c];
         xr = x[r];
-        rdiag = 1.0 / Lat(r, r);
+        rdiag = 1.0 / L[static_cast<int64_t>(r) * (mmax + 1)];
       }
       for (int i = e - 1; i >= b; --i) {
-        const double l = r < i ? Lat(i, r) : 0.0;
+        const double l = r < i ? L[static_cast<int64_t>(i) * mmax + r] : 0.0;
         double xi = 0.0;
         if (lane == i - b) {
           xi = (xr - acc) * rdiag;
@@ -343,30 +251,29 @@ template <int kVariant> struct RowSolver {
   __device__ void cholesky_delete(int pos) {
     const int t = m - pos - 1;
     __syncwarp();
-    for (int i = lane; i < t; i += 32) z[i] = Lat(pos + 1 + i, pos);
+    for (int i = lane; i < t; i += 32) z[i] = L[static_cast<int64_t>(pos + 1 + i) * mmax + pos];
     for (int k = 0; k < t; ++k) {
       double c = 0.0, s = 0.0;
       if (lane == (k & 31)) {  // the owner of w_k (z[k]); the diagonal is untouched by the rotations before
-        double& lk = Lat(pos + 1 + k, pos + 1 + k);
-        const double aa = lk, b = z[k];
+        double* lk = L + static_cast<int64_t>(pos + 1 + k) * mmax + (pos + 1);
+        const double aa = lk[k], b = z[k];
         const double r = sqrt(aa * aa + b * b);
         c = r / aa;
         s = b / aa;
-        lk = r;
+        lk[k] = r;
       }
       c = __shfl_sync(kFull, c, k & 31);
       s = __shfl_sync(kFull, s, k & 31);
       for (int i = lane; i < t; i += 32) {  // i = lane mod 32: the owner of z[i]
         if (i <= k) continue;
-        double& li = Lat(pos + 1 + i, pos + 1 + k);
-        li = (li + s * z[i]) / c;
-        z[i] = c * z[i] - s * li;
+        double* li = L + static_cast<int64_t>(pos + 1 + i) * mmax + (pos + 1);
+        li[k] = (li[k] + s * z[i]) / c;
+        z[i] = c * z[i] - s * li[k];
       }
     }
     __syncwarp();
     for (int i = pos; i < m - 1; ++i)
-      copy_dropping_at<double>([this, i](int c) -> double& { return Lat(i, c); },
-                               [this, i](int c) { return Lat(i + 1, c); }, i + 1, pos, lane);
+      copy_dropping(L + static_cast<int64_t>(i) * mmax, L + static_cast<int64_t>(i + 1) * mmax, i + 1, pos, lane);
   }
 
   // Borders the corral with candidate k if its pivot exceeds min_pivot2; weight 0. q0: k's products with the
@@ -382,18 +289,15 @@ template <int kVariant> struct RowSolver {
         res[s] = r0[s];
         continue;
       }
-      const StarRow xm = star(S[s]), xk = star(k);
-      for (int c = 0; c < d; ++c) acc += xm[c] * xk[c];
+      const int ks = S[s];
+      for (int c = 0; c < d; ++c) acc += xs(ks, c) * xs(k, c);
       wv[s] = acc;
       res[s] = acc + 1.0;
     }
     double qkk = 0.0;  // this lane's part of <x_k, x_k>, summed over the warp with the border's norm
-    {
-      const StarRow xk = star(k);
-      for (int c = lane; c < d; c += 32) {
-        const double v = xk[c];
-        qkk += v * v;
-      }
+    for (int c = lane; c < d; c += 32) {
+      const double v = xs(k, c);
+      qkk += v * v;
     }
     forward_solve(m, res, m0);
     double rr = 0.0;
@@ -401,13 +305,14 @@ template <int kVariant> struct RowSolver {
     warp_sum2(qkk, rr);
     const double piv2 = qkk + 1.0 + a.ridge - rr;
     if (!(piv2 > min_pivot2)) return false;
+    double* lm = L + static_cast<int64_t>(m) * mmax;
     for (int s = lane; s < m; s += 32) {
-      Lat(m, s) = res[s];
+      lm[s] = res[s];
       Q[static_cast<int64_t>(m) * mmax + s] = wv[s];
       Q[static_cast<int64_t>(s) * mmax + m] = wv[s];
     }
     if (lane == 0) {
-      Lat(m, m) = sqrt(piv2);
+      lm[m] = sqrt(piv2);
       Q[static_cast<int64_t>(m) * mmax + m] = qkk;
       lam[m] = 0.0;
       S[m] = k;
@@ -496,8 +401,8 @@ template <int kVariant> struct RowSolver {
 
   __device__ void solve(int64_t row) {
     const int64_t n = a.n;
-    wi = a.w + a.rows[row] * static_cast<int64_t>(d);
-    cand = a.cand + row * static_cast<int64_t>(K);
+    const double* wi = a.w + a.rows[row] * static_cast<int64_t>(d);
+    const int64_t* cand = a.cand + row * static_cast<int64_t>(K);
     __syncwarp();  // the previous row's reads of this scratch are done
     // the candidate star, a lane per candidate, exact differences (a zero one is a duplicated value: no valid
     // direction); a candidate outside [0, n) is padding (on a GPU the indices are not range-checked up front)
@@ -507,28 +412,21 @@ template <int kVariant> struct RowSolver {
       double* x = X + static_cast<int64_t>(k) * d;
       uint8_t f = 0;
       if (j < 0 || j >= n) {
-        if constexpr (kStarFromValues)
-          X[k] = 0.0;  // star(k) reads wi - wi: x_k = 0
-        else
-          for (int c = 0; c < d; ++c) x[c] = 0.0;
+        for (int c = 0; c < d; ++c) x[c] = 0.0;
       } else {
         const double* wj = a.w + j * d;
         double nn = 0.0;
         for (int c = 0; c < d; ++c) {
           const double t = wi[c] - wj[c];
-          if constexpr (!kStarFromValues) x[c] = t;
+          x[c] = t;
           nn += t * t;
         }
         const double nrm = sqrt(nn);
         if (nrm > 0.0) {
           const double inv = 1.0 / nrm;
-          if constexpr (kStarFromValues)
-            X[k] = inv;
-          else
-            for (int c = 0; c < d; ++c) x[c] *= inv;
+          for (int c = 0; c < d; ++c) x[c] *= inv;
           f = kValid;
         } else {
-          if constexpr (kStarFromValues) X[k] = 1.0;  // the unscaled difference, as stored
           dup = true;
         }
       }
@@ -569,7 +467,7 @@ template <int kVariant> struct RowSolver {
       if (hull) {
         for (int c = lane; c < d; c += 32) {
           double acc = 0.0;
-          for (int s = 0; s < m; ++s) acc += lam[s] * star(S[s])[c];
+          for (int s = 0; s < m; ++s) acc += lam[s] * xs(S[s], c);
           p[c] = acc;
         }
       } else {
@@ -580,8 +478,7 @@ template <int kVariant> struct RowSolver {
       double gl = INFINITY;
       for (int k = lane; k < K; k += 32) {
         double acc = 0.0;
-        const StarRow xk = star(k);
-        for (int c = 0; c < d; ++c) acc += xk[c] * p[c];
+        for (int c = 0; c < d; ++c) acc += xs(k, c) * p[c];
         g[k] = acc;
         if ((flags[k] & kValid) && acc < gl) gl = acc;
       }
@@ -644,9 +541,8 @@ template <int kVariant> struct RowSolver {
         }
         if (picked == 0) break;
         const int m0 = m;
-        stage_group(pick, picked);
         for (int s = lane; s < m0; s += 32) {  // qg[v][s] = <x_{S[s]}, x_{pick[v]}>, a lane per member
-          const StarRow xm = star(S[s]);
+          const double* xm = X + static_cast<int64_t>(S[s]) * d;
           double acc[kCorralSolveGroup];
 #pragma unroll
           for (int v = 0; v < kCorralSolveGroup; ++v) acc[v] = 0.0;
@@ -654,7 +550,7 @@ template <int kVariant> struct RowSolver {
             const double xc = xm[c];
 #pragma unroll
             for (int v = 0; v < kCorralSolveGroup; ++v)
-              if (v < picked) acc[v] += xc * group_row(v, pick[v])[c];
+              if (v < picked) acc[v] += xc * xs(pick[v], c);
           }
 #pragma unroll
           for (int v = 0; v < kCorralSolveGroup; ++v)
@@ -696,19 +592,10 @@ constexpr int64_t kSlotVectorBytes = 48 * 1024;
 inline int64_t slot_vector_bytes(int64_t d) {
   return kWarpsPerBlock * 5 * (d + 1) * static_cast<int64_t>(sizeof(double));
 }
-inline bool shared_slot_vectors(int64_t d) { return slot_vector_bytes(d) <= kSlotVectorBytes; }
-// A block's dynamic shared memory: its warps' slot vectors (where they fit), then kCorralFactorShared's blocks of
-// the factor (4 x 8.4 kB: 54 kB a block at d = 128, so still 4 blocks a multiprocessor on sm_90's 228 kB).
-inline int64_t shared_bytes(int64_t d, int variant) {
-  return (shared_slot_vectors(d) ? slot_vector_bytes(d) : 0) +
-         ((variant & kCorralFactorShared) ? kWarpsPerBlock * kSharedFactorBytes : 0);
-}
 
 // At most 128 registers a thread (4 blocks of 4 warps a multiprocessor; without the bound nvcc took 168).
-template <int kVariant>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, 4)
-    corral_solve_kernel(const __grid_constant__ CorralSolveArgs a, int64_t scratch, int64_t star_doubles,
-                        bool shared_slots) {
+    corral_solve_kernel(const __grid_constant__ CorralSolveArgs a, int64_t scratch, bool shared_slots) {
   extern __shared__ double slot_smem[];
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (warp >= a.slots) return;  // whole warps
@@ -716,10 +603,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, 4)
   double* work = a.work + kCorralSolveHeader + warp * scratch;
   const int64_t mmax = a.d + 1;
   double* slot_vectors = shared_slots ? slot_smem + (threadIdx.x / 32) * 5 * mmax
-                                      : work + star_doubles + a.k + 2 * mmax * mmax;  // their place in the slice
-  double* factor_blocks = slot_smem + (shared_slots ? kWarpsPerBlock * 5 * mmax : 0) +
-                          (threadIdx.x / 32) * (kSharedFactorBytes / sizeof(double));
-  RowSolver<kVariant> s(a, lane, work, star_doubles, slot_vectors, factor_blocks);
+                                      : work + a.k * a.d + a.k + 2 * mmax * mmax;  // their place in the slice
+  RowSolver s(a, lane, work, slot_vectors);
   unsigned long long* next_row = reinterpret_cast<unsigned long long*>(a.work);
   for (;;) {  // rows differ in their work: each warp takes the next one when it is done
     unsigned long long row = 0;
@@ -730,19 +615,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, 4)
   }
 }
 
-// One launch of variant kVariant: a warp per slot, as many blocks as hold a.slots warps.
-template <int kVariant> void launch_corral_solve(const CorralSolveArgs& a, cudaStream_t st) {
-  const int64_t bytes = shared_bytes(a.d, kVariant);
-  if (bytes > 48 * 1024)  // past the default: opt in (once per process would do; the call is cheap)
-    check(cudaFuncSetAttribute(corral_solve_kernel<kVariant>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(bytes)),
-          "corral_solve (shared memory)");
-  corral_solve_kernel<kVariant><<<static_cast<unsigned>(ceil_div(a.slots, kWarpsPerBlock)), kWarpsPerBlock * 32,
-                                  static_cast<size_t>(bytes), st>>>(a, corral_solve_scratch(a.d, a.k),
-                                                                    corral_star_doubles(a.d, a.k),
-                                                                    shared_slot_vectors(a.d));
-}
-
 }  // namespace
 
 void corral_solve(const CorralSolveArgs& a, uintptr_t stream) {
@@ -750,15 +622,10 @@ void corral_solve(const CorralSolveArgs& a, uintptr_t stream) {
   if (a.slots <= 0 || a.work == nullptr) throw std::invalid_argument("corral_solve: no workspace");
   const cudaStream_t st = as_stream(stream);
   check(cudaMemsetAsync(a.work, 0, sizeof(unsigned long long), st), "corral_solve (row counter)");
-  switch (a.variant) {
-    case 0: launch_corral_solve<0>(a, st); break;
-    case kCorralFactorShared: launch_corral_solve<kCorralFactorShared>(a, st); break;
-    case kCorralStarFromValues: launch_corral_solve<kCorralStarFromValues>(a, st); break;
-    case kCorralFactorShared | kCorralStarFromValues:
-      launch_corral_solve<kCorralFactorShared | kCorralStarFromValues>(a, st);
-      break;
-    default: throw std::invalid_argument("corral_solve: unknown variant " + std::to_string(a.variant));
-  }
+  const bool shared_slots = slot_vector_bytes(a.d) <= kSlotVectorBytes;
+  corral_solve_kernel<<<static_cast<unsigned>(ceil_div(a.slots, kWarpsPerBlock)), kWarpsPerBlock * 32,
+                        shared_slots ? static_cast<size_t>(slot_vector_bytes(a.d)) : 0, st>>>(
+      a, corral_solve_scratch(a.d, a.k), shared_slots);
   check_launch("corral_solve");
 }
 

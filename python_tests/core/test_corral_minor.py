@@ -265,17 +265,15 @@ needs_cuda_kernel = pytest.mark.skipif(not (torch.cuda.is_available() and _ops.b
 
 @pytest.mark.cuda
 @needs_cuda_kernel
-@pytest.mark.parametrize("variant", sorted(_ops.CORRAL_SOLVE_CUDA_VARIANTS))
 @pytest.mark.parametrize("few_warps", [False, True])
 @pytest.mark.parametrize("kind,n,d,K", [("sphere", 300, 16, 40), ("sphere", 500, 24, 60), ("duplicates", 120, 6, 20),
                                         ("collinear", 160, 5, 30), ("simplex_ties", 90, 8, 25), ("lattice", 150, 3, 30),
                                         ("sphere", 400, 130, 150)])
-def test_cuda_solve_kernel_matches_cpu_kernel(kind, n, d, K, few_warps, variant, monkeypatch):
+def test_cuda_solve_kernel_matches_cpu_kernel(kind, n, d, K, few_warps, monkeypatch):
     """The CUDA kernel (a warp per row) against the C++ one on identical inputs, cold and warm: the same duplicates,
     margins, hull norms and outputs where the optimum is positive (elsewhere the direction at a ~0 hull point is
     rounding noise in both), the same corrals on generic values (a lattice's optimum can have several supports), a
-    simplex corral everywhere. ``few_warps``: one warp takes every row in turn (its scratch reused). Each kernel
-    variant under race; the variants' outputs equal the current kernel's bit for bit."""
+    simplex corral everywhere. ``few_warps``: one warp takes every row in turn (its scratch reused)."""
     W, rows, cand, P = _candidate_problem(kind, n, d, K, seed=n + d)
     kw = dict(tol=1e-9, max_iter=200, n_init=8, n_add=4, zero_norm2=corral.ZERO_NORM2)
     sub = cand[:, : K - 8]
@@ -285,10 +283,7 @@ def test_cuda_solve_kernel_matches_cpu_kernel(kind, n, d, K, few_warps, variant,
     for start in (None, warm):
         Uc, lc, hc, (cc, wc), dc = _ops.corral_solve(W, rows, cand, P, start, **kw)
         cuda_start = None if start is None else tuple(t.cuda() for t in start)
-        cuda_in = (W.cuda(), rows.cuda(), cand.cuda(), P.cuda(), cuda_start)
-        out = _ops.corral_solve(*cuda_in, **kw, cuda_variant=variant)
-        current = _ops.corral_solve(*cuda_in, **kw)
-        assert all(torch.equal(x, y) for x, y in zip(out[:3] + out[3] + out[4:], current[:3] + current[3] + current[4:]))
+        out = _ops.corral_solve(W.cuda(), rows.cuda(), cand.cuda(), P.cuda(), cuda_start, **kw)
         Ug, lg, hg = (t.cpu() for t in out[:3])
         cg, wg = (t.cpu() for t in out[3])
         dg = out[4].cpu()
@@ -310,11 +305,10 @@ def test_cuda_solve_kernel_matches_cpu_kernel(kind, n, d, K, few_warps, variant,
 
 @pytest.mark.cuda
 @needs_cuda_kernel
-@pytest.mark.parametrize("variant", sorted(_ops.CORRAL_SOLVE_CUDA_VARIANTS))
-def test_cuda_solve_kernel_with_corrals_past_128_members(variant):
+def test_cuda_solve_kernel_with_corrals_past_128_members():
     """Vertices of a (slightly perturbed) regular simplex in d = 150 against all other values: each vertex's optimal
     corral holds the other 150 (the kernel's blocked solves, rotations and row shifts past 128 entries); the CUDA
-    kernel (each variant under race) matches the C++ one."""
+    kernel matches the C++ one."""
     d = 150
     g = torch.Generator().manual_seed(5)
     E = torch.eye(d + 1, dtype=torch.float64) - 1.0 / (d + 1)
@@ -327,7 +321,7 @@ def test_cuda_solve_kernel_with_corrals_past_128_members(variant):
     P = ustar._unit_start(W[rows], W[rows].clone())
     kw = dict(tol=1e-9, max_iter=400, n_init=16, n_add=8, zero_norm2=corral.ZERO_NORM2)
     Uc, lc, hc, (cc, _), _ = _ops.corral_solve(W, rows, cand, P, **kw)
-    out = _ops.corral_solve(W.cuda(), rows.cuda(), cand.cuda(), P.cuda(), **kw, cuda_variant=variant)
+    out = _ops.corral_solve(W.cuda(), rows.cuda(), cand.cuda(), P.cuda(), **kw)
     Ug, lg, hg = (t.cpu() for t in out[:3])
     cg = out[3][0].cpu()
     assert bool(((cc[:3] >= 0).sum(dim=1) == d).all()) and bool((lc > 0).all())  # the vertices' corrals: the others
@@ -381,7 +375,3 @@ def test_solve_kernel_bad_arguments():
         _ops.corral_solve(W, rows, cand, P[:3], **kw)
     with pytest.raises(ValueError, match="W's device"):
         _ops.corral_solve(W, rows, cand.to("meta"), P, **kw)
-    with pytest.raises(ValueError, match="cuda_variant"):  # the C++ kernel has no variants
-        _ops.corral_solve(W, rows, cand, P, **kw, cuda_variant="factor_shared")
-    with pytest.raises(ValueError, match="cuda_variant"):
-        _ops.corral_solve(W, rows, cand, P, **kw, cuda_variant="fastest")

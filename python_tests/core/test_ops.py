@@ -115,7 +115,7 @@ def test_gadget_products_are_adjoint():
     assert torch.allclose(lhs, rhs, rtol=1e-12)
 
 
-@pytest.mark.parametrize("device", ["cpu"])  # CUDA (float32 only, 3xTF32): test_cuda_gated_forward_matches_twin
+@pytest.mark.parametrize("device", ["cpu"])  # no CUDA kernel (see _ops.CPU_ONLY_KERNELS)
 @settings(max_examples=25, deadline=None)
 @given(n=dims, d_in=dims, groups=st.integers(1, 4), hg=st.integers(1, 24), d_out=dims, dtype=dtypes,
        act=st.sampled_from(sorted(_ops.ACTIVATIONS)), bias=st.booleans(), seed=st.integers(0, 2**16))
@@ -129,88 +129,6 @@ def test_gated_forward(device, n, d_in, groups, hg, d_out, dtype, act, bias, see
     dbl = lambda t: None if t is None else t.double()  # noqa: E731
     ref = _ops.gated_forward(*(dbl(t) for t in (x, wg, bg, wu, bu, wd, bd)), act, backend="torch")
     _close(out, ref, dtype)
-
-
-# The CUDA gated_forward's products run on the TF32 tensor cores in a 3xTF32 split; its output is held to this
-# much of the largest float64 output entry. test_tf32x3_error_model_grounds_the_cuda_tolerance shows the split
-# lands ~25x inside it at the construction's shapes (as float32 cuBLAS does) and one TF32 product ~40x outside.
-TF32X3_TOL = 1e-5
-# (n, d_in, h, hg, d_out): the construction's shapes (shared gate and one gate row per hidden unit), then odd ones:
-# n and d_in off the tiles, a shared gate of 30 and one of 75 (above the kernel's 64: gathered per chunk), d_out
-# under 64, above 128 (two output tiles), and one row. Every activation at the odd shapes, silu at the others.
-GATED_CUDA_CASES = ([(shape, "silu") for shape in ((4096, 128, 4608, 48, 128), (4096, 128, 4608, 4608, 128),
-                                                   (4096, 64, 1536, 24, 64), (4096, 64, 1536, 1536, 64))]
-                    + [(shape, act) for shape in ((100, 37, 90, 30, 70), (130, 200, 150, 75, 10),
-                                                  (67, 33, 130, 130, 200), (1, 5, 7, 7, 3))
-                       for act in sorted(_ops.ACTIVATIONS)])
-
-
-def _tf32(t):
-    """float32 rounded to TF32's 10 mantissa bits, to nearest, ties away from zero (cvt.rna.tf32.f32)."""
-    return ((t.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
-
-
-def _tf32_product(a, b, terms):
-    """a b^T as the tensor cores form it from float32 operands: one TF32 product (terms 1), or the 3xTF32 split
-    a_lo b_hi + a_hi b_lo + a_hi b_hi (terms 3). TF32 products are exact in float32 and summed in float32."""
-    a_hi, b_hi = _tf32(a), _tf32(b)
-    if terms == 1:
-        return a_hi @ b_hi.T
-    a_lo, b_lo = _tf32(a - a_hi), _tf32(b - b_hi)
-    return a_lo @ b_hi.T + a_hi @ b_lo.T + a_hi @ b_hi.T
-
-
-@pytest.mark.parametrize("d, h, hg", [(128, 4608, 48), (128, 4608, 4608), (64, 1536, 24)])
-def test_tf32x3_error_model_grounds_the_cuda_tolerance(d, h, hg):
-    # The construction's (d, h, hg) with 512 rows (each output entry's error depends on d, h, hg, not on n): the
-    # gated forward with every product emulated as the kernel forms it, against the float64 twin.
-    gen = torch.Generator().manual_seed(0)
-    x, wg, wu, wd = _rand(gen, 512, d), _rand(gen, hg, d), _rand(gen, h, d) / d**0.5, _rand(gen, d, h) / h**0.5
-    bu, bd = _rand(gen, h), _rand(gen, d)
-    ref = _ops.gated_forward(*(t.double() for t in (x, wg)), None, wu.double(), bu.double(), wd.double(),
-                             bd.double(), "silu", backend="torch")
-    scale = ref.abs().max().clamp_min(1.0)
-
-    def error(terms):
-        gate = torch.nn.functional.silu(_tf32_product(x, wg, terms)).repeat(1, h // hg)
-        hidden = gate * (_tf32_product(x, wu, terms) + bu)
-        out = _tf32_product(hidden, wd, terms) + bd
-        return ((out.double() - ref).abs().max() / scale).item()
-
-    float32 = ((_ops.gated_forward(x, wg, None, wu, bu, wd, bd, "silu", backend="torch").double() - ref).abs().max()
-               / scale).item()
-    split, single = error(3), error(1)
-    assert split < TF32X3_TOL / 10 and split < 3 * float32  # float32-level, with room for accumulation order
-    assert single > 10 * TF32X3_TOL
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("shape, act", GATED_CUDA_CASES, ids=[f"{'x'.join(map(str, s))}-{a}" for s, a in GATED_CUDA_CASES])
-@pytest.mark.parametrize("bias", [False, True])
-def test_cuda_gated_forward_matches_twin(shape, act, bias):
-    n, d_in, h, hg, d_out = shape
-    gen = torch.Generator().manual_seed(n + h + hg)
-    r = lambda *s: _rand(gen, *s, device="cuda")  # noqa: E731
-    x, wg, wu, wd = r(n, d_in), r(hg, d_in), r(h, d_in) / d_in**0.5, r(d_out, h) / h**0.5
-    bg, bu, bd = (r(hg), r(h), r(d_out)) if bias else (None, None, None)
-    out = _ops.gated_forward(_wide(x), wg, bg, wu, bu, wd, bd, act, backend="kernels")
-    dbl = lambda t: None if t is None else t.double()  # noqa: E731
-    ref = _ops.gated_forward(*(dbl(t) for t in (x, wg, bg, wu, bu, wd, bd)), act, backend="torch")
-    assert out.dtype == torch.float32 and out.shape == ref.shape
-    assert (out.double() - ref).abs().max() <= TF32X3_TOL * ref.abs().max().clamp_min(1.0)
-
-
-@pytest.mark.cuda
-def test_cuda_gated_forward_float64_and_auto_run_the_twin():
-    gen = torch.Generator().manual_seed(0)
-    x, wg, wu, wd = (_rand(gen, *s, dtype=torch.float64, device="cuda") for s in ((50, 8), (3, 8), (12, 8), (5, 12)))
-    with pytest.raises(RuntimeError, match="takes float32 only"):
-        _ops.gated_forward(x, wg, None, wu, None, wd, None, "silu", backend="kernels")
-    assert torch.equal(_ops.gated_forward(x, wg, None, wu, None, wd, None, "silu"),
-                       _ops.gated_forward(x, wg, None, wu, None, wd, None, "silu", backend="torch"))
-    x, wg, wu, wd = (t.float() for t in (x, wg, wu, wd))  # auto keeps the twin on CUDA until the kernel wins a race
-    assert torch.equal(_ops.gated_forward(x, wg, None, wu, None, wd, None, "silu"),
-                       _ops.gated_forward(x, wg, None, wu, None, wd, None, "silu", backend="torch"))
 
 
 @pytest.mark.parametrize("device", ["cpu"])  # no CUDA kernel (see _ops.CPU_ONLY_KERNELS)
@@ -342,18 +260,6 @@ def test_empty_dimensions_match_twin(device, case):
     assert torch.allclose(kernel, twin, atol=1e-12), (kernel, twin)
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("case", sorted(c for c in _EMPTY_PRODUCTS if c.startswith("gated")))
-def test_cuda_gated_forward_empty_dimensions(case):
-    # float32 on the GPU: no hidden units or no inputs leave the bias alone, no rows or outputs an empty result.
-    def numbers(device):
-        gen = torch.Generator().manual_seed(0)
-        return lambda *shape: torch.randn(*shape, generator=gen).to(device)
-
-    kernel, twin = _EMPTY_PRODUCTS[case](numbers("cuda"), "kernels"), _EMPTY_PRODUCTS[case](numbers("cuda"), "torch")
-    assert kernel.shape == twin.shape and torch.allclose(kernel, twin, atol=1e-5)
-
-
 @pytest.mark.parametrize("device", ["cpu"])  # no CUDA kernel (see _ops.CPU_ONLY_KERNELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_decode_nan_scores_match_twin(device, dtype):
@@ -433,9 +339,8 @@ def test_auto_backend_runs_on_cuda_only_the_kernels_that_beat_their_twins():
     assert all(_ops.auto_runs_kernel(op, "cpu") for op in _ops.KERNEL_OPS)
     on_cuda = {op for op in _ops.KERNEL_OPS if _ops.auto_runs_kernel(op, "cuda")}
     assert on_cuda == {"hadamard_gram", "softmax_cross_entropy", "max_head_scores", "star_topk", "corral_solve"}
-    assert _ops.CPU_ONLY_KERNELS == {"gate_features", "gadget_matvec", "gadget_rmatvec", "decode",
+    assert _ops.CPU_ONLY_KERNELS == {"gate_features", "gadget_matvec", "gadget_rmatvec", "gated_forward", "decode",
                                      "exact_star_scores", "corral_minor"}
-    assert "gated_forward" not in on_cuda  # its tensor-core kernel is built but not measured yet
     assert not on_cuda & _ops.CPU_ONLY_KERNELS
     assert all(hasattr(_ops, op) for op in _ops.KERNEL_OPS)
     with pytest.raises(ValueError, match="op must be one of"):

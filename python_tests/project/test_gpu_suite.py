@@ -61,27 +61,6 @@ def test_ustar_section_runs_on_the_cpu(tmp_path, monkeypatch):
         assert 0 < row["sync_free_path"]["host_syncs"] and row["sync_free_path"]["work_ops"] > 0
 
 
-def test_corral_section_races_the_variants_on_ustars_calls_on_the_cpu(tmp_path, monkeypatch):
-    """The suite's corral section in its CPU smoke run: U*'s corral_solve calls kept and each rerun and timed
-    (a CPU has only the "current" kernel; on a GPU every CUDA variant runs beside it and is compared bit for bit)."""
-    import json
-
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    suite = importlib.import_module("gpu_suite")
-    out = tmp_path / "suite.json"
-    assert suite.main(["--out", str(out), "--device", "cpu", "--quick", "--skip-tests", "--only", "corral"]) == 0
-    section = json.loads(out.read_text())["corral"]
-    assert section["variants"] == ["current"]
-    (row,) = section["rows"]
-    assert (row["n"], row["d"]) == (512, 32) and row["all_bit_identical"] and row["calls"]
-    assert row["calls"][0]["rows"] == 512 and row["calls"][0]["warm_width"] == 0  # round 1: every value, cold
-    for call in row["calls"]:
-        timing = call["variants"]["current"]
-        assert len(timing["ms"]) == section["repeats"] and timing["median_ms"] > 0 and timing["speedup"] == 1.0
-    assert row["total_median_ms"]["current"] == pytest.approx(sum(c["variants"]["current"]["median_ms"]
-                                                                  for c in row["calls"]))
-
-
 def test_device_time_table_ranks_device_kernels_by_total_time(monkeypatch):
     """The GPU breakdown of a profile: device events only, grouped by name, the longest total first."""
     from types import SimpleNamespace

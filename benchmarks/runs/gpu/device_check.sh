@@ -16,12 +16,8 @@
 # Session 24's run 1 (H200): tests 40 s, kernels 25 s, construct 4 s, ustar 56 s. So tests,kernels,construct,ustar
 # ~120 s and with scale ~230 s, plus the build (~20 s) and the GEMM rate (~2 s).
 # Keep --tests-timeout (SUITE_ARGS, the last one wins) well under SUITE_SECONDS: a hung test must not eat the call.
-# The corral race (issue 33; session 29 prepared it, ~25 s on an H200 expected: U* once per size, then 4 variants x
-# 6 calls of each corral_solve call, ~0.9 s per round at 65,536 x 256; the CUDA tests run every variant, ~60 s):
-#   OUT=$OUT SUITE_SECONDS=200 SUITE_ARGS="--only tests,corral,ustar --no-ustar-large --tests-timeout 100"
-# The tensor-core gated_forward race (issue 33; session 30 prepared it, ~3 minutes: its CUDA tests, then the kernels
-# section's gated_forward rows with speedup, kernel_max_error and torch_max_error; NOTES.md says what to check):
-#   OUT=$OUT SUITE_SECONDS=240 SUITE_ARGS="--only tests,kernels --tests-timeout 150"
+# Session 31 (H200): tests ~55 s (143 CUDA tests, the removed kernels' among them), kernels 21 s, construct 3 s,
+# ustar 13 s (--no-ustar-large); the scale row alone (--only scale) 55 s.
 # A 5-minute call: OUT=$OUT SUITE_SECONDS=260 SUITE_ARGS="--only tests,kernels,construct,ustar,scale --tests-timeout 90"
 #   (~230 s of suite: scale runs last, so a run cut off loses only its row).
 set -uo pipefail
