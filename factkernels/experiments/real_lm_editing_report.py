@@ -298,33 +298,54 @@ def _triangle(rows: list[dict]):
     return fig
 
 
+def _styles(series: dict[str, list[dict]]) -> dict[str, dict]:
+    """Line styles by curve: one colour per method (the unedited model grey), a marker and dash per variant of it,
+    so a method's settings stay together and a dozen curves stay apart (the default cycle repeats after ten)."""
+    methods = list(dict.fromkeys(members[0]["method"] for members in series.values()))
+    variants: dict[str, int] = {}
+    styles = {}
+    for label, members in series.items():
+        method = members[0]["method"]
+        k = variants[method] = variants.get(method, -1) + 1
+        styles[label] = {"color": "0.5" if method == "unedited" else f"C{methods.index(method) % 10}",
+                         "marker": "osD^v"[k % 5], "linestyle": ("-", "--", ":", "-.")[k % 4]}
+    return styles
+
+
 def _scaling(rows: list[dict]):
     from .plotting import panels
 
     metrics = SCORES + (("kl_mean", "KL on held-out text"),
                        ("kl_mean_unmentioned", "KL, texts naming no edited subject"),
-                       ("perplexity_ratio", "perplexity ratio"))
-    fig, axes = panels(len(metrics), width=3.6)
-    for i, (label, members) in enumerate(_series(rows).items()):
+                       ("perplexity_ratio", "perplexity ratio on held-out text"))
+    series = _series(rows)
+    styles = _styles(series)
+    fig, axes = panels(3, nrows=2, width=3.6, height=3.0)
+    for label, members in series.items():
         xs = [r["metrics"]["num_cases"]["mean"] for r in members]
         for ax, (metric, _) in zip(axes, metrics):
             stats = [r["metrics"].get(metric) for r in members]
             if any(s is None for s in stats):
                 continue
-            errs = list(zip(*[_error(s) for s in stats]))
-            ax.errorbar(xs, [s["mean"] for s in stats], yerr=errs, marker="o", capsize=2, color=f"C{i % 10}",
-                        label=label)
+            means = [s["mean"] for s in stats]
+            # KL >= 0 and the ratio > 0: a t-interval over 3 draws reaching below is the interval's, not the data's
+            floor = 0.0 if metric.startswith("kl") else 0.5 if metric == "perplexity_ratio" else None
+            errs = [(mean - max(mean - lo, floor) if floor is not None else lo, hi)
+                    for mean, (lo, hi) in zip(means, (_error(s) for s in stats))]
+            ax.errorbar(xs, means, yerr=list(zip(*errs)), capsize=2, markersize=4, label=label, **styles[label])
     for ax, (metric, title) in zip(axes, metrics):
         ax.set_xscale("log")
-        ax.set_xlabel("edits at once")
+        ax.set_xlabel("edits at once", fontsize=8)
         ax.set_title(title, fontsize=9)
     for ax in axes[:3]:
         ax.set_ylim(0, 1.05)
     for ax in axes[3:5]:
         ax.set_yscale("symlog", linthresh=1e-6)
-        ax.set_ylim(bottom=0)  # KL >= 0: an interval reaching below is the t-interval's, not the data's
-    axes[0].legend(fontsize=6)
-    fig.tight_layout()
+        ax.set_ylim(bottom=0)
+    axes[5].set_yscale("log")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.07 + 0.018 * ((len(labels) + 1) // 2), 1, 1))
     return fig
 
 
