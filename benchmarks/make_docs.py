@@ -495,7 +495,7 @@ def real_lm_editing(kind: str = "known") -> str:
 def _real_lm_headline() -> list:
     """The README row: ours at the most known facts edited at once on the test draws, beside the best other method."""
     from factkernels.editing import method_names
-    from factkernels.experiments.real_lm_editing_report import headline_rows
+    from factkernels.experiments.real_lm_editing_report import draws_text, headline_rows, row_size
 
     ours, best, unedited = headline_rows(_real_lm_summary())
     mean = lambda row, k: row["metrics"][k]["mean"]  # noqa: E731
@@ -507,13 +507,14 @@ def _real_lm_headline() -> list:
         text += (f"; held-out text: KL {mean(ours, 'kl_mean'):.1e}, perplexity ×{mean(ours, 'perplexity_ratio'):.3f}")
     text += (f"; best other method run at this size: {best['method']}, {best['hmean']:.2f}" if best
              else "; no other method run at this size yet")
-    run = {r["method"] for r in _real_lm_summary()["rows"] if r["n"] == ours["n"] and r["split"] == "test"}
+    run = {r["method"] for r in _real_lm_summary()["rows"] if row_size(r) == row_size(ours) and r["split"] == "test"}
     missing = [m for m in method_names(real_lm=True) if m not in run]
     if best and missing:
         text += f" ({', '.join(missing)} not run yet)"
-    draws = len(ours["draws"])
+    count = draws_text(ours).removesuffix(" at once")
+    draws = f"{count} test draw{'' if count == '1' else 's'}" + (" at once" if row_size(ours)[1] else "")
     return [f"{mean(ours, 'num_cases'):,.0f} known facts edited at once into SmolLM2-135M, CounterFact scores "
-            f"(ours, {draws} test draw{'s' if draws > 1 else ''})", text, _link(REAL_LM)]
+            f"(ours, {draws})", text, _link(REAL_LM)]
 
 
 # --- capacity ---------------------------------------------------------------------------------------------

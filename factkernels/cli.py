@@ -366,7 +366,8 @@ def _add_real_lm_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="10,100,all", help="edits at once per cell: ints or 'all', comma-separated")
     p.add_argument("--kind", choices=real_lm_editing.KINDS, default="known", help="known facts or invented subjects")
     p.add_argument("--split", choices=("validation", "test"), default="test")
-    p.add_argument("--draws", type=_int_list, default=[0, 1, 2], help="draw indices (validation: 0)")
+    p.add_argument("--draws", type=real_lm_editing.parse_draws, default=[0, 1, 2],
+                   help="draw indices (validation: 0), or all: every test draw at once, one cell")
     p.add_argument("--hparams", default=None, help='settings by method, JSON: {"memit": {"mom2_weight": 150}} or a '
                    'list of settings per method (a sweep); ours: hf.insert_facts keyword arguments')
     p.add_argument("--protocols", default=None, help='protocols by method, JSON: {"rome": ["sequential", "single"]}')

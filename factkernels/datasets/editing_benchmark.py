@@ -5,6 +5,7 @@
     cases = known_draw("validation")               # counterfactual EditCases: target_new from the same relation
     cases = known_draw("test", 0)                  # three disjoint test draws (0, 1, 2), disjoint from validation
     cases = new_knowledge_draw("test", 0, n=10_000)  # invented subjects, one fact each
+    cases = all_test_draws("known")                # every test case at once (neighbours: validation subjects)
 
 Data (``factkernels/datasets``, see its README): ``relations.json`` (per relation: the subject kind, 5 edit
 templates used for insertion, editing and tuning, 4 held-out paraphrase templates used only to evaluate;
@@ -22,7 +23,7 @@ import csv
 import importlib.resources
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Optional
 
@@ -32,6 +33,8 @@ KNOWN_VALIDATION_FRACTION = 0.2
 NEW_VALIDATION_FACTS = 1_000
 NEW_TEST_FACTS = 10_000
 DRAW_SEED = 32
+ALL_DRAWS = "all"
+"""The draw index of every test draw at once (:func:`all_test_draws`)."""
 
 
 @dataclass(frozen=True)
@@ -279,4 +282,30 @@ def new_knowledge_draw(split: str, index: int = 0, *, n: Optional[int] = None, n
         rel = rels[f.relation]
         cases.append(EditCase(f.relation, f.subject, f.object, _other_object(rng, f.relation, f.object), rel.edit,
                               rel.held_out, _neighbours(rng, f, f.object, pool, neighbours), known=False))
+    return cases
+
+
+def all_test_draws(kind: str = "known", *, n: Optional[int] = None) -> list[EditCase]:
+    """Every test draw's cases edited at once (draw index :data:`ALL_DRAWS`): case i of each draw in turn, so the
+    first ``n`` (all when None) hold about n / 3 of each draw. kind: "known" (:func:`known_draw`: ~745 cases) or
+    "new" (:func:`new_knowledge_draw`: 30,000). Cases, targets and invented neighbours are the draws' own; a known
+    case's neighbours are drawn again (seeded) from the validation subjects, since the other test draws, where
+    its own neighbours came from, are edited with it."""
+    if kind not in ("known", "new"):
+        raise ValueError(f"kind must be 'known' or 'new', got {kind!r}")
+    if kind == "known":
+        draws = [known_draw("test", i) for i in range(NUM_TEST_DRAWS)]
+    else:  # only the first ceil(n / 3) of each draw can be among the first n
+        each = NEW_TEST_FACTS if n is None else min(NEW_TEST_FACTS, max(1, -(-n // NUM_TEST_DRAWS)))
+        draws = [new_knowledge_draw("test", i, n=each) for i in range(NUM_TEST_DRAWS)]
+    cases = [d[k] for k in range(max(map(len, draws))) for d in draws if k < len(d)]
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(cases):
+            raise ValueError(f"n must be an int in [1, {len(cases)}] for every test draw at once, got {n!r}")
+        cases = cases[:n]
+    if kind == "known":
+        rng = random.Random(DRAW_SEED * 3000)
+        validation = _subject_partition(list(known_facts()))[0]
+        cases = [replace(c, neighbours=_neighbours(rng, Fact(c.relation, c.subject, c.target_true), c.target_new,
+                                                   validation, len(c.neighbours))) for c in cases]
     return cases

@@ -8,7 +8,9 @@ only when it is stale: it ran other hyperparameters than its settings give now, 
     {"model": "smollm2-135m" | "tiny",
      "method": "unedited" | a real-model method of factkernels.editing.METHODS ("ours" is hf.insert_facts),
      "settings": {...},          # ours: hf.insert_facts keyword arguments; editors: hyperparameter overrides
-     "kind": "known" | "new", "split": "validation" | "test", "draw": 0..2 (validation: 0),
+     "kind": "known" | "new", "split": "validation" | "test",
+     "draw": 0..2 (validation: 0) | "all",  # "all": every test draw at once, one cell (editing_benchmark.all_test_draws;
+                                            # known cases' neighbours from the validation subjects)
      "n": 10 | 100 | "all",      # the first n cases of the draw, edited at once
      "protocol": ...}            # see PROTOCOLS
 
@@ -38,9 +40,12 @@ seconds they took: "targets_restored_cpu").
     factkernels experiment real-lm-editing --methods memit --sizes 100 --split validation --draws 0 \
         --hparams '{"memit": [{"mom2_weight": 150}, {"mom2_weight": 1500}]}' --resume
 
+    factkernels experiment real-lm-editing --methods unedited,ours --sizes all --draws all --device cuda --resume
+
 Scales (``--scale``, when no grid options are given): tiny — a random 3-layer Llama with a word-level
 tokenizer, 4 cases, every method (CI seconds; no numbers worth reading); quick — SmolLM2-135M, every method
-at 10 known facts of each test draw; seed — every method at 10, 100 and all known facts of each test draw.
+at 10 known facts of each test draw; seed — every method at 10, 100 and all known facts of each test draw, and
+at every test case at once (draw "all").
 Summaries and figures: :mod:`.real_lm_editing_report`.
 """
 
@@ -53,6 +58,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
+from ..datasets.editing_benchmark import ALL_DRAWS, NUM_TEST_DRAWS, SPLITS
 from ..editing import method_names
 from . import engine, real_lm_editing_report as report
 
@@ -87,7 +93,7 @@ def default_protocol(method: str) -> str:
     return DEFAULT_PROTOCOL.get(method, "batch")
 
 
-def cell(method: str, *, n: Union[int, str], kind: str = "known", split: str = "test", draw: int = 0,
+def cell(method: str, *, n: Union[int, str], kind: str = "known", split: str = "test", draw: Union[int, str] = 0,
          settings: Optional[dict] = None, protocol: Optional[str] = None, model: str = MODEL) -> dict:
     """One cell's config, validated (see the module docstring); settings None: the method's defaults (ours:
     :data:`OURS_SETTINGS`, on new knowledge :data:`OURS_NEW_SETTINGS`)."""
@@ -97,6 +103,9 @@ def cell(method: str, *, n: Union[int, str], kind: str = "known", split: str = "
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if not (n == "all" or (isinstance(n, int) and not isinstance(n, bool) and n >= 1)):
         raise ValueError(f"n must be a positive int or 'all', got {n!r}")
+    draws = (0,) if split == "validation" else (*range(NUM_TEST_DRAWS), ALL_DRAWS)
+    if split not in SPLITS or draw not in draws or isinstance(draw, bool):
+        raise ValueError(f"split must be one of {SPLITS} and its draw one of {draws}, got {split!r}, {draw!r}")
     protocol = default_protocol(method) if protocol is None else protocol
     allowed = ("none",) if method == "unedited" else (default_protocol(method), "single")
     if protocol not in allowed:
@@ -110,7 +119,7 @@ def cell(method: str, *, n: Union[int, str], kind: str = "known", split: str = "
 
 
 def grid(methods: Sequence[str], sizes: Sequence[Union[int, str]], *, kind: str = "known", split: str = "test",
-         draws: Sequence[int] = (0, 1, 2), settings: Optional[dict] = None, protocols: Optional[dict] = None,
+         draws: Sequence[Union[int, str]] = (0, 1, 2), settings: Optional[dict] = None, protocols: Optional[dict] = None,
          model: str = MODEL) -> list[dict]:
     """Cells of every method × size × draw. settings: {method: settings dict or a list of them (a sweep)};
     protocols: {method: protocol or list of protocols} (default each method's own)."""
@@ -137,13 +146,15 @@ def _scale_grid(scale: str) -> list[dict]:
         return tiny + [cell("rome", n=TINY_CASES, protocol="single", settings=TINY_SETTINGS["rome"], model="tiny")]
     if scale == "quick":
         return grid(METHODS, [10])
-    return grid(METHODS, SIZES)
+    return grid(METHODS, SIZES) + grid(METHODS, ["all"], draws=[ALL_DRAWS])
 
 
 def _draw(config: dict) -> list:
-    from ..datasets.editing_benchmark import known_draw, new_knowledge_draw
+    from ..datasets.editing_benchmark import all_test_draws, known_draw, new_knowledge_draw
 
     n = None if config["n"] == "all" else config["n"]
+    if config["draw"] == ALL_DRAWS:
+        return all_test_draws(config["kind"], n=n)
     make = known_draw if config["kind"] == "known" else new_knowledge_draw
     return make(config["split"], config["draw"], n=n)
 
@@ -367,15 +378,20 @@ def stale_reason(finished: engine.Cell) -> Optional[str]:
         for k, d in sorted(drift.items()))
 
 
-def parse_sizes(text: str) -> list[Union[int, str]]:
-    """"10,100,all" -> [10, 100, "all"]."""
+def parse_sizes(text: str, what: str = "sizes") -> list[Union[int, str]]:
+    """"10,100,all" -> [10, 100, "all"] (also the draws, "0,1,2" or "all"; ``what`` names them in errors)."""
     sizes: list[Union[int, str]] = []
     for part in text.split(","):
         part = part.strip()
         if part != "all" and not part.isdigit():
-            raise ValueError(f"sizes are positive ints or 'all', comma-separated, got {part!r}")
+            raise ValueError(f"{what} are ints or 'all', comma-separated, got {part!r}")
         sizes.append(part if part == "all" else int(part))
     return sizes
+
+
+def parse_draws(text: str) -> list[Union[int, str]]:
+    """"0,1,2" -> [0, 1, 2]; "all" -> ["all"] (every test draw at once)."""
+    return parse_sizes(text, "draws")
 
 
 EXPERIMENT = engine.register(engine.Experiment(

@@ -1,6 +1,7 @@
 """Summaries, the docs table and the figures of the real-lm-editing cells (:mod:`.real_lm_editing`).
 
-A row is one (model, kind, split, method, settings, protocol, n) over its draws: every numeric metric of
+A row is one (model, kind, split, method, settings, protocol, n) over its draws (a cell of every test draw at once,
+draw "all", is a row of its own: its ``draws`` are ["all"]): every numeric metric of
 ``hf.metrics.score_cases`` as its mean and 95 % Student-t interval over the draws (``metrics.over_draws``),
 the harmonic mean of the three mean scores (efficacy, paraphrase, neighbourhood), and the edit's wall and
 CPU seconds (an edit that restored its fitted targets from a checkpoint counts that fit's wall seconds, and its
@@ -35,8 +36,16 @@ def _order() -> tuple[str, ...]:
     return METHODS
 
 
-def _size_key(n: Any) -> float:
-    return math.inf if n == "all" else float(n)
+def row_size(row: dict) -> tuple[Any, bool]:
+    """What a row's edits are: (n, whether every test draw was edited at once), the rows compared side by side."""
+    from ..datasets.editing_benchmark import ALL_DRAWS
+
+    return row["n"], row["draws"] == [ALL_DRAWS]
+
+
+def _size_key(size: tuple[Any, bool]) -> tuple[float, bool]:
+    n, at_once = size
+    return math.inf if n == "all" else float(n), at_once
 
 
 def _edit_cpu(seconds: dict, wall: str) -> float:
@@ -81,6 +90,7 @@ def summarize(cells: list) -> dict:
     """{"rows": one row per (model, kind, split, method, settings, protocol, n, hyperparameters that differ from
     what the settings give now) over its draws, "claims": {}}; a row of cells whose hyperparameters differ holds
     them as "hparams_drift" (``real_lm_editing.hparams_drift``)."""
+    from ..datasets.editing_benchmark import ALL_DRAWS
     from ..hf.metrics import KINDS, harmonic_mean, over_draws
     from .real_lm_editing import hparams_drift
 
@@ -89,7 +99,7 @@ def summarize(cells: list) -> dict:
         cfg = c.config
         drift = hparams_drift(cfg, c.result)
         key = json.dumps([cfg["model"], cfg["kind"], cfg["split"], cfg["method"], cfg["settings"], cfg["protocol"],
-                          cfg["n"], drift], sort_keys=True)
+                          cfg["n"], cfg["draw"] == ALL_DRAWS, drift], sort_keys=True)
         groups.setdefault(key, (drift, []))[1].append(c)
     order = _order()
     rows = []
@@ -108,21 +118,24 @@ def summarize(cells: list) -> dict:
                      "seconds": _interval([s[wall] + s.get("targets_restored", 0.0) for s in seconds]),
                      "cpu_seconds": _interval(_all_or_none([_edit_cpu(s, wall) for s in seconds])),
                      **({"hparams_drift": drift} if drift else {})})
-    rows.sort(key=lambda r: (r["model"], r["kind"], r["split"], _size_key(r["n"]),
+    rows.sort(key=lambda r: (r["model"], r["kind"], r["split"], _size_key(row_size(r)),
                              order.index(r["method"]) if r["method"] in order else len(order),
                              r["protocol"], settings_label(r)))
     return {"rows": rows, "comparison": compare(rows), "claims": {}}
 
 
 def compare(rows: list[dict]) -> list[dict]:
-    """Per (model, kind, split, n) where ours and another method ran: ours' best row (harmonic mean) against the
-    other method with the best harmonic mean, and per score how far ours is below the best other method's
-    (issue 32's target: the best harmonic mean, no score more than 0.05 below the best baseline's)."""
+    """Per (model, kind, split, :func:`row_size`) where ours and another method ran: ours' best row (harmonic mean)
+    against the other method with the best harmonic mean, and per score how far ours is below the best other
+    method's (issue 32's target: the best harmonic mean, no score more than 0.05 below the best baseline's)."""
     from ..hf.metrics import KINDS
 
+    def key_of(r: dict) -> tuple:
+        return r["model"], r["kind"], r["split"], row_size(r)
+
     out = []
-    for key in sorted({(r["model"], r["kind"], r["split"], r["n"]) for r in rows}, key=lambda k: (*k[:3], _size_key(k[3]))):
-        same = [r for r in rows if (r["model"], r["kind"], r["split"], r["n"]) == key]
+    for key in sorted({key_of(r) for r in rows}, key=lambda k: (*k[:3], _size_key(k[3]))):
+        same = [r for r in rows if key_of(r) == key]
         ours = [r for r in same if r["method"] == "ours"]
         others = [r for r in same if r["method"] not in ("ours", "unedited")]
         if not ours or not others:
@@ -130,7 +143,7 @@ def compare(rows: list[dict]) -> list[dict]:
         mine, best = max(ours, key=lambda r: r["hmean"]), max(others, key=lambda r: r["hmean"])
         below = {k: max(r["metrics"][f"{k}_score"]["mean"] for r in others) - mine["metrics"][f"{k}_score"]["mean"]
                  for k in KINDS}
-        out.append({"model": key[0], "kind": key[1], "split": key[2], "n": key[3],
+        out.append({"model": key[0], "kind": key[1], "split": key[2], "n": key[3][0], "all_draws_at_once": key[3][1],
                     "ours_settings": mine["settings"], "ours_hmean": mine["hmean"], "best_other": best["method"],
                     "best_other_protocol": best["protocol"], "best_other_settings": best["settings"],
                     "best_other_hmean": best["hmean"], "ours_below_best_other": below,
@@ -170,6 +183,13 @@ def _size_text(row: dict) -> str:
     return f"all ({cases:.0f})" if row["n"] == "all" else str(row["n"])
 
 
+def draws_text(row: dict) -> str:
+    """How many draws a row's numbers come from: "3", or "3 at once" for one cell of every test draw."""
+    from ..datasets.editing_benchmark import NUM_TEST_DRAWS
+
+    return f"{NUM_TEST_DRAWS} at once" if row_size(row)[1] else str(len(row["draws"]))
+
+
 def markdown_table(summary: dict, *, kind: str = "known", split: str = "test", model: str = "smollm2-135m") -> str:
     """The test-draw table: per number of edits and method, every score as mean ± 95 % t half-width over draws,
     the harmonic mean of the three scores, KL, perplexity ratio and the edit's seconds (wall, CPU)."""
@@ -182,7 +202,7 @@ def markdown_table(summary: dict, *, kind: str = "known", split: str = "test", m
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in mine:
         m = r["metrics"]
-        cells = [_size_text(r), r["method"], r["protocol"], settings_label(r), str(len(r["draws"]))]
+        cells = [_size_text(r), r["method"], r["protocol"], settings_label(r), draws_text(r)]
         cells += [_pm(m.get(k)) for k in TABLE_METRICS[:3]] + [f"{r['hmean']:.3f}"]
         cells += [_pm(m.get(k)) for k in TABLE_METRICS[3:6]]
         cells += [_pm(m.get("fluency"), 2), _pm(m.get("consistency")), _pm(m.get("kl_mean"), 1, "e"),
@@ -204,7 +224,8 @@ def markdown_table(summary: dict, *, kind: str = "known", split: str = "test", m
     for c in summary.get("comparison", []):
         if (c["kind"], c["split"], c["model"]) == (kind, split, model):
             gaps = ", ".join(f"{k} {v:+.3f}" for k, v in c["ours_below_best_other"].items())
-            lines.append(f"\nAt {c['n']} edits: ours' harmonic mean {c['ours_hmean']:.3f} against the best other "
+            at_once = " of every test draw at once" if c["all_draws_at_once"] else ""
+            lines.append(f"\nAt {c['n']} edits{at_once}: ours' harmonic mean {c['ours_hmean']:.3f} against the best other "
                          f"method's, {c['best_other']} ({c['best_other_protocol']}) {c['best_other_hmean']:.3f}; the best "
                          f"other score minus ours: {gaps}.")
     return "\n".join(lines)
@@ -214,8 +235,8 @@ def headline_rows(summary: dict, model: str = "smollm2-135m") -> tuple[dict, Opt
     """(ours at the most cases on the known-fact test draws (its best settings by harmonic mean), the other
     method with the best harmonic mean at that size, the unedited model at that size; None where not run)."""
     rows = [r for r in summary["rows"] if (r["model"], r["kind"], r["split"]) == (model, "known", "test")]
-    ours = max((r for r in rows if r["method"] == "ours"), key=lambda r: (_size_key(r["n"]), r["hmean"]))
-    same = [r for r in rows if r["n"] == ours["n"]]
+    ours = max((r for r in rows if r["method"] == "ours"), key=lambda r: (_size_key(row_size(r)), r["hmean"]))
+    same = [r for r in rows if row_size(r) == row_size(ours)]
     others = [r for r in same if r["method"] not in ("ours", "unedited")]
     unedited = next((r for r in same if r["method"] == "unedited"), None)
     return ours, max(others, key=lambda r: r["hmean"]) if others else None, unedited
@@ -245,9 +266,15 @@ def _series(rows: list[dict]) -> dict[str, list[dict]]:
         variants.setdefault(r["method"], set()).add((r["protocol"], settings_label(r)))
     many = {m for m, v in variants.items() if len(v) > 1}
     out: dict[str, list[dict]] = {}
-    for r in sorted(rows, key=lambda r: _size_key(r["n"])):
+    for r in sorted(rows, key=lambda r: _size_key(row_size(r))):
         out.setdefault(_label(r, many), []).append(r)
     return out
+
+
+def _legend(rows: list[dict], size: tuple[Any, bool]) -> str:
+    """A size's legend entry: "10 edits", "all (248) edits", "all (745) edits, 3 draws at once"."""
+    row = next(r for r in rows if row_size(r) == size)
+    return f"{_size_text(row)} edits" + (f", {draws_text(row)}" if size[1] else "")
 
 
 def _error(stat: dict) -> tuple[float, float]:
@@ -267,15 +294,15 @@ def _triangle(rows: list[dict]):
     from .plotting import panels
 
     series = {k: v for k, v in _series(rows).items() if v[0]["method"] != "unedited"}
-    unedited = {str(r["n"]): r for r in rows if r["method"] == "unedited"}
-    sizes = sorted({r["n"] for members in series.values() for r in members}, key=_size_key)  # sizes with a bar
+    unedited = {row_size(r): r for r in rows if r["method"] == "unedited"}
+    sizes = sorted({row_size(r) for members in series.values() for r in members}, key=_size_key)  # with a bar
     fig, axes = panels(1, nrows=3, width=max(6.0, 0.3 * len(series) * len(sizes) + 2), height=2.6)
     width = 0.8 / max(1, len(sizes))
     for ax, (metric, title) in zip(axes, SCORES):
         for j, n in enumerate(sizes):
             xs, ys, errs = [], [], [[], []]
             for i, members in enumerate(series.values()):
-                row = next((r for r in members if r["n"] == n), None)
+                row = next((r for r in members if row_size(r) == n), None)
                 if row is None:
                     continue
                 stat = row["metrics"][metric]
@@ -283,9 +310,8 @@ def _triangle(rows: list[dict]):
                 ys.append(stat["mean"])
                 lo, hi = _error(stat)
                 errs[0].append(lo), errs[1].append(hi)
-            ax.bar(xs, ys, width=width, yerr=errs, capsize=2, color=f"C{j}",
-                   label=f"{_size_text(next(r for r in rows if r['n'] == n))} edits")
-            base = unedited.get(str(n))
+            ax.bar(xs, ys, width=width, yerr=errs, capsize=2, color=f"C{j}", label=_legend(rows, n))
+            base = unedited.get(n)
             if base is not None:
                 ax.axhline(base["metrics"][metric]["mean"], color=f"C{j}", linestyle="--", linewidth=0.8)
         ax.set_xticks(range(len(series)), list(series) if ax is axes[-1] else [], rotation=30, ha="right", fontsize=7)
@@ -353,19 +379,19 @@ def _seconds(rows: list[dict]):
     from .plotting import panels
 
     series = {k: v for k, v in _series(rows).items() if v[0]["method"] != "unedited"}
-    sizes = sorted({r["n"] for r in rows}, key=_size_key)
+    sizes = sorted({row_size(r) for r in rows}, key=_size_key)
     fig, axes = panels(1, width=max(5.0, 0.8 * len(series) * len(sizes)))
     ax = axes[0]
     width = 0.8 / max(1, len(sizes))
     for j, n in enumerate(sizes):
         xs, cpu, wall = [], [], []
         for i, members in enumerate(series.values()):
-            row = next((r for r in members if r["n"] == n), None)
+            row = next((r for r in members if row_size(r) == n), None)
             if row is not None:
                 xs.append(i + (j - (len(sizes) - 1) / 2) * width)
                 cpu.append(row["cpu_seconds"]["mean"])
                 wall.append(row["seconds"]["mean"])
-        ax.bar(xs, cpu, width=width, color=f"C{j}", label=f"{_size_text(next(r for r in rows if r['n'] == n))} edits")
+        ax.bar(xs, cpu, width=width, color=f"C{j}", label=_legend(rows, n))
         ax.plot(xs, wall, "kx", markersize=5, label="wall" if j == 0 else None)
     ax.set_xticks(range(len(series)), list(series), rotation=30, ha="right", fontsize=7)
     ax.set_yscale("log")

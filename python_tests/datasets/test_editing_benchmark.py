@@ -65,6 +65,30 @@ def test_known_draws_are_disjoint_counterfactual_and_seeded():
         eb.known_draw("train")
 
 
+def test_all_test_draws_at_once_keep_their_cases_and_take_neighbours_from_outside():
+    draws = [eb.known_draw("test", i) for i in range(eb.NUM_TEST_DRAWS)]
+    union = eb.all_test_draws("known")
+    assert len(union) == sum(map(len, draws))
+    assert [c.subject for c in union[:6]] == [d[k].subject for k in range(2) for d in draws]  # each draw in turn
+    own = {(c.subject, c.target_new) for d in draws for c in d}
+    assert {(c.subject, c.target_new) for c in union} == own  # the draws' own cases and targets
+    edited = {c.subject for c in union}
+    validation = {c.subject for c in eb.known_draw("validation")}
+    for c in union:
+        assert len(c.neighbours) == 5
+        assert all(nb.subject in validation and nb.subject not in edited and nb.target != c.target_new
+                   for nb in c.neighbours)
+    assert eb.all_test_draws("known", n=7) == union[:7] and eb.all_test_draws("known") == union  # seeded
+    new = eb.all_test_draws("new", n=5)
+    assert [c.subject for c in new] == [eb.new_knowledge_draw("test", i, n=2)[k].subject for k in range(2)
+                                        for i in range(eb.NUM_TEST_DRAWS)][:5]
+    assert new[3] == eb.new_knowledge_draw("test", 0, n=2)[1]  # invented cases kept whole: neighbours never edited
+    with pytest.raises(ValueError, match="n must be an int"):
+        eb.all_test_draws("known", n=len(union) + 1)
+    with pytest.raises(ValueError, match="kind must be"):
+        eb.all_test_draws("old")
+
+
 def test_invented_facts_are_new_unique_and_seeded():
     facts = eb.invented_facts(2000)
     assert facts == eb.invented_facts(2000)

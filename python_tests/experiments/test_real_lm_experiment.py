@@ -60,9 +60,11 @@ def test_cells_and_grids_are_validated():
     assert real_lm.cell("ours", n=10)["settings"] == real_lm.OURS_SETTINGS
     assert real_lm.cell("ours", n=10, kind="new")["settings"] == {**real_lm.OURS_SETTINGS, "partner_weight": 0.01}
     assert real_lm.cell("alphaedit", n=100, protocol="single")["protocol"] == "single"
+    assert real_lm.cell("ours", n="all", draw="all")["draw"] == "all"
     for bad in ({"method": "nope"}, {"method": "memit", "protocol": "sequential"}, {"method": "rome", "n": 0},
                 {"method": "rome", "n": "most"}, {"method": "unedited", "settings": {"a": 1}},
-                {"method": "rome", "kind": "old"}):
+                {"method": "rome", "kind": "old"}, {"method": "ours", "draw": 3}, {"method": "ours", "draw": True},
+                {"method": "ours", "split": "validation", "draw": "all"}, {"method": "ours", "split": "train"}):
         with pytest.raises(ValueError):
             real_lm.cell(**{"n": 10, **bad})
     cells = real_lm.grid(["unedited", "memit"], [10, "all"], draws=[0, 2],
@@ -72,8 +74,11 @@ def test_cells_and_grids_are_validated():
     with pytest.raises(ValueError, match="not in the grid"):
         real_lm.grid(["ours"], [10], settings={"memit": {}})
     assert real_lm.parse_sizes("10, 100,all") == [10, 100, "all"]
+    assert real_lm.parse_draws("0,2") == [0, 2] and real_lm.parse_draws("all") == ["all"]
     with pytest.raises(ValueError):
         real_lm.parse_sizes("10,lots")
+    seed = real_lm._scale_grid("seed")  # the paper's grid holds every method at every test case at once
+    assert {c["method"] for c in seed if c["draw"] == "all" and c["n"] == "all"} == set(real_lm.METHODS)
 
 
 def _fake_cell(method, draw, scores, seconds):
@@ -130,13 +135,20 @@ def test_comparison_puts_ours_against_the_best_other_method():
     cells = [_fake_cell("memit", 0, scores(1.0, 0.5, 0.8), 1.0), _fake_cell("rome", 0, scores(0.9, 0.6, 0.9), 1.0),
              _fake_cell("ours", 0, scores(1.0, 0.58, 1.0), 1.0)]
     (comparison,) = report.summarize(cells)["comparison"]
-    assert comparison["best_other"] == "rome" and comparison["n"] == 10
+    assert comparison["best_other"] == "rome" and comparison["n"] == 10 and not comparison["all_draws_at_once"]
     assert comparison["ours_below_best_other"] == pytest.approx(
         {"efficacy": 0.0, "paraphrase": 0.02, "neighbourhood": -0.1})
     assert comparison["best_hmean"] and comparison["within_0.05"]
     assert comparison["ours_hmean"] == pytest.approx(3 / (1 + 1 / 0.58 + 1))
     ours, best, unedited = report.headline_rows(report.summarize(cells))
     assert (ours["method"], best["method"], unedited) == ("ours", "rome", None)
+    # every test draw at once is compared apart: there only memit ran beside ours
+    cells += [_fake_cell("memit", "all", scores(1.0, 0.2, 0.9), 1.0), _fake_cell("ours", "all", scores(1.0, 0.5, 1.0), 1.0)]
+    per_draw, at_once = report.summarize(cells)["comparison"]
+    assert per_draw["best_other"] == "rome" and not per_draw["all_draws_at_once"]
+    assert at_once["best_other"] == "memit" and at_once["all_draws_at_once"] and at_once["n"] == 10
+    ours, best, _ = report.headline_rows(report.summarize(cells))
+    assert (ours["draws"], best["method"]) == (["all"], "memit")
 
 
 def test_command_line_builds_the_grid(tmp_path):
@@ -148,11 +160,45 @@ def test_command_line_builds_the_grid(tmp_path):
     cells = _real_lm_grid(args)
     assert len(cells) == 2 * (1 + 2) * 2
     assert {c["settings"]["layer"] for c in cells if c["method"] == "ours"} == {5}
+    union = build_parser().parse_args(["experiment", "real-lm-editing", "--methods", "unedited,ours", "--sizes", "all",
+                                       "--draws", "all", "--device", "cuda"])
+    assert [(c["method"], c["n"], c["draw"]) for c in _real_lm_grid(union)] == [("unedited", "all", "all"),
+                                                                                ("ours", "all", "all")]
+    assert union.device == "cuda"
     plain = build_parser().parse_args(["experiment", "real-lm-editing", "--quick"])
     assert _real_lm_grid(plain) is None
     bad = build_parser().parse_args(["experiment", "real-lm-editing", "--hparams", "{}"])
     with pytest.raises(ValueError, match="need --methods"):
         _real_lm_grid(bad)
+
+
+def test_every_test_draw_at_once_is_one_cell_and_a_row_of_its_own(tmp_path):
+    """Draw "all": the test draws' cases in turn, edited at once, summarized apart from the per-draw rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from factkernels.datasets.editing_benchmark import known_draw
+
+    ours = {"settings": real_lm.TINY_SETTINGS["ours"], "model": "tiny"}
+    grid = [real_lm.cell("unedited", n=6, draw="all", model="tiny"), real_lm.cell("ours", n=6, draw="all", **ours),
+            real_lm.cell("unedited", n=6, draw=0, model="tiny"), real_lm.cell("ours", n=6, draw=0, **ours)]
+    res = engine.run(real_lm.NAME, tmp_path, grid=grid, quiet=True)
+    assert res.missing == 0 and len(res.files) == 4  # summary.json and the three figures
+    union = engine.load_cells(tmp_path, real_lm.NAME)[engine.cell_key(grid[1])].result
+    assert union["scores"]["num_cases"] == 6 and union["requests"] == 30
+    edited = {c.subject for c in real_lm._draw(grid[1])}
+    assert edited == {c.subject for i in range(3) for c in known_draw("test", i, n=2)}  # two of each draw
+    assert not edited & {nb.subject for c in real_lm._draw(grid[1]) for nb in c.neighbours}
+    rows = res.summary["rows"]
+    assert [(r["method"], r["draws"]) for r in rows] == [("unedited", [0]), ("ours", [0]), ("unedited", ["all"]),
+                                                         ("ours", ["all"])]
+    table = report.markdown_table(res.summary, model="tiny")
+    assert "| 6 | ours | batch | keys=\"subject\", layer=1, value_steps=10 | 3 at once |" in table
+    assert "| 6 | ours | batch | keys=\"subject\", layer=1, value_steps=10 | 1 |" in table
+    ours_row, _, unedited = report.headline_rows(res.summary, model="tiny")
+    assert ours_row["draws"] == ["all"] and unedited["draws"] == ["all"]  # the most cases: the union
+    fig = report._triangle(rows)
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["6 edits", "6 edits, 3 at once"]
 
 
 def test_new_knowledge_cells_and_the_single_protocol(tmp_path):
