@@ -9,8 +9,8 @@ only when it is stale: it ran other hyperparameters than its settings give now, 
      "method": "unedited" | a real-model method of factkernels.editing.METHODS ("ours" is hf.insert_facts),
      "settings": {...},          # ours: hf.insert_facts keyword arguments; editors: hyperparameter overrides
      "kind": "known" | "new", "split": "validation" | "test",
-     "draw": 0..2 (validation: 0) | "all",  # "all": every test draw at once, one cell (editing_benchmark.all_test_draws;
-                                            # known cases' neighbours from the validation subjects)
+     "draw": 0..2 (validation: 0) | "all",  # "all": every test draw at once, one cell (editing_benchmark.
+                                            # all_test_draws; known cases' neighbours: the validation subjects)
      "n": 10 | 100 | "all",      # the first n cases of the draw, edited at once
      "protocol": ...}            # see PROTOCOLS
 

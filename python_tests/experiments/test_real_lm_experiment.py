@@ -143,7 +143,8 @@ def test_comparison_puts_ours_against_the_best_other_method():
     ours, best, unedited = report.headline_rows(report.summarize(cells))
     assert (ours["method"], best["method"], unedited) == ("ours", "rome", None)
     # every test draw at once is compared apart: there only memit ran beside ours
-    cells += [_fake_cell("memit", "all", scores(1.0, 0.2, 0.9), 1.0), _fake_cell("ours", "all", scores(1.0, 0.5, 1.0), 1.0)]
+    cells += [_fake_cell("memit", "all", scores(1.0, 0.2, 0.9), 1.0),
+              _fake_cell("ours", "all", scores(1.0, 0.5, 1.0), 1.0)]
     per_draw, at_once = report.summarize(cells)["comparison"]
     assert per_draw["best_other"] == "rome" and not per_draw["all_draws_at_once"]
     assert at_once["best_other"] == "memit" and at_once["all_draws_at_once"] and at_once["n"] == 10
