@@ -449,9 +449,8 @@ def _finish(U: Tensor, lo: Tensor, hi: Tensor, dup_row: Tensor, cols: Tensor, la
     margin 0, the corral's occupied slots first (``occupied_first``: they are already, as the kernel returns them),
     trimmed to the largest corral unless not ``trim`` (its width is a read back from the device)."""
     lo = lo.clamp(-1.0, 1.0)  # margins are cosines; drop rounding excess
-    zero = torch.zeros_like(lo)  # a duplicated value has margin 0 for every output
-    lo = torch.where(dup_row, torch.minimum(lo, zero), lo)
-    hi = torch.where(dup_row, zero, hi)
+    lo = torch.where(dup_row, lo.clamp(max=0.0), lo)  # a duplicated value has margin 0 for every output
+    hi = hi.masked_fill(dup_row, 0.0)
     if occupied_first:  # (the stable sort below would leave them as they are: 0.016 of a default build's CPU s)
         if trim:
             width = max(1, int((cols >= 0).sum(dim=1).max()))

@@ -101,12 +101,14 @@ def _work_bytes(device: torch.device, kind: str) -> int:
 
 
 def _unit_start(Wr: Tensor, P: Tensor) -> Tensor:
-    """Unit rows of ``P`` (c, d); rows ~0 fall back to the value direction, then to ``e_0``."""
+    """Unit rows of ``P`` (c, d); rows ~0 fall back to the value direction ``Wr`` (c, d) (``P`` itself may be
+    ``Wr``: no fallback to compute), then to ``e_0``."""
     pn = P.norm(dim=1, keepdim=True)
-    fallback = Wr / Wr.norm(dim=1, keepdim=True).clamp_min(1e-300)
-    P = torch.where(pn > 1e-12, P / pn.clamp_min(1e-300), fallback)
-    P[:, 0] = torch.where((P == 0).all(dim=1), 1.0, P[:, 0])
-    return P
+    unit = P / pn.clamp_min(1e-300)
+    if P is not Wr:
+        unit = torch.where(pn > 1e-12, unit, Wr / Wr.norm(dim=1, keepdim=True).clamp_min(1e-300))
+    unit[:, 0].masked_fill_((unit == 0).all(dim=1), 1.0)
+    return unit
 
 
 def _solve_dense(W: Tensor, tol: float, max_iter: int, n_init: int, n_add: int, n_fast: int, backend: str):
@@ -142,19 +144,19 @@ def _joined(parts: list, width: int = 0, fill: float = 0) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _members(cand: Tensor, active: Tensor) -> Tensor:
-    """(r, c) bool: is ``cand[i, a]`` among ``active[i]`` (r, K)? By a binary search in each sorted list (the
+def _outside(cand: Tensor, active: Tensor) -> Tensor:
+    """(r, c) bool: is ``cand[i, a]`` missing from ``active[i]`` (r, K)? By a binary search in each sorted list (the
     r x c x K comparison was 0.5 of 11.8 CPU s at |V| = 16,384, d = 128), in row chunks of about the work budget."""
     r, c = cand.shape
     step = max(1, _work_bytes(cand.device, "pairs") // max(1, 8 * (c + active.shape[1])))
     if step >= r:  # one chunk (on a GPU up to n = 2^23 / (c + K)): no copy into an output
         srt = active.sort(dim=1).values
-        return srt.gather(1, torch.searchsorted(srt, cand).clamp_(max=srt.shape[1] - 1)) == cand
+        return srt.gather(1, torch.searchsorted(srt, cand).clamp_(max=srt.shape[1] - 1)) != cand
     out = torch.empty(r, c, dtype=torch.bool, device=cand.device)
     for s in range(0, r, step):  # the sort's int64 indices of all lists were 150 MB at n = 65,536, d = 256
         srt, q = active[s : s + step].sort(dim=1).values, cand[s : s + step].contiguous()
         pos = torch.searchsorted(srt, q).clamp_(max=srt.shape[1] - 1)
-        out[s : s + step] = srt.gather(1, pos) == q
+        out[s : s + step] = srt.gather(1, pos) != q
     return out
 
 
@@ -208,9 +210,13 @@ def _solve_active_set(
     U = _unit_start(W, W).to(Wk.dtype)
     lo = torch.full((n,), -math.inf, dtype=torch.float64, device=dev)
     hi = torch.full((n,), math.inf, dtype=torch.float64, device=dev)
+    # value indices < n, as the lists (n x K, K ~ 400 at d = 256) are kept: on a CPU int32 halves them; on
+    # SYNC_FREE_DEVICES int64, the solve's and the pass's index type (each conversion a launch on a GPU)
+    sync_free = dev.type in corral.SYNC_FREE_DEVICES
+    index_dtype = torch.int64 if sync_free else torch.int32
     # pass 1 ranks the constraints of u_i = v_i / |v_i| (one GEMM tile per value tile)
     _, active = _ops.star_topk(Wk, n_first, backend=backend)
-    active = active.to(torch.int32)  # value indices < n: int32 halves the lists (n x K, K ~ 400 at d = 256)
+    active = active.to(index_dtype)
     rows = torch.arange(n, device=dev)
     budget = max(_work_bytes(dev, "candidates"), 8 * n * d)
     kernel = _ops.uses_kernel(backend, "corral_solve", W)  # the rounds' corral solves whole, a task (warp) per row
@@ -228,7 +234,7 @@ def _solve_active_set(
     # after a pass at given directions, every constraint outside a row's next list scores at least the pass's last
     # score there: the floor (and those directions) that certifies a row after its next solve without a pass
     # (_certified_by_floor). Not on SYNC_FREE_DEVICES: dropping those rows before the pass is a host round trip more.
-    use_floor, floor = dev.type not in corral.SYNC_FREE_DEVICES, None
+    use_floor, floor = not sync_free, None
     while rows.numel() > 0:
         K = active.shape[1]
         # rows per chunk: the candidate star (K + 1 vectors per row) and the corral solver's buffers (X, the
@@ -240,8 +246,9 @@ def _solve_active_set(
         else:
             step = max(1, min(rows.numel(), budget // (8 * (K + 1) * (2 * d + K + 2)),
                               _work_bytes(dev, "corrals") // (8 * kc * (d + 5 * kc + 2))))
-        slots = torch.arange(width, device=dev)
-        # per chunk of rows: U, the hull norm, the corral (values, weights), duplicates, stalled, certified
+        slots = torch.arange(width, device=dev) if width else None
+        # per chunk of rows: U, the hull norm, the corral (values, weights), duplicates, stalled, certified, the
+        # corral's size
         chunks = []
         for s in range(0, rows.numel(), step):
             rs, act = rows[s : s + step], active[s : s + step].long()
@@ -251,61 +258,69 @@ def _solve_active_set(
                                                              max_iter=max_iter, n_init=n_init, n_add=n_add,
                                                              n_fast=n_fast, corral=warm, backend=backend)
             # given violated constraints, an exact solve lowers the hull norm: one that did not is stalled (a
-            # corral solve that did not converge) and would come back every round until max_iter
+            # corral solve that did not converge) and would come back every round until max_iter (h_old < inf:
+            # isfinite is four launches on a GPU, and a hull norm is never -inf)
             h_old = h_start[s : s + step]
-            stalled = torch.isfinite(h_old) & (h >= h_old * (1.0 - 1e-14))
+            stalled = (h_old < math.inf) & (h >= h_old * (1.0 - 1e-14))
             u, h = u.to(U.dtype), torch.minimum(h_old, h)
             U[rs], hi[rs] = u, h
-            members = torch.where(cols >= 0, act.gather(1, cols.clamp(min=0)), -1).to(torch.int32)  # value indices
+            occupied = cols >= 0
+            members = torch.where(occupied, act.gather(1, cols.clamp(min=0)), -1).to(index_dtype)  # value indices
             certified = None if floor is None else _certified_by_floor(W, U, lo, hi, rs, act, floor[0][s : s + step],
                                                                        floor[1][s : s + step], tol, recheck)
-            chunks.append((u, h, members, weights.float(), dup, stalled, certified))
+            chunks.append((u, h, members, weights, dup, stalled, certified, occupied.sum(dim=1)))
         # the round's rows as one tensor each (on a GPU one chunk: the solve's own outputs, no copies); the corrals
         # padded to the widest this round returned (it comes trimmed to that, but on SYNC_FREE_DEVICES)
         solved_width = max(part[2].shape[1] for part in chunks)
-        U_rows, h_rows, dup, stalled = (_joined([part[i] for part in chunks]) for i in (0, 1, 4, 5))
+        U_rows, h_rows, dup, stalled, corral_size = (_joined([part[i] for part in chunks]) for i in (0, 1, 4, 5, 7))
         corral_rows = _joined([part[2] for part in chunks], solved_width, -1)
         lam_rows = _joined([part[3] for part in chunks], solved_width, 0.0)
         if floor is not None:
             certified = _joined([part[6] for part in chunks])
             if bool(certified.any()):  # done without a pass (their margins set from their lists)
-                rest = (~certified).nonzero().squeeze(1)  # (one read for the seven selections below)
-                rows, U_rows, h_rows, corral_rows, lam_rows, dup, stalled = (
-                    t[rest] for t in (rows, U_rows, h_rows, corral_rows, lam_rows, dup, stalled))
+                rest = (~certified).nonzero().squeeze(1)  # (one read for the eight selections below)
+                rows, U_rows, h_rows, corral_rows, lam_rows, dup, stalled, corral_size = (
+                    t[rest] for t in (rows, U_rows, h_rows, corral_rows, lam_rows, dup, stalled, corral_size))
                 if rows.numel() == 0:
                     break
         del chunks
         # one streaming pass: the most violated constraints of every unfinished value (rows come from arange, in range)
         streamed, cand = _ops.star_topk(Wk, n_pass, U_rows, rows, backend=backend, check_rows=False)
         passes += 1
-        Ur = U_rows.double()  # the returned directions' margins: unit in float64 (a float32 row's norm is 1 +- 6e-8)
+        # the returned directions' margins: unit in float64 (a float32 row's norm is 1 +- 6e-8); Ur also starts the
+        # next round (the float32 rows in float64, as its solve takes them)
+        Ur = U_rows.double()
         g = _ops.exact_star_scores(W, Ur / Ur.norm(dim=1, keepdim=True), rows, cand, backend=recheck)
-        del Ur
         lo[rows] = g.min(dim=1).values
-        # (the corrals with the columns no row of this round fills cut: 65 of 141 at 4,096 x 128, which _members sorts)
-        new = (cand >= 0) & ~_members(cand.to(torch.int32), corral_rows)
-        done = ~(new & (g < h_rows[:, None] * (1.0 - tol))).any(dim=1) | dup | stalled
+        # the streamed constraints outside the corral, -1 elsewhere (and for cand's own padding)
+        # (the corrals with the columns no row of this round fills cut: 65 of 141 at 4,096 x 128, which _outside sorts)
+        outside = _outside(cand.to(index_dtype), corral_rows)
+        add = torch.where(outside, cand, -1)
         if passes > max_iter:
             break
-        keep = ~done.logical_or_(h_rows <= math.sqrt(ZERO_NORM2))
-        # the values left and the widths of their next lists: one host read per round
-        n_keep, width, n_new = torch.stack([keep.sum(), torch.where(keep, (corral_rows >= 0).sum(dim=1), 0).max(),
-                                            torch.where(keep, new.sum(dim=1), 0).max()]).tolist()
+        # a value goes on while a streamed constraint outside its corral is violated beyond tol (padding scores
+        # +inf) and it is not a duplicate, stalled or at a hull norm ~0
+        threshold = (h_rows * (1.0 - tol)).masked_fill_(dup | stalled | (h_rows <= math.sqrt(ZERO_NORM2)), -math.inf)
+        keep = (outside & (g < threshold[:, None])).any(dim=1)
+        # the values left and the widths of their next lists: one host read per round (over the kept rows, the
+        # largest running count of kept rows is their number)
+        new = add >= 0
+        n_keep, width, n_new = (torch.stack([keep.cumsum(0), corral_size, new.sum(dim=1)], dim=1)
+                                * keep[:, None]).amax(dim=0).tolist()
         if n_keep == 0:
             break
         keep = torch.nonzero_static(keep, size=n_keep).squeeze(1)  # (its size known: no second read)
-        rows, new, cand, corral_rows, lam_rows = rows[keep], new[keep], cand[keep], corral_rows[keep], lam_rows[keep]
-        start, h_start = U_rows[keep], h_rows[keep]
+        rows, add, corral_rows, lam_rows = rows[keep], add[keep], corral_rows[keep], lam_rows[keep].float()
+        start, h_start = Ur[keep], h_rows[keep]
         if use_floor:
             floor = (_stream_floor(streamed[keep], d), start)
-        del streamed
-        # the next active lists: the corral, then every streamed constraint outside it (valid ones first; the
-        # violated ones and those the moving u_i meets next: with only the violated ones taken, 13x more values
-        # needed a third round at |V| = 4,096, d = 128), trimmed to the widest row
-        add = torch.where(new, cand, -1).to(torch.int32)
-        add = add.gather(1, torch.argsort((~new).to(torch.int8), dim=1, stable=True))
+        del streamed, Ur
+        # the next active lists: the corral, then every streamed constraint outside it in the pass's order (valid
+        # ones first; the violated ones and those the moving u_i meets next: with only the violated ones taken, 13x
+        # more values needed a third round at |V| = 4,096, d = 128), trimmed to the widest row
+        add = add.gather(1, torch.argsort(add.clamp(max=0), dim=1, descending=True, stable=True))
         width = max(1, width)
-        active = torch.cat([corral_rows[:, :width], add[:, :n_new]], dim=1)
+        active = torch.cat([corral_rows[:, :width], add[:, :n_new].to(index_dtype)], dim=1)
     lo.clamp_(-1.0, 1.0)
     return U, lo, hi, passes
 
