@@ -19,7 +19,7 @@ import functools
 import math
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -814,43 +814,65 @@ def _star_twin_chunk(n: int, r: int, values: torch.Tensor) -> int:
     return max(1, min(max(r, 1), budget // max(1, n * (3 * values.element_size() + 1))))
 
 
-def _star_right_operand(values: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
-    """(K, n) columns [-w_j, 1, ||w_j||^2, 0...] with K = d + 2 rounded up to 4: against left rows [p, <p, w_s>, 0]
-    one GEMM gives the numerators <p, w_s - w_j>, against [2 w_s, ||w_s||^2, 1] the squared distances
-    ||w_s||^2 + ||w_j||^2 - 2 <w_s, w_j>, with no (rows, |V|) pass to add the norms (given outputs; for p = w_s
-    the distances come from the numerators). Stored (K, n) so that the products are plain row-major GEMMs, the
-    layout of the square GEMM whose rate the benchmarks quote (a transposed view ran cuBLAS's 64 x 64 FFMA tiles
-    at ~37 of the H200's 51 TFLOP/s in session 24's run 1)."""
+class StarOperand(NamedTuple):
+    """What the star_topk twin's GEMMs need of values W (n, d), built once by :func:`star_operand` for several
+    passes over the same values (U*'s), each build ~11 launches on a GPU.
+
+    ``columns`` (K, n): [-w_j, 1, ||w_j||^2, 0...] with K = d + 2 rounded up to 4, the right operand: against left
+    rows [p, <p, w_s>, 0] one GEMM gives the numerators <p, w_s - w_j>, against [2 w_s, ||w_s||^2, 1] the squared
+    distances ||w_s||^2 + ||w_j||^2 - 2 <w_s, w_j>, with no (rows, |V|) pass to add the norms (given outputs; for
+    p = w_s the distances come from the numerators); its row d + 1 holds the squared norms. Stored (K, n) so that
+    the products are plain row-major GEMMs, the layout of the square GEMM whose rate the benchmarks quote (a
+    transposed view ran cuBLAS's 64 x 64 FFMA tiles at ~37 of the H200's 51 TFLOP/s in session 24's run 1).
+    ``distance_rows`` (n, K): [2 w_j, ||w_j||^2, 1, 0...], the left rows of the distances (one gather a pass)."""
+
+    columns: torch.Tensor
+    distance_rows: torch.Tensor
+
+
+def star_operand(values: torch.Tensor) -> StarOperand:
+    """The :class:`StarOperand` of ``values`` (n, d), for :func:`star_topk`'s ``operand``."""
+    _matrix("values", values)
     n, d = values.shape
-    right = torch.zeros(-(-(d + 2) // 4) * 4, n, dtype=values.dtype, device=values.device)
-    right[:d] = -values.T
-    right[d] = 1.0
-    right[d + 1] = sq
-    return right
+    sq = (values * values).sum(dim=1)
+    K = -(-(d + 2) // 4) * 4
+    columns = torch.zeros(K, n, dtype=values.dtype, device=values.device)
+    columns[:d] = -values.T
+    columns[d] = 1.0
+    columns[d + 1] = sq
+    distance_rows = torch.zeros(n, K, dtype=values.dtype, device=values.device)
+    torch.mul(values, 2.0, out=distance_rows[:, :d])
+    distance_rows[:, d] = sq
+    distance_rows[:, d + 1] = 1.0
+    return StarOperand(columns, distance_rows)
 
 
-def _star_scores_rows(values: torch.Tensor, sq: torch.Tensor, right: torch.Tensor, s: torch.Tensor,
-                      p: Optional[torch.Tensor], close: float,
-                      bound: Optional[int]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def _star_scores_rows(values: torch.Tensor, operand: StarOperand, s: torch.Tensor, p: Optional[torch.Tensor],
+                      close: float, bound: Optional[int]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Star scores of outputs ``p`` (c, d) (None: p = w_s) at values ``s`` (c,) against every value: (c, n),
-    +inf at j = s, numerators and distances from one GEMM against ``right`` (:func:`_star_right_operand`).
+    +inf at j = s, numerators and distances from one GEMM against ``operand.columns`` (:class:`StarOperand`).
     Pairs closer than ``close`` take the explicit difference. With ``bound``, they are found without a host sync
     (``torch.nonzero_static``, bound + 1 slots); the second result (a device bool) says whether there were more
     than the bound (the scores may then be wrong where the rest are)."""
     c, d = s.numel(), values.shape[1]
-    ws = values[s]
-    sqs = sq[s]
-    pp = ws if p is None else p
-    left = torch.zeros((1 if p is None else 2) * c, right.shape[0], dtype=values.dtype, device=values.device)
-    left[:c, :d] = pp
-    left[:c, d] = sqs if p is None else (p * ws).sum(dim=1)
-    if p is None:  # the distance is twice the numerator ||w_s||^2 - <w_s, w_j> plus ||w_j||^2 - ||w_s||^2
+    right = operand.columns
+    sq = right[d + 1]
+    if p is None:  # left rows [w_s, ||w_s||^2, 0...]: the distance rows halved (exactly), their 1 cleared
+        left = operand.distance_rows[s]
+        left[:, :d] *= 0.5
+        left[:, d + 1] = 0.0
+        ws, sqs = left[:, :d], left[:, d]
         g = left @ right
+        # the distance is twice the numerator ||w_s||^2 - <w_s, w_j> plus ||w_j||^2 - ||w_s||^2
         d2 = torch.add(sq[None, :], g, alpha=2.0).sub_(sqs[:, None])
-    else:
-        left[c:, :d] = 2.0 * ws
-        left[c:, d] = sqs
-        left[c:, d + 1] = 1.0
+    else:  # left rows [p, <p, w_s>, 0...] over the distance rows
+        ws = values[s]
+        left = torch.empty(2 * c, right.shape[0], dtype=values.dtype, device=values.device)
+        left[:c, :d] = p
+        left[:c, d] = (p * ws).sum(dim=1)
+        left[:c, d + 1 :] = 0.0
+        torch.index_select(operand.distance_rows, 0, s, out=left[c:])
+        sqs = left[c:, d]
         both = left @ right
         g, d2 = both[:c], both[c:]
     # the pairs' own threshold (a (rows, |V|) sum of norms: a per-row one found a superset, whose members were then
@@ -863,14 +885,15 @@ def _star_scores_rows(values: torch.Tensor, sq: torch.Tensor, right: torch.Tenso
         found = torch.nonzero_static(close_pairs, size=bound + 1, fill_value=-1)
         overflow = found[-1, 0] >= 0
         ci, cj = found.unbind(1)
-        # unused slots (-1) point at the first row's own column, which is set to +inf below anyway
-        ci, cj = ci.clamp(min=0), torch.where(ci < 0, s[0], cj)
+        # unused slots: row -1, the last (negative indices wrap), at its own column, set to +inf below anyway
+        cj = torch.where(ci < 0, s[-1], cj)
     del close_pairs
     g.div_(d2.sqrt_())  # NaN where d2 < 0: always a close pair, whose score is replaced below
-    diff = ws[ci] - values[cj]
-    nrm = diff.norm(dim=1)
-    g[ci, cj] = torch.where(nrm > 0, (pp[ci] * diff).sum(dim=1) / nrm.clamp_min(1e-300), 0.0)
-    g[torch.arange(c, device=s.device), s] = math.inf
+    wsc = ws[ci]
+    diff = wsc - values[cj]
+    nrm = diff.norm(dim=1)  # 0: a duplicate (score 0) or the row's own value
+    g[ci, cj] = torch.where(nrm > 0, ((wsc if p is None else p[ci]) * diff).sum(dim=1) / nrm, 0.0)
+    g.scatter_(1, s[:, None], math.inf)
     return g, overflow
 
 
@@ -881,7 +904,7 @@ STAR_TIE_SLACK = 8
 STAR_REDO_ELEMENTS = 1 << 23
 
 
-def _star_topk_twin(values: torch.Tensor, sq: torch.Tensor, k: int, outputs: Optional[torch.Tensor],
+def _star_topk_twin(values: torch.Tensor, operand: StarOperand, k: int, outputs: Optional[torch.Tensor],
                     rows: torch.Tensor, chunk: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """star_topk in torch: per chunk of rows the scores by GEMMs, then ``torch.topk(k + STAR_TIE_SLACK)`` instead of
     sorting whole rows. The largest kept tells whether the k smallest are one set: where it equals the k-th (a tie
@@ -893,12 +916,11 @@ def _star_topk_twin(values: torch.Tensor, sq: torch.Tensor, k: int, outputs: Opt
     kk = min(k, n)
     step = chunk or _star_twin_chunk(n, r, values)
     whole_rows = kk + 1 > n  # k >= n: nothing to select, sort the rows
-    right = _star_right_operand(values, sq)
     parts = []  # per chunk of rows: the k smallest scores, their indices and (selected) which rows to redo
     for lo in range(0, r, step):
         s = rows[lo : lo + step]
         p = None if outputs is None else outputs[lo : lo + step]
-        g, overflow = _star_scores_rows(values, sq, right, s, p, close, None if whole_rows else 2 * s.numel() + 64)
+        g, overflow = _star_scores_rows(values, operand, s, p, close, None if whole_rows else 2 * s.numel() + 64)
         if whole_rows:
             top, at = torch.sort(g, dim=1, stable=True)
             top, at, redo = top[:, :kk], at[:, :kk], None
@@ -910,9 +932,10 @@ def _star_topk_twin(values: torch.Tensor, sq: torch.Tensor, k: int, outputs: Opt
             top, by_score = top.gather(1, by_index).sort(dim=1, stable=True)
             at = at.gather(1, by_score)
             after, top, at = top[:, -1], top[:, :kk], at[:, :kk]
-            # ties at +-inf need no redo: their indices are all reported as -1
-            redo = (~(after > top[:, -1]) & ~torch.isinf(top[:, -1])) | overflow
-        parts.append((top, torch.where(torch.isinf(top), -1, at), redo))
+            # the largest kept equals the k-th (it is never less); ties at +inf need no redo (inf - inf is NaN):
+            # their indices are all reported as -1
+            redo = (after - top[:, -1] == 0) | overflow
+        parts.append((top, at.masked_fill(top == math.inf, -1), redo))
     if not parts:  # no rows
         return (torch.full((0, k), math.inf, dtype=values.dtype, device=values.device),
                 torch.full((0, k), -1, dtype=torch.int64, device=values.device))
@@ -930,16 +953,23 @@ def _star_topk_twin(values: torch.Tensor, sq: torch.Tensor, k: int, outputs: Opt
     bound = again.numel() * n if again.numel() * n * values.shape[1] <= STAR_REDO_ELEMENTS else None
     for lo in range(0, again.numel(), step):
         i = again[lo : lo + step]
-        g, _ = _star_scores_rows(values, sq, right, rows[i], None if outputs is None else outputs[i], close, bound)
+        g, _ = _star_scores_rows(values, operand, rows[i], None if outputs is None else outputs[i], close, bound)
         top, at = torch.sort(g, dim=1, stable=True)
         scores[i, :kk] = top[:, :kk]
-        index[i, :kk] = torch.where(torch.isinf(top[:, :kk]), -1, at[:, :kk])
+        index[i, :kk] = at[:, :kk].masked_fill(top[:, :kk] == math.inf, -1)
     return scores, index
+
+
+def star_topk_runs_kernel(backend: str, k: int, values: torch.Tensor, outputs: Optional[torch.Tensor] = None) -> bool:
+    """Whether :func:`star_topk` runs its compiled kernel (else its twin) for ``k`` on these tensors."""
+    return _use_kernel(backend, "star_topk", values, outputs) and (
+        backend != "auto" or star_topk_auto_runs_kernel(k, values.shape[0], values.device.type))
 
 
 def star_topk(
     values: torch.Tensor, k: int, outputs: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None,
     *, backend: str = "auto", chunk: Optional[int] = None, check_rows: bool = True,
+    operand: Optional[StarOperand] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` smallest star scores of every output over all values, never the r×|V| matrix.
 
@@ -951,7 +981,8 @@ def star_topk(
     differences). These are the constraints of the margin-optimal outputs (seed 000, Def. 3.2.1)
     and the per-value margins of given outputs. The torch twin streams over rows in chunks of ``chunk`` (default:
     as many as ``STAR_TWIN_BYTES`` of scores hold), see :func:`_star_topk_twin`. ``check_rows=False`` skips the
-    range check of ``rows`` (a read back from the device) for callers that built them in range.
+    range check of ``rows`` (a read back from the device) for callers that built them in range. ``operand``:
+    :func:`star_operand` of these ``values``, for callers that pass over the same values again (else built here).
     """
     _matrix("values", values)
     n, d = values.shape
@@ -971,11 +1002,16 @@ def star_topk(
     if outputs is not None:
         _matrix("outputs", outputs, rows=rows.shape[0], cols=d)
         _same("values", values, outputs=outputs)
+    if operand is not None:
+        K = -(-(d + 2) // 4) * 4
+        if (not isinstance(operand, StarOperand) or operand.columns.shape != (K, n)
+                or operand.distance_rows.shape != (n, K)):
+            raise ValueError(f"operand must be star_operand(values): a StarOperand of ({K}, {n}) and ({n}, {K})")
+        _same("values", values, operand_columns=operand.columns, operand_distance_rows=operand.distance_rows)
     r = rows.shape[0]
-    sq = (values * values).sum(dim=1)
-    if not _use_kernel(backend, "star_topk", values, outputs) or (
-            backend == "auto" and not star_topk_auto_runs_kernel(k, n, values.device.type)):
-        return _star_topk_twin(values, sq, k, outputs, rows, chunk)
+    if not star_topk_runs_kernel(backend, k, values, outputs):
+        return _star_topk_twin(values, star_operand(values) if operand is None else operand, k, outputs, rows, chunk)
+    sq = (values * values).sum(dim=1) if operand is None else operand.columns[d + 1]
     values, outputs, rows = _rowmajor(values), _rowmajor(outputs), rows.contiguous()
     scores = torch.empty(r, k, dtype=values.dtype, device=values.device)
     index = torch.empty(r, k, dtype=torch.int64, device=values.device)
@@ -1024,10 +1060,10 @@ def exact_star_scores(W: torch.Tensor, U: torch.Tensor, rows: torch.Tensor, cols
         step = max(1, max(budget, W.numel()) // (4 * max(1, cols.shape[1] * d)))
         for s in range(0, r, step):
             rs, c = rows[s : s + step], cols[s : s + step]
-            diff = W[rs][:, None, :] - W[c.clamp(min=0)]
+            diff = W[rs][:, None, :] - W[c]  # padding (-1) reads the last value (indices wrap): masked below
             nrm = diff.norm(dim=2)
-            g = torch.bmm(U[s : s + step, None, :], diff.transpose(1, 2)).squeeze(1) / nrm.clamp_min(1e-300)
-            g = torch.where(c >= 0, torch.where(nrm > 0, g, 0.0), math.inf)
+            g = torch.bmm(U[s : s + step, None, :], diff.transpose(1, 2)).squeeze(1) / nrm
+            g = torch.where(nrm > 0, g, 0.0).masked_fill_(c < 0, math.inf)
             if step >= r:  # one chunk (on a GPU up to EXACT_TWIN_ELEMENTS): no copy into out
                 return g
             out[s : s + step] = g

@@ -214,8 +214,10 @@ def _solve_active_set(
     # SYNC_FREE_DEVICES int64, the solve's and the pass's index type (each conversion a launch on a GPU)
     sync_free = dev.type in corral.SYNC_FREE_DEVICES
     index_dtype = torch.int64 if sync_free else torch.int32
+    # the twin's operand of Wk, built once for every pass (where the passes run the twin)
+    operand = None if _ops.star_topk_runs_kernel(backend, n_pass, Wk) else _ops.star_operand(Wk)
     # pass 1 ranks the constraints of u_i = v_i / |v_i| (one GEMM tile per value tile)
-    _, active = _ops.star_topk(Wk, n_first, backend=backend)
+    _, active = _ops.star_topk(Wk, n_first, backend=backend, operand=operand)
     active = active.to(index_dtype)
     rows = torch.arange(n, device=dev)
     budget = max(_work_bytes(dev, "candidates"), 8 * n * d)
@@ -285,7 +287,8 @@ def _solve_active_set(
                     break
         del chunks
         # one streaming pass: the most violated constraints of every unfinished value (rows come from arange, in range)
-        streamed, cand = _ops.star_topk(Wk, n_pass, U_rows, rows, backend=backend, check_rows=False)
+        streamed, cand = _ops.star_topk(Wk, n_pass, U_rows, rows, backend=backend, check_rows=False,
+                                       operand=operand)
         passes += 1
         # the returned directions' margins: unit in float64 (a float32 row's norm is 1 +- 6e-8); Ur also starts the
         # next round (the float32 rows in float64, as its solve takes them)

@@ -74,6 +74,23 @@ def test_star_topk_twin_streams_in_chunks_and_defines_scores():
     assert torch.allclose(full[0], g.sort(dim=1).values[:, :39], atol=1e-12)
 
 
+def test_star_topk_with_a_prebuilt_operand_is_the_same_pass():
+    """star_operand, built once, serves several passes over the same values (U*'s): the same scores and indices on
+    the twin and the kernel; an operand of other values is refused."""
+    gen = torch.Generator().manual_seed(2)
+    W, P = torch.randn(60, 7, generator=gen), torch.randn(25, 7, generator=gen)
+    rows = torch.randint(60, (25,), generator=gen)
+    operand = _ops.star_operand(W)
+    assert operand.columns.shape == (12, 60) and torch.equal(operand.columns[8], (W * W).sum(dim=1))
+    for backend in ["torch"] + (["kernels"] if _ops.HAS_EXTENSION else []):
+        for args in ((W, 9), (W, 9, P, rows)):
+            plain, prebuilt = _ops.star_topk(*args, backend=backend), _ops.star_topk(*args, backend=backend,
+                                                                                        operand=operand)
+            assert torch.equal(plain[0], prebuilt[0]) and torch.equal(plain[1], prebuilt[1])
+    with pytest.raises(ValueError, match="operand"):
+        _ops.star_topk(W[:50], 9, operand=operand)
+
+
 def _tied_scores(W, P, rows, k):
     """The definition on small-integer values (every score an exact float, so equal pairs tie exactly): scores of
     every pair from explicit differences, the k smallest per row by a stable sort (ties: lowest index first)."""
