@@ -161,12 +161,16 @@ def gpu_sequence_on_cpu():
     corral_solve's range checks read back from the device (the CUDA entry skips them): its host syncs are
     counted apart under the record_function "corral_solve"."""
     real_topk, real_exact, real_solve = _ops.star_topk, _ops.exact_star_scores, _ops.corral_solve
+    real_runs_kernel = _ops.star_topk_runs_kernel
     budgets = _ops.STAR_TWIN_BYTES["cpu"], _ops.EXACT_TWIN_ELEMENTS["cpu"]
 
     def topk(values, k, outputs=None, rows=None, **kwargs):
         if k > _ops.STAR_TOPK_CUDA_KERNEL_MAX_K:
             kwargs["backend"] = "torch"
         return real_topk(values, k, outputs, rows, **kwargs)
+
+    def runs_kernel(backend, k, values, outputs=None):  # (callers that build the twin's operand ask this)
+        return k <= _ops.STAR_TOPK_CUDA_KERNEL_MAX_K and real_runs_kernel(backend, k, values, outputs)
 
     def exact(*args, **kwargs):
         return real_exact(*args, **dict(kwargs, backend="torch"))
@@ -177,12 +181,14 @@ def gpu_sequence_on_cpu():
 
     corral.SYNC_FREE_DEVICES.add("cpu")
     _ops.star_topk, _ops.exact_star_scores, _ops.corral_solve = topk, exact, solve
+    _ops.star_topk_runs_kernel = runs_kernel
     _ops.STAR_TWIN_BYTES["cpu"], _ops.EXACT_TWIN_ELEMENTS["cpu"] = _ops.STAR_TWIN_BYTES["cuda"], _ops.EXACT_TWIN_ELEMENTS["cuda"]
     try:
         yield
     finally:
         corral.SYNC_FREE_DEVICES.discard("cpu")
         _ops.star_topk, _ops.exact_star_scores, _ops.corral_solve = real_topk, real_exact, real_solve
+        _ops.star_topk_runs_kernel = real_runs_kernel
         _ops.STAR_TWIN_BYTES["cpu"], _ops.EXACT_TWIN_ELEMENTS["cpu"] = budgets
 
 

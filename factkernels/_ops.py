@@ -859,7 +859,7 @@ def _star_scores_rows(values: torch.Tensor, operand: StarOperand, s: torch.Tenso
     sq = right[d + 1]
     if p is None:  # left rows [w_s, ||w_s||^2, 0...]: the distance rows halved (exactly), their 1 cleared
         left = operand.distance_rows[s]
-        left[:, :d] *= 0.5
+        left[:, :d].mul_(0.5)
         left[:, d + 1] = 0.0
         ws, sqs = left[:, :d], left[:, d]
         g = left @ right
@@ -891,8 +891,8 @@ def _star_scores_rows(values: torch.Tensor, operand: StarOperand, s: torch.Tenso
     g.div_(d2.sqrt_())  # NaN where d2 < 0: always a close pair, whose score is replaced below
     wsc = ws[ci]
     diff = wsc - values[cj]
-    nrm = diff.norm(dim=1)  # 0: a duplicate (score 0) or the row's own value
-    g[ci, cj] = torch.where(nrm > 0, ((wsc if p is None else p[ci]) * diff).sum(dim=1) / nrm, 0.0)
+    nrm = diff.norm(dim=1)  # 0 (and the score 0 / 0): a duplicate, score 0, or the row's own value
+    g[ci, cj] = (((wsc if p is None else p[ci]) * diff).sum(dim=1) / nrm).nan_to_num_(0.0, math.inf, -math.inf)
     g.scatter_(1, s[:, None], math.inf)
     return g, overflow
 
@@ -1062,8 +1062,9 @@ def exact_star_scores(W: torch.Tensor, U: torch.Tensor, rows: torch.Tensor, cols
             rs, c = rows[s : s + step], cols[s : s + step]
             diff = W[rs][:, None, :] - W[c]  # padding (-1) reads the last value (indices wrap): masked below
             nrm = diff.norm(dim=2)
+            # 0 / 0 where nrm = 0 (identical values): score 0
             g = torch.bmm(U[s : s + step, None, :], diff.transpose(1, 2)).squeeze(1) / nrm
-            g = torch.where(nrm > 0, g, 0.0).masked_fill_(c < 0, math.inf)
+            g = g.nan_to_num_(0.0, math.inf, -math.inf).masked_fill_(c < 0, math.inf)
             if step >= r:  # one chunk (on a GPU up to EXACT_TWIN_ELEMENTS): no copy into out
                 return g
             out[s : s + step] = g

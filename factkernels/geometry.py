@@ -36,7 +36,7 @@ def normalized_values(V: Tensor) -> Tensor:
     W = V.detach().to(torch.float64)
     W = W - W.mean(dim=0, keepdim=True)
     scale = W.norm(dim=1).max()
-    return W / torch.where(scale > 0, scale, torch.ones_like(scale))  # all values equal: leave them 0
+    return W / torch.where(scale > 0, scale, 1.0)  # all values equal: leave them 0
 
 
 def output_margins(V: Tensor, U: Tensor, *, backend: str = "auto") -> Tensor:

@@ -249,8 +249,8 @@ def _solve_active_set(
             step = max(1, min(rows.numel(), budget // (8 * (K + 1) * (2 * d + K + 2)),
                               _work_bytes(dev, "corrals") // (8 * kc * (d + 5 * kc + 2))))
         slots = torch.arange(width, device=dev) if width else None
-        # per chunk of rows: U, the hull norm, the corral (values, weights), duplicates, stalled, certified, the
-        # corral's size
+        # per chunk of rows: U, the hull norm, the corral (values, weights), settled (a duplicate or stalled),
+        # certified, the corral's size
         chunks = []
         for s in range(0, rows.numel(), step):
             rs, act = rows[s : s + step], active[s : s + step].long()
@@ -260,29 +260,33 @@ def _solve_active_set(
                                                              max_iter=max_iter, n_init=n_init, n_add=n_add,
                                                              n_fast=n_fast, corral=warm, backend=backend)
             # given violated constraints, an exact solve lowers the hull norm: one that did not is stalled (a
-            # corral solve that did not converge) and would come back every round until max_iter (h_old < inf:
+            # corral solve that did not converge) and would come back every round until max_iter, as would a
+            # duplicate. The first round has no earlier hull norm (h_start +inf): nothing stalled. (h_old < inf:
             # isfinite is four launches on a GPU, and a hull norm is never -inf)
-            h_old = h_start[s : s + step]
-            stalled = (h_old < math.inf) & (h >= h_old * (1.0 - 1e-14))
-            u, h = u.to(U.dtype), torch.minimum(h_old, h)
+            settled = dup
+            if passes > 1:
+                h_old = h_start[s : s + step]
+                settled = dup | ((h_old < math.inf) & (h >= h_old * (1.0 - 1e-14)))
+                h = torch.minimum(h_old, h)
+            u = u.to(U.dtype)
             U[rs], hi[rs] = u, h
             occupied = cols >= 0
             members = torch.where(occupied, act.gather(1, cols.clamp(min=0)), -1).to(index_dtype)  # value indices
             certified = None if floor is None else _certified_by_floor(W, U, lo, hi, rs, act, floor[0][s : s + step],
                                                                        floor[1][s : s + step], tol, recheck)
-            chunks.append((u, h, members, weights, dup, stalled, certified, occupied.sum(dim=1)))
+            chunks.append((u, h, members, weights, settled, certified, occupied.sum(dim=1)))
         # the round's rows as one tensor each (on a GPU one chunk: the solve's own outputs, no copies); the corrals
         # padded to the widest this round returned (it comes trimmed to that, but on SYNC_FREE_DEVICES)
         solved_width = max(part[2].shape[1] for part in chunks)
-        U_rows, h_rows, dup, stalled, corral_size = (_joined([part[i] for part in chunks]) for i in (0, 1, 4, 5, 7))
+        U_rows, h_rows, settled, corral_size = (_joined([part[i] for part in chunks]) for i in (0, 1, 4, 6))
         corral_rows = _joined([part[2] for part in chunks], solved_width, -1)
         lam_rows = _joined([part[3] for part in chunks], solved_width, 0.0)
         if floor is not None:
-            certified = _joined([part[6] for part in chunks])
+            certified = _joined([part[5] for part in chunks])
             if bool(certified.any()):  # done without a pass (their margins set from their lists)
-                rest = (~certified).nonzero().squeeze(1)  # (one read for the eight selections below)
-                rows, U_rows, h_rows, corral_rows, lam_rows, dup, stalled, corral_size = (
-                    t[rest] for t in (rows, U_rows, h_rows, corral_rows, lam_rows, dup, stalled, corral_size))
+                rest = (~certified).nonzero().squeeze(1)  # (one read for the seven selections below)
+                rows, U_rows, h_rows, corral_rows, lam_rows, settled, corral_size = (
+                    t[rest] for t in (rows, U_rows, h_rows, corral_rows, lam_rows, settled, corral_size))
                 if rows.numel() == 0:
                     break
         del chunks
@@ -303,7 +307,7 @@ def _solve_active_set(
             break
         # a value goes on while a streamed constraint outside its corral is violated beyond tol (padding scores
         # +inf) and it is not a duplicate, stalled or at a hull norm ~0
-        threshold = (h_rows * (1.0 - tol)).masked_fill_(dup | stalled | (h_rows <= math.sqrt(ZERO_NORM2)), -math.inf)
+        threshold = (h_rows * (1.0 - tol)).masked_fill_(settled | (h_rows <= math.sqrt(ZERO_NORM2)), -math.inf)
         keep = (outside & (g < threshold[:, None])).any(dim=1)
         # the values left and the widths of their next lists: one host read per round (over the kept rows, the
         # largest running count of kept rows is their number)
