@@ -837,7 +837,7 @@ def star_operand(values: torch.Tensor) -> StarOperand:
     sq = (values * values).sum(dim=1)
     K = -(-(d + 2) // 4) * 4
     columns = torch.zeros(K, n, dtype=values.dtype, device=values.device)
-    columns[:d] = -values.T
+    torch.neg(values.T, out=columns[:d])
     columns[d] = 1.0
     columns[d + 1] = sq
     distance_rows = torch.zeros(n, K, dtype=values.dtype, device=values.device)
@@ -857,14 +857,17 @@ def _star_scores_rows(values: torch.Tensor, operand: StarOperand, s: torch.Tenso
     c, d = s.numel(), values.shape[1]
     right = operand.columns
     sq = right[d + 1]
+    # the scores over the squared distances, both (2c, n)
     if p is None:  # left rows [w_s, ||w_s||^2, 0...]: the distance rows halved (exactly), their 1 cleared
         left = operand.distance_rows[s]
         left[:, :d].mul_(0.5)
         left[:, d + 1] = 0.0
         ws, sqs = left[:, :d], left[:, d]
-        g = left @ right
+        both = torch.empty(2 * c, values.shape[0], dtype=values.dtype, device=values.device)
+        g, d2 = both[:c], both[c:]
+        torch.mm(left, right, out=g)
         # the distance is twice the numerator ||w_s||^2 - <w_s, w_j> plus ||w_j||^2 - ||w_s||^2
-        d2 = torch.add(sq[None, :], g, alpha=2.0).sub_(sqs[:, None])
+        torch.add(sq[None, :], g, alpha=2.0, out=d2).sub_(sqs[:, None])
     else:  # left rows [p, <p, w_s>, 0...] over the distance rows
         ws = values[s]
         left = torch.empty(2 * c, right.shape[0], dtype=values.dtype, device=values.device)
@@ -885,14 +888,14 @@ def _star_scores_rows(values: torch.Tensor, operand: StarOperand, s: torch.Tenso
         found = torch.nonzero_static(close_pairs, size=bound + 1, fill_value=-1)
         overflow = found[-1, 0] >= 0
         ci, cj = found.unbind(1)
-        # unused slots: row -1, the last (negative indices wrap), at its own column, set to +inf below anyway
-        cj = torch.where(ci < 0, s[-1], cj)
     del close_pairs
     g.div_(d2.sqrt_())  # NaN where d2 < 0: always a close pair, whose score is replaced below
+    # unused slots (-1, -1) read the last row and value (negative indices wrap) and write into both's last
+    # entry, a distance already used
     wsc = ws[ci]
     diff = wsc - values[cj]
     nrm = diff.norm(dim=1)  # 0 (and the score 0 / 0): a duplicate, score 0, or the row's own value
-    g[ci, cj] = (((wsc if p is None else p[ci]) * diff).sum(dim=1) / nrm).nan_to_num_(0.0, math.inf, -math.inf)
+    both[ci, cj] = (((wsc if p is None else p[ci]) * diff).sum(dim=1) / nrm).nan_to_num_(0.0, math.inf, -math.inf)
     g.scatter_(1, s[:, None], math.inf)
     return g, overflow
 

@@ -208,8 +208,9 @@ def _solve_active_set(
     # Outputs are kept in the precision they are returned in (that of the pass): the margins certified below
     # are those of the returned U, and at n = 65,536, d = 256 a float64 copy was 134 MB of the peak.
     U = _unit_start(W, W).to(Wk.dtype)
-    lo = torch.full((n,), -math.inf, dtype=torch.float64, device=dev)
-    hi = torch.full((n,), math.inf, dtype=torch.float64, device=dev)
+    # every value is solved and re-checked in the first round, which fills these
+    lo = torch.empty(n, dtype=torch.float64, device=dev)
+    hi = torch.empty(n, dtype=torch.float64, device=dev)
     # value indices < n, as the lists (n x K, K ~ 400 at d = 256) are kept: on a CPU int32 halves them; on
     # SYNC_FREE_DEVICES int64, the solve's and the pass's index type (each conversion a launch on a GPU)
     sync_free = dev.type in corral.SYNC_FREE_DEVICES
@@ -217,9 +218,9 @@ def _solve_active_set(
     # the twin's operand of Wk, built once for every pass (where the passes run the twin)
     operand = None if _ops.star_topk_runs_kernel(backend, n_pass, Wk) else _ops.star_operand(Wk)
     # pass 1 ranks the constraints of u_i = v_i / |v_i| (one GEMM tile per value tile)
-    _, active = _ops.star_topk(Wk, n_first, backend=backend, operand=operand)
-    active = active.to(index_dtype)
     rows = torch.arange(n, device=dev)
+    _, active = _ops.star_topk(Wk, n_first, rows=rows, backend=backend, check_rows=False, operand=operand)
+    active = active.to(index_dtype)
     budget = max(_work_bytes(dev, "candidates"), 8 * n * d)
     kernel = _ops.uses_kernel(backend, "corral_solve", W)  # the rounds' corral solves whole, a task (warp) per row
     # the float64 re-check has no CUDA kernel (a gather per pair: its twin is a few batched ops there)
@@ -232,7 +233,7 @@ def _solve_active_set(
     # d = 128 the second round's lists were 103 wide instead of 256).
     width = 0  # leading columns of active that hold the corral
     lam_rows = None  # (rows, >= width) float32 weights (they only start the next solve, which re-solves them exactly)
-    start, h_start = U, hi  # the rows' start directions and hull-norm bounds (the first round: every value, in order)
+    start, h_start = U, None  # the rows' start directions and hull-norm bounds (the first round: every value, in order)
     # after a pass at given directions, every constraint outside a row's next list scores at least the pass's last
     # score there: the floor (and those directions) that certifies a row after its next solve without a pass
     # (_certified_by_floor). Not on SYNC_FREE_DEVICES: dropping those rows before the pass is a host round trip more.
@@ -269,7 +270,10 @@ def _solve_active_set(
                 settled = dup | ((h_old < math.inf) & (h >= h_old * (1.0 - 1e-14)))
                 h = torch.minimum(h_old, h)
             u = u.to(U.dtype)
-            U[rs], hi[rs] = u, h
+            if rs.numel() == n:  # every value, in order (rows are increasing): the solve's own outputs, no copies
+                U, hi = u, h
+            else:
+                U[rs], hi[rs] = u, h
             occupied = cols >= 0
             members = torch.where(occupied, act.gather(1, cols.clamp(min=0)), -1).to(index_dtype)  # value indices
             certified = None if floor is None else _certified_by_floor(W, U, lo, hi, rs, act, floor[0][s : s + step],
@@ -298,7 +302,10 @@ def _solve_active_set(
         # next round (the float32 rows in float64, as its solve takes them)
         Ur = U_rows.double()
         g = _ops.exact_star_scores(W, Ur / Ur.norm(dim=1, keepdim=True), rows, cand, backend=recheck)
-        lo[rows] = g.min(dim=1).values
+        if rows.numel() == n:  # every value, in order
+            lo = g.min(dim=1).values
+        else:
+            lo[rows] = g.min(dim=1).values
         # the streamed constraints outside the corral, -1 elsewhere (and for cand's own padding)
         # (the corrals with the columns no row of this round fills cut: 65 of 141 at 4,096 x 128, which _outside sorts)
         outside = _outside(cand.to(index_dtype), corral_rows)
