@@ -416,6 +416,21 @@ def test_rows_certified_by_their_last_pass_skip_the_next(monkeypatch, backend):
     assert with_floor < sum(streamed) and torch.allclose(lo_off, lo, atol=1e-9)
 
 
+def test_outside_the_corral_by_comparing_all_and_by_binary_search(monkeypatch):
+    """Which streamed constraints lie outside each corral (padding -1 on both sides): the GPU's all-pairs comparison
+    and the CPU's binary search in sorted lists (chunked too) agree with the definition."""
+    gen = torch.Generator().manual_seed(3)
+    cand = torch.randint(-1, 40, (50, 12), generator=gen)
+    lists = torch.randint(-1, 40, (50, 9), generator=gen)
+    expected = torch.tensor([[int(c) not in set(row.tolist()) for c in crow] for crow, row in zip(cand, lists)])
+    assert expected.any() and not expected.all()
+    assert torch.equal(ustar._outside(cand, lists), expected)
+    monkeypatch.setitem(ustar._WORK_BYTES["cpu"], "pairs", 8 * 21 * 7)  # chunks of 7 rows
+    assert torch.equal(ustar._outside(cand, lists), expected)
+    monkeypatch.setattr(corral, "SYNC_FREE_DEVICES", {"cpu"})
+    assert torch.equal(ustar._outside(cand, lists), expected)
+
+
 def test_warm_corral_restarts_at_the_optimum():
     """A round of the active-set method starts from the previous round's corral: given the optimal corral of a
     candidate set, the solver returns the same optimum after one iteration; grown by more candidates, it
