@@ -14,13 +14,15 @@ gate or a tighter threshold would leave). Writes benchmarks/results/hf/text_loca
     --named-first                                        # the cases whose subject a held-out text names first
     --detectors-only --lookalike-weights 0.01,0.03,0.1   # no values: where each detector fires (minutes)
     --detectors-only --wiki-negatives 0,400              # ... with the first N Wikipedia leads as negatives too
+    --detectors-only --partner-weights 0,0.01            # ... and each pairwise partner filter weight
 
 In texts that name an edited subject the KL is split by place: at the subject's last token, on the 5 tokens after
 it, and on the rest of those texts. --detectors-only builds the detectors alone (no δ, nothing appended) with
 look-alike contrast off and at each weight, and counts held-out tokens off a mention that a detector acts on,
 look-alike states that pass a threshold, and the share of held-out-template (paraphrase) keys given the whole δ;
 also off a mention on 500 held-out Wikipedia leads (~48k tokens, a rate the 2,794 held-out tokens are too few to
-show), and with the first N leads added to the negatives (--wiki-negatives).
+show), and with the first N leads added to the negatives (--wiki-negatives); and the training contexts given some
+(or half) of another subject's δ, with each partner weight (--partner-weights).
 """
 
 import argparse
@@ -234,9 +236,10 @@ def run(n, split, draw, model, tok, ref, texts, layer, settings, top, named_firs
 
 
 def detector_probe(n, split, draw, model, tok, ref, texts, layer, weights, wiki_negatives=(0,),
-                   named_first=False) -> dict:
+                   named_first=False, partner_weights=(0.0,)) -> dict:
     """The detectors alone (see the module docstring): without look-alike contrast and at each weight, each with the
-    first ``wiki_negatives`` leads (each count) as negatives too."""
+    first ``wiki_negatives`` leads (each count) as negatives too, and each pairwise partner weight
+    (lda_detectors' ``partner_weight``)."""
     cases = draw_cases(split, draw, n, texts, named_first)
     requests = case_requests(cases)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -290,8 +293,10 @@ def detector_probe(n, split, draw, model, tok, ref, texts, layer, weights, wiki_
         if count:
             neg = torch.cat([negatives, extra[0][:tokens]])
             neg_mentions = torch.cat([mentions, extra[1][:tokens]])
-        for weight in [None, *weights]:
-            options = {} if weight is None else {"lookalikes": alike, "lookalike_weight": weight}
+        for weight, partner in [(w, p) for w in [None, *weights] for p in partner_weights]:
+            options = {"partner_weight": partner}
+            if weight is not None:
+                options.update(lookalikes=alike, lookalike_weight=weight)
             det = lda_detectors(own, ctx.subject, neg, mentions=neg_mentions,
                                 lookalike_subject=None if weight is None else ctx.subject[alike_row], **options)
             group, group_subject = detector_groups(ctx.subject, ctx.opens, ~det["separated"])
@@ -304,7 +309,9 @@ def detector_probe(n, split, draw, model, tok, ref, texts, layer, weights, wiki_
             wiki_acting = wiki_off.abs() > FIRE
             mine = group_subject[None, :] == para_subject[:, None]
             para_own = (fraction(para_x, det) * mine).sum(1)
-            rows.append({"lookalike_weight": weight, "wiki_negative_leads": count,
+            # the training contexts' keys: the share of its δ each other subject's detector passes there
+            foreign = (fraction(own, det) * (group_subject[None, :] != ctx.subject[:, None])).abs()
+            rows.append({"lookalike_weight": weight, "partner_weight": partner, "wiki_negative_leads": count,
                          "wiki_negative_tokens": tokens, "detectors": len(group_subject),
                          "separated": int(det["separated"].sum()),
                          "gap_mean": float((det["own_min"] - det["contrast_max"]).mean()),
@@ -316,6 +323,11 @@ def detector_probe(n, split, draw, model, tok, ref, texts, layer, weights, wiki_
                          "lookalike_states_acting": int((fraction(alike, det).abs() > FIRE).any(1).sum()),
                          "paraphrase_keys_full_delta": float((para_own > 0.99).double().mean()),
                          "paraphrase_keys_under_half": float((para_own < 0.5).double().mean()),
+                         "cross_firing_detectors": int((det["cross_firing"] > 0).sum()),
+                         "partnered_detectors": int((det["partners"] > 0).sum()),
+                         "contexts_given_foreign_delta": int((foreign > FIRE).any(1).sum()),
+                         "contexts_given_half_a_foreign_delta": int((foreign > 0.5).any(1).sum()),
+                         "training_contexts": len(own),
                          "acting": [{"context": tok.decode(flat[max(0, i - 8):i + 1]),
                                      "subject": ctx.subjects[int(group_subject[g])], "fraction": float(off[i, g])}
                                     for i, g in acting.nonzero().tolist()[:10]],
@@ -344,6 +356,7 @@ def main() -> None:
     parser.add_argument("--detectors-only", action="store_true")
     parser.add_argument("--lookalike-weights", default="0.01,0.03,0.1,0.3")
     parser.add_argument("--wiki-negatives", default="0", help="first N Wikipedia leads as negatives too (list)")
+    parser.add_argument("--partner-weights", default="0", help="lda_detectors' partner_weight (list)")
     args = parser.parse_args()
     settings = {**OURS_SETTINGS, **json.loads(args.settings)}
     layer = settings["layer"]
@@ -364,7 +377,8 @@ def main() -> None:
         if args.detectors_only:
             weights = [float(w) for w in args.lookalike_weights.split(",")]
             result = detector_probe(count, args.split, args.draw, model, tok, ref, texts, layer, weights,
-                                    [int(k) for k in args.wiki_negatives.split(",")], args.named_first)
+                                    [int(k) for k in args.wiki_negatives.split(",")], args.named_first,
+                                    [float(p) for p in args.partner_weights.split(",")])
             result.update(split=args.split, draw=args.draw, layer=layer, named_first=args.named_first,
                           seconds_total=time.perf_counter() - t, command=" ".join(["python", *sys.argv]),
                           device="cpu", load_average=os.getloadavg(), environment=environment())

@@ -46,7 +46,7 @@ from .checkpoint import WORKERS_AUTO, ChunkCheckpoint, check_workers, fingerprin
 from .evaluate import batch_margins, fact_min, token_margin
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
-from .subject_keys import WIKIPEDIA_NEGATIVES, check_subject_options, default_prefixes, insert_subject_keyed
+from .subject_keys import PARTNER_WEIGHT, WIKIPEDIA_NEGATIVES, check_subject_options, default_prefixes, insert_subject_keyed
 from .subject_values import SUBJECT_VALUE_LR
 from .units import Insertion, InsertionReport, append_units, removed_on_failure
 
@@ -378,7 +378,7 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
                  progress: bool = True, checkpoint: Union[str, Path, None] = None, keys: str = "request",
                  prefixes: Optional[Sequence[str]] = None, value_prefixes: Optional[int] = None, within: float = 1.0,
                  subject_threshold: float = 0.5, ramp: float = 12.0, repair_rounds: int = 3, lookalikes: int = 6,
-                 lookalike_weight: float = 0.03, partner_weight: float = 0.0, essence: int = 0,
+                 lookalike_weight: float = 0.03, partner_weight: float = PARTNER_WEIGHT, essence: int = 0,
                  essence_weight: float = 1.0, wikipedia_negatives: int = WIKIPEDIA_NEGATIVES, workers: Union[int, str] = WORKERS_AUTO,
                  device: Union[str, torch.device, None] = None) -> Insertion:
     """Insert facts by appending constructed hidden units to one layer's MLP (in place).
@@ -414,7 +414,8 @@ def insert_facts(model: Any, tok: Any, requests: Union[str, Sequence[Union[Reque
         detectors for every validation fact no held-out text token off a mention gets δ, 3 without, 1-5 at
         0.1-0.3: benchmarks/results/hf/text_locality_detectors_validation0_nall.json). ``partner_weight`` > 0: a
         detector that passes its δ at another subject's key is kept off that subject's keys (a pairwise LDA
-        penalty, :func:`~factkernels.hf.subject_keys.lda_detectors`; 0, the default, leaves it out). ``essence`` > 0: the model's
+        penalty, :func:`~factkernels.hf.subject_keys.lda_detectors`; default
+        :data:`~factkernels.hf.subject_keys.PARTNER_WEIGHT`, 0 leaves it out). ``essence`` > 0: the model's
         own 16-token continuations after each subject under the last ``essence`` prefixes join the δ fit, kept
         with ``essence_weight`` times their KL to the unedited model (text that names a subject but asks no fact;
         :func:`~factkernels.hf.subject_values.fit_subject_deltas`; 0, the default, leaves it out).

@@ -516,6 +516,15 @@ def refit_uncertified(model: Any, units: SubjectUnits, margins: torch.Tensor, *,
 # 500 held-out leads (48k tokens) are not (benchmarks/results/hf/text_locality_detectors_validation0_nall_wiki.json).
 WIKIPEDIA_NEGATIVES = 400
 
+# insert_facts' default ``partner_weight`` (lda_detectors' pairwise filter). At the 960 known-fact validation requests
+# without it two detectors passed their δ at another subject's keys ("germanium" at "zirconium", both ending in
+# "ium": 22 training contexts got a foreign δ, 9 of them half of it or more, and 5 of zirconium's stayed uncertified
+# through every repair round); with 0.003-0.03 none did, the same 98.4 % of held-out-template keys got the whole δ
+# and the same 22 held-out Wikipedia tokens off a mention got some δ
+# (benchmarks/results/hf/text_locality_detectors_validation0_nall_partner.json). On invented subjects 0.01 left 0 of
+# 1,650 validation contexts uncertified against 105 (hf_new_fact_interference.py).
+PARTNER_WEIGHT = 0.01
+
 
 def default_prefixes() -> list[str]:
     """The editing benchmark's edit prefixes (never its held-out ones)."""
