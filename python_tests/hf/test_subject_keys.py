@@ -283,20 +283,19 @@ TWIN_REQUESTS = [{"prompt": "who wrote {} ? it was", "subject": "old farm", "tar
 
 def test_twin_subjects_get_their_own_delta_alone_with_a_partner_penalty(tiny_llama):
     """"old farm" and "animal farm" end in one token: on the tiny Llama each plain detector passes its δ at the
-    other's contexts (some key gets both δ: value error ~1). With partner_weight each is the other's partner, both
-    are separated, every key gets its own subject's δ alone, and ordinary text stays silent."""
+    other's contexts (some key gets both δ: value error ~1). With partner_weight (the default) each is the other's
+    partner, both are separated, every key gets its own subject's δ alone, and ordinary text stays silent."""
     import copy
 
     model, tok = tiny_llama
     model = copy.deepcopy(model)
     got = {}
-    for weight in (0.0, 0.01):
+    for options in ({"partner_weight": 0.0}, {}):
         ins = hf.insert_facts(model, tok, TWIN_REQUESTS, keys="subject", layer=1, background=TINY_TEXTS,
-                              prefixes=CERT_PREFIXES, value_steps=5, repair_rounds=0, partner_weight=weight,
-                              progress=False)
-        got[weight] = (ins.report.construction, ins.report.value_error)
+                              prefixes=CERT_PREFIXES, value_steps=5, repair_rounds=0, progress=False, **options)
+        got[bool(options)] = (ins.report.construction, ins.report.value_error)
         ins.remove()
-    (plain, plain_error), (partner, partner_error) = got[0.0], got[0.01]
+    (plain, plain_error), (partner, partner_error) = got[True], got[False]
     assert plain["cross_firing"] > 0 and plain["partnered"] == 0 and plain["separated"] == 0 and plain_error > 0.5
     assert partner["cross_firing"] == 0 and partner["partnered"] == 2 and partner["separated"] == 2
     assert partner_error < 1e-3 and partner["negatives_firing"] == 0.0

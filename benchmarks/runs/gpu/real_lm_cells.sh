@@ -11,10 +11,11 @@
 # The committed cells are copied in first and every step runs with --resume, so a cell already committed (MEMIT at
 # 100, if the CPU finished it) is skipped, and a second call on the same warm machine continues where this stopped.
 # STEPS (default "union editors_all memit_100 new") picks and orders the steps:
-#   union       unedited + ours (settings of the value_lr=1.0 rows) at every test-split known case at once (draw
-#               "all": 745 cases, 3,725 requests). Estimate ~300 s: load ~10 s, the unedited scores ~40 s, insert_facts
-#               ~150-200 s (960 requests took 36.7 s on an H200, session 31: values 17.4, capture 7.9, repair 5.8;
-#               x3.9 requests, its verify and construct grow faster), scoring ~40 s.
+#   union       unedited + ours (the library's defaults, named: value_lr 1.0, partner_weight 0.01) at every
+#               test-split known case at once (draw "all": 745 cases, 3,725 requests). Estimate ~300 s: load
+#               ~10 s, the unedited scores ~40 s, insert_facts ~150-200 s (960 requests took 36.7 s on an H200,
+#               session 31: values 17.4, capture 7.9, repair 5.8; x3.9 requests, its verify and construct grow
+#               faster), scoring ~40 s.
 #   editors_all MEMIT then AlphaEdit (SmolLM2 presets) at all 244 known cases of test draw 0 (1,220 requests).
 #               Estimate ~500 s: C of layers 0-5 over the 1.05M Wikipedia tokens ~30-60 s (25 CPU min), MEMIT's δ
 #               ~150-250 s (6.3 CPU s a request on one thread, editor_speed; 30-50x on the GPU assumed), AlphaEdit's
@@ -47,7 +48,7 @@ run_step() {  # $1: a step of STEPS, $2: its seconds
   local seconds=$2
   case "$1" in
     union) set -- --methods unedited,ours --sizes all --draws all \
-             --hparams '{"ours": {"keys": "subject", "layer": 10, "value_lr": 1.0}}' ;;
+             --hparams '{"ours": {"keys": "subject", "layer": 10, "partner_weight": 0.01, "value_lr": 1.0}}' ;;
     editors_all) set -- --methods memit,alphaedit --sizes all --draws 0 \
                    --hparams '{"memit": {"preset": "smollm2-135m"}, "alphaedit": {"preset": "smollm2-135m"}}' ;;
     memit_100) set -- --methods memit --sizes 100 --draws 0 --hparams '{"memit": {"preset": "smollm2-135m"}}' ;;
