@@ -8,8 +8,9 @@
 # Back in OUT (at most 8 files): real_lm_cells.log (machine, build, every step's log and exit) and cells.tar.NN
 # (15 MB parts, re-packed after every step): the cell files this machine wrote, the weight editors' δ of a cell cut
 # off (real-lm-editing/partial/) and ours' values chunks (cache/subject_values/); NOTES.md says where each goes.
-# The committed cells are copied in first and every step runs with --resume, so a cell already committed (MEMIT at
-# 100, if the CPU finished it) is skipped, and a second call on the same warm machine continues where this stopped.
+# The committed cells (and a cut-off editor cell's committed δ chunks) are copied in first and every step runs
+# with --resume, so a cell already committed (MEMIT at 100) is skipped, a committed cut-off cell continues, and a
+# second call on the same warm machine continues where this stopped.
 # STEPS (default "union editors_all memit_100 new") picks and orders the steps:
 #   union       unedited + ours (the library's defaults, named: value_lr 1.0, partner_weight 0.01) at every
 #               test-split known case at once (draw "all": 745 cases, 3,725 requests). Estimate ~300 s: load
@@ -81,6 +82,9 @@ main() {
   for cell in "$ROOT"/benchmarks/results/experiments/real-lm-editing/cells/*.json; do
     [ -e "$WORK/real-lm-editing/cells/${cell##*/}" ] || cp "$cell" "$WORK/real-lm-editing/cells/"
   done
+  # a committed editor cell's finished δ chunks (partial/), so its step continues them instead of starting again
+  [ -d "$ROOT/benchmarks/results/experiments/real-lm-editing/partial" ] \
+    && cp -rn "$ROOT/benchmarks/results/experiments/real-lm-editing/partial" "$WORK/real-lm-editing/"
   [ -f "$WORK/.start" ] || touch "$WORK/.start"
   for step in ${STEPS:-union editors_all memit_100 new}; do
     local left=$((TOTAL_SECONDS - (SECONDS - begin))) start=$SECONDS
