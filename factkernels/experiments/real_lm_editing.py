@@ -72,11 +72,12 @@ DEFAULT_PROTOCOL = {"unedited": "none", "rome": "sequential", "alphaedit": "sequ
 PROTOCOLS = ("none", "batch", "sequential", "single")
 GENERATE = 50
 """Cases whose generations are scored for fluency and consistency (the first of each cell)."""
-OURS_SETTINGS = {"keys": "subject", "layer": 10}
-"""Our insertion's settings when a grid names none: subject keys at layer 10 (validation draw, issue 32)."""
-OURS_NEW_SETTINGS = {**OURS_SETTINGS, "partner_weight": 0.01}
-"""Ours on invented subjects: look-alike names (the same last token) get a pairwise detector filter; on the
-validation new draw (30 subjects) it left 0 contexts uncertified against 105 (docs/results/real-models.md)."""
+OURS_SETTINGS = {"keys": "subject", "layer": 10, "partner_weight": 0.01, "value_lr": 1.0}
+"""Our insertion's settings when a grid names none: subject keys at layer 10 (validation draw, issue 32), with
+insert_facts' defaults that moved named, so a cell's settings say what it ran: the values fit's lr 1.0 (session
+30) and the pairwise partner filter (0.01: session 28 on the new-knowledge validation draw, on known facts since
+session 32). Cells that name only keys and layer ran before those: lr 0.5, and no partner filter on known facts
+(docs/results/real-models.md)."""
 TINY_SETTINGS = {"ours": {**OURS_SETTINGS, "layer": 1, "value_steps": 10},
                  "rome": {"layers": [1], "steps": 10, "prefixes": [[4, 2]]},
                  "memit": {"layers": [1], "steps": 10, "prefixes": [[4, 2]]},
@@ -96,7 +97,7 @@ def default_protocol(method: str) -> str:
 def cell(method: str, *, n: Union[int, str], kind: str = "known", split: str = "test", draw: Union[int, str] = 0,
          settings: Optional[dict] = None, protocol: Optional[str] = None, model: str = MODEL) -> dict:
     """One cell's config, validated (see the module docstring); settings None: the method's defaults (ours:
-    :data:`OURS_SETTINGS`, on new knowledge :data:`OURS_NEW_SETTINGS`)."""
+    :data:`OURS_SETTINGS`)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if kind not in KINDS:
@@ -111,7 +112,7 @@ def cell(method: str, *, n: Union[int, str], kind: str = "known", split: str = "
     if protocol not in allowed:
         raise ValueError(f"protocol of {method} must be one of {allowed}, got {protocol!r}")
     if settings is None:
-        settings = dict(OURS_NEW_SETTINGS if kind == "new" else OURS_SETTINGS) if method == "ours" else {}
+        settings = dict(OURS_SETTINGS) if method == "ours" else {}
     if method == "unedited" and settings:
         raise ValueError(f"the unedited model takes no settings, got {settings}")
     return {"model": model, "method": method, "settings": settings, "kind": kind, "split": split, "draw": draw,

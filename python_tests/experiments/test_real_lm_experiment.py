@@ -54,11 +54,25 @@ def test_finished_cells_are_kept_on_resume(tmp_path):
     assert saved.result["scores"]["num_cases"] == 2 and saved.config == config
 
 
+def test_ours_settings_name_insert_facts_defaults():
+    """The experiment's settings for ours name the defaults that moved (so a cell says what it ran): they must be
+    what insert_facts does when given none, or a default cell would run something its settings do not say."""
+    import inspect
+
+    from factkernels import hf
+    from factkernels.hf import subject_keys, subject_values
+
+    settings = real_lm.OURS_SETTINGS
+    assert settings["partner_weight"] == subject_keys.PARTNER_WEIGHT > 0
+    assert inspect.signature(hf.insert_facts).parameters["partner_weight"].default == subject_keys.PARTNER_WEIGHT
+    assert settings["value_lr"] == subject_values.SUBJECT_VALUE_LR
+
+
 def test_cells_and_grids_are_validated():
     assert real_lm.cell("rome", n=10)["protocol"] == "sequential"
     assert real_lm.cell("memit", n="all")["protocol"] == "batch"
-    assert real_lm.cell("ours", n=10)["settings"] == real_lm.OURS_SETTINGS
-    assert real_lm.cell("ours", n=10, kind="new")["settings"] == {**real_lm.OURS_SETTINGS, "partner_weight": 0.01}
+    assert real_lm.cell("ours", n=10)["settings"] == real_lm.cell("ours", n=10, kind="new")["settings"] \
+        == real_lm.OURS_SETTINGS
     assert real_lm.cell("alphaedit", n=100, protocol="single")["protocol"] == "single"
     assert real_lm.cell("ours", n="all", draw="all")["draw"] == "all"
     for bad in ({"method": "nope"}, {"method": "memit", "protocol": "sequential"}, {"method": "rome", "n": 0},
@@ -194,8 +208,9 @@ def test_every_test_draw_at_once_is_one_cell_and_a_row_of_its_own(tmp_path):
     assert [(r["method"], r["draws"]) for r in rows] == [("unedited", [0]), ("ours", [0]), ("unedited", ["all"]),
                                                          ("ours", ["all"])]
     table = report.markdown_table(res.summary, model="tiny")
-    assert "| 6 | ours | batch | keys=\"subject\", layer=1, value_steps=10 | 3 at once |" in table
-    assert "| 6 | ours | batch | keys=\"subject\", layer=1, value_steps=10 | 1 |" in table
+    label = report.settings_text(real_lm.TINY_SETTINGS["ours"])
+    assert 'keys="subject", layer=1' in label
+    assert f"| 6 | ours | batch | {label} | 3 at once |" in table and f"| 6 | ours | batch | {label} | 1 |" in table
     ours_row, _, unedited = report.headline_rows(res.summary, model="tiny")
     assert ours_row["draws"] == ["all"] and unedited["draws"] == ["all"]  # the most cases: the union
     fig = report._triangle(rows)
