@@ -726,7 +726,8 @@ def headline() -> str:
     big = f"{RESULTS}/construct_cg_32768.json"
     hf = f"{RESULTS}/hf/insert_speed/subject_L10_n960_cpu_w2_quiet30.json"
     hf_gpu = f"{RESULTS}/hf/insert_speed/subject_L10_n960_cuda_s31.json"
-    hf_partner = load(f"{RESULTS}/hf/insert_speed/subject_L10_n960_cpu_s32.json")
+    hf_partner_path = f"{RESULTS}/hf/insert_speed/subject_L10_n960_cpu_s32.json"
+    hf_partner = load(hf_partner_path)
     budget = f"{RESULTS}/experiments/rgr-budget/summary.json"
     construct = next(r for r in load(cpu)["construct"] if r["F"] == 4096)
     gpu_run = LATEST_SCALE_RUN
@@ -758,7 +759,7 @@ def headline() -> str:
          f"{hf_partner['threads']} CPU thread on the shared 2-core machine",
          f"{hf_partner['seconds']['wall'] / 60:.1f} min ({hf_partner['seconds']['cpu']:,.0f} CPU s), efficacy "
          f"{hf_partner['efficacy']:.4f}, {len(hf_partner['uncertified'])} contexts uncertified",
-         _link(f"{RESULTS}/hf/insert_speed/subject_L10_n960_cpu_s32.json")],
+         _link(hf_partner_path)],
         _real_lm_headline(),
         ["minimal key budget of max-over-heads attention (seed 002)",
          f"D_K* ≈ {fit['slope']:.2f} m log2(m) / d_model (R² {fit['r2']:.3f})", _link(budget)],

@@ -46,7 +46,8 @@ from .checkpoint import WORKERS_AUTO, ChunkCheckpoint, check_workers, fingerprin
 from .evaluate import batch_margins, fact_min, token_margin
 from .layout import mlp_layers, mlp_module
 from .requests import Request, parse_requests
-from .subject_keys import PARTNER_WEIGHT, WIKIPEDIA_NEGATIVES, check_subject_options, default_prefixes, insert_subject_keyed
+from .subject_keys import (PARTNER_WEIGHT, WIKIPEDIA_NEGATIVES, check_subject_options, default_prefixes,
+                           insert_subject_keyed)
 from .subject_values import SUBJECT_VALUE_LR
 from .units import Insertion, InsertionReport, append_units, removed_on_failure
 
