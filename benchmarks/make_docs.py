@@ -505,12 +505,27 @@ def _real_lm_headline() -> list:
             f"{mean(ours, 'neighbourhood_score'):.2f}, harmonic mean {ours['hmean']:.2f}")
     if "kl_mean" in ours["metrics"]:  # locality on held-out text beside the prompt scores
         text += (f"; held-out text: KL {mean(ours, 'kl_mean'):.1e}, perplexity ×{mean(ours, 'perplexity_ratio'):.3f}")
-    text += (f"; best other method run at this size: {best['method']}, {best['hmean']:.2f}" if best
-             else "; no other method run at this size yet")
-    run = {r["method"] for r in _real_lm_summary()["rows"] if row_size(r) == row_size(ours) and r["split"] == "test"}
-    missing = [m for m in method_names(real_lm=True) if m not in run]
-    if best and missing:
-        text += f" ({', '.join(missing)} not run yet)"
+    summary = _real_lm_summary()
+
+    def not_run(size: tuple) -> str:
+        run = {r["method"] for r in summary["rows"] if row_size(r) == size and r["split"] == "test"}
+        missing = [m for m in method_names(real_lm=True) if m not in run]
+        return f" ({', '.join(missing)} not run yet)" if missing else ""
+
+    if best:
+        text += f"; best other method run at this size: {best['method']}, {best['hmean']:.2f}" + not_run(row_size(ours))
+    else:  # no other method at ours' largest size: the largest size where one ran, so the README still compares
+        text += "; no other method run at this size yet"
+        known = [c for c in summary["comparison"] if (c["model"], c["kind"], c["split"]) == (ours["model"], "known",
+                                                                                             "test")]
+        if known:
+            c = known[-1]  # sizes ascending
+            size = (c["n"], c["all_draws_at_once"])
+            cases = next(r for r in summary["rows"] if r["method"] == "ours" and row_size(r) == size
+                         and r["settings"] == c["ours_settings"])["metrics"]["num_cases"]["mean"]
+            where = " (every test draw at once)" if c["all_draws_at_once"] else " a draw"
+            text += (f"; at {cases:,.0f} facts{where}: ours {c['ours_hmean']:.2f}, best other method "
+                     f"{c['best_other']} {c['best_other_hmean']:.2f}" + not_run(size))
     count = draws_text(ours).removesuffix(" at once")
     draws = f"{count} test draw{'' if count == '1' else 's'}" + (" at once" if row_size(ours)[1] else "")
     return [f"{mean(ours, 'num_cases'):,.0f} known facts edited at once into SmolLM2-135M, CounterFact scores "

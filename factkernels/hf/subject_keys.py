@@ -152,13 +152,11 @@ def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Ten
     pass its τ (each gets its δ), partners (S,) long how many groups' keys penalise it.
     """
     work = torch.float64
-    k, x = own.to(work), negatives.to(work)
+    k = own.to(work)
     dev = k.device  # every tensor made here lives beside the keys (CUDA insertion)
     subject = subject.to(dev)
     n_subjects = int(subject.max()) + 1
-    mu = x.mean(0)
-    centred = x - mu
-    sigma = centred.T @ centred / max(1, x.shape[0] - 1)
+    mu, sigma = _moments(negatives, work, dev)
     count = torch.zeros(n_subjects, dtype=work, device=dev).index_add(0, subject, torch.ones(len(k), dtype=work, device=dev))
     means = torch.zeros(n_subjects, k.shape[1], dtype=work, device=dev).index_add(0, subject, k) / count[:, None]
     spread = k - means[subject]
@@ -178,7 +176,7 @@ def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Ten
     for search in range(1 + PARTNER_ROUNDS):
         w = _penalised(plain, chol, penalties + _partner_penalty(k - mu, subject, partners, partner_weight))
         w = w / (w * diff).sum(1, keepdim=True)  # score 1 at the subject's mean key
-        det = _thresholds(w, mu, k, subject, centred, mentions, lookalikes, threshold)
+        det = _thresholds(w, mu, k, subject, negatives, mentions, lookalikes, threshold)
         row, s = (det.pop("cross") > det["tau"]).nonzero(as_tuple=True)  # key row r passes filter s's τ
         if partner_weight <= 0 or search == PARTNER_ROUNDS:
             break
@@ -192,6 +190,23 @@ def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Ten
 
 # How many times lda_detectors looks for new partners on the filters it just made (each may make new ones).
 PARTNER_ROUNDS = 3
+
+# Rows of the negatives (or states) handled at once. They are every non-key token of every context: at the 3,725
+# requests of the known-fact union (~40k contexts) ~850k rows, whose float64 copy, centred copy and (N, S) scores
+# against ~750 detectors took 5 GiB each and ran a 23 GiB machine out of memory.
+NEGATIVE_ROWS = 65536
+
+
+def _moments(x: torch.Tensor, work: torch.dtype, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean (d,) and covariance (d, d) of x (N, d) in ``work`` precision on ``dev``, :data:`NEGATIVE_ROWS` rows at
+    a time (two passes: the mean first, so the covariance sums centred rows)."""
+    parts = x.split(NEGATIVE_ROWS)
+    mu = sum(part.to(dev, work).sum(0) for part in parts) / len(x)
+    sigma = torch.zeros(x.shape[1], x.shape[1], dtype=work, device=dev)
+    for part in parts:
+        centred = part.to(dev, work) - mu
+        sigma += centred.T @ centred
+    return mu, sigma / max(1, len(x) - 1)
 
 
 def _partner_penalty(centred_keys: torch.Tensor, subject: torch.Tensor, partners: torch.Tensor,
@@ -227,17 +242,20 @@ def _penalised(plain: torch.Tensor, chol: torch.Tensor, penalties: list) -> torc
     return w
 
 
-def _thresholds(w: torch.Tensor, mu: torch.Tensor, k: torch.Tensor, subject: torch.Tensor, centred: torch.Tensor,
+def _thresholds(w: torch.Tensor, mu: torch.Tensor, k: torch.Tensor, subject: torch.Tensor, negatives: torch.Tensor,
                 mentions: Optional[torch.Tensor], lookalikes: Optional[torch.Tensor], threshold: float) -> dict:
     """lda_detectors' scores and thresholds of filters w (S, d): tau, own_min, contrast_max, lookalike_max,
-    separated (S,) and cross (R, S) every key's score on every other group's filter (-inf on its own)."""
+    separated (S,) and cross (R, S) every key's score on every other group's filter (-inf on its own).
+    negatives (N, d), mentions (N, S) bool: scored :data:`NEGATIVE_ROWS` rows at a time."""
     n_subjects, dev = len(w), w.device
     own_scores = ((k - mu) * w[subject]).sum(1)
     own_min = torch.full((n_subjects,), float("inf"), dtype=w.dtype, device=dev).scatter_reduce(0, subject, own_scores, "amin")
-    negative_scores = centred @ w.T  # (N, S)
-    if mentions is not None:
-        negative_scores = negative_scores.masked_fill(mentions.to(negative_scores.device), float("-inf"))
-    contrast_max = negative_scores.amax(0)
+    contrast_max = torch.full((n_subjects,), float("-inf"), dtype=w.dtype, device=dev)
+    for start in range(0, len(negatives), NEGATIVE_ROWS):
+        negative_scores = (negatives[start:start + NEGATIVE_ROWS].to(dev, w.dtype) - mu) @ w.T  # (rows, S)
+        if mentions is not None:
+            negative_scores.masked_fill_(mentions[start:start + NEGATIVE_ROWS].to(dev), float("-inf"))
+        contrast_max = torch.maximum(contrast_max, negative_scores.amax(0))
     cross = (k - mu) @ w.T  # (R, S): other subjects' keys on each filter
     cross[torch.arange(len(k), device=dev), subject] = float("-inf")
     contrast_max = torch.maximum(contrast_max, cross.amax(0))
@@ -366,8 +384,9 @@ class SubjectUnits:
         if len(groups) == 0:  # the refit left every δ as it was: nothing can change
             return own
         det = {k: self.det[k][groups] for k in ("w", "tau", "own_min")}
-        passed = torch.cat([detector_firing({**det, "mu": self.det["mu"]}, part, self.ramp, REFIT_REACH)
-                            for part in mlp_inputs(model, self.mid.layer, self.mid.states).split(65536)])
+        passed = torch.cat([detector_firing({**det, "mu": self.det["mu"]}, mlp_inputs(model, self.mid.layer, part),
+                                            self.ramp, REFIT_REACH)
+                            for part in self.mid.states.split(NEGATIVE_ROWS)])
         row = torch.repeat_interleave(torch.arange(len(self.mid.lengths)), self.mid.lengths)
         reached = torch.zeros(len(self.mid.lengths), dtype=torch.bool)
         reached[row[passed.cpu()]] = True
@@ -391,8 +410,8 @@ def detector_firing(det: dict, states: torch.Tensor, ramp: float, fraction: floa
     """(N,) bool: some detector passes more than ``fraction`` of its subject's δ at states (N, d) (its ramp's
     output over ``ramp``), whatever the δ."""
     unit = ramp_units(det, torch.eye(len(det["w"]), dtype=torch.float64), ramp=ramp).to(states.device)
-    with torch.no_grad():
-        return unit(states.float()).abs().amax(1) > fraction
+    with torch.no_grad():  # (rows, 2S) outputs a part: all N at once is N·2S floats
+        return torch.cat([unit(part.float()).abs().amax(1) > fraction for part in states.split(NEGATIVE_ROWS)])
 
 
 def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, layer: int, background: torch.Tensor,

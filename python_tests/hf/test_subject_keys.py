@@ -66,6 +66,28 @@ def test_a_mention_of_the_subject_is_not_contrast():
         assert float(mlp(negatives[-1:]).norm()) > 0.1
 
 
+def test_negatives_in_parts_give_the_detectors_of_one_pass(monkeypatch):
+    """The negatives' moments, contrast scores and firing are taken NEGATIVE_ROWS rows at a time (a union of every
+    known fact has ~850k negatives): parts of 7 rows give the filters, thresholds and firing of one pass."""
+    from factkernels.hf import subject_keys
+
+    gen = torch.Generator().manual_seed(1)
+    d = 8
+    subject = torch.arange(3).repeat_interleave(4)
+    own = 5.0 * torch.eye(d)[:3][subject] + 0.2 * torch.randn(12, d, generator=gen)
+    negatives = torch.cat([torch.randn(100, d, generator=gen), own[:1] * 1.02])
+    mentions = torch.zeros(len(negatives), 3, dtype=torch.bool)
+    mentions[-1, 0] = True
+    whole = lda_detectors(own, subject, negatives, mentions=mentions, partner_weight=0.01)
+    fired = subject_keys.detector_firing(whole, negatives, 12.0)
+    monkeypatch.setattr(subject_keys, "NEGATIVE_ROWS", 7)
+    parts = lda_detectors(own, subject, negatives, mentions=mentions, partner_weight=0.01)
+    for key in ("w", "mu", "tau", "own_min", "contrast_max"):
+        torch.testing.assert_close(parts[key], whole[key], rtol=1e-10, atol=1e-12)
+    assert torch.equal(parts["separated"], whole["separated"])
+    assert torch.equal(subject_keys.detector_firing(parts, negatives, 12.0), fired) and bool(fired[-1])
+
+
 def test_lookalikes_are_extensions_and_embedding_neighbours(tiny_llama):
     """" a" -> the words that extend it with the lowest ids, then the nearest input embeddings; never a subject's
     own last token or a special token."""
