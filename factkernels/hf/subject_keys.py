@@ -174,7 +174,7 @@ def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Ten
         penalties.append((lookalikes.to(work) - mu, lookalike_subject, per[lookalike_subject] / lookalike_weight))
     partners = torch.zeros(0, 2, dtype=torch.long, device=dev)  # (Q, 2) [s, t]: t's keys penalise filter s
     for search in range(1 + PARTNER_ROUNDS):
-        w = _penalised(plain, chol, penalties + _partner_penalty(k - mu, subject, partners, partner_weight))
+        w = _penalised(plain, a, chol, diff, penalties + _partner_penalty(k - mu, subject, partners, partner_weight))
         w = w / (w * diff).sum(1, keepdim=True)  # score 1 at the subject's mean key
         det = _thresholds(w, mu, k, subject, negatives, mentions, lookalikes, threshold)
         row, s = (det.pop("cross") > det["tau"]).nonzero(as_tuple=True)  # key row r passes filter s's τ
@@ -223,22 +223,30 @@ def _partner_penalty(centred_keys: torch.Tensor, subject: torch.Tensor, partners
     return [(centred_keys[torch.cat(rows)], owner, inverse)]
 
 
-def _penalised(plain: torch.Tensor, chol: torch.Tensor, penalties: list) -> torch.Tensor:
-    """w_s = (A + Z_sᵀ C_s Z_s)⁻¹ (μ_s − μ) from plain (S, d) = A⁻¹(μ_s − μ) (Woodbury on A's Cholesky factor
-    ``chol``): penalties, a list of (rows (P, d) x − μ, owner (P,) long filter, 1 / c (P,) its weight's inverse),
-    each row counting for its owner only."""
+def _penalised(plain: torch.Tensor, a: torch.Tensor, chol: torch.Tensor, diff: torch.Tensor,
+               penalties: list) -> torch.Tensor:
+    """w_s = (A + Z_sᵀ C_s Z_s)⁻¹ (μ_s − μ) from plain (S, d) = A⁻¹(μ_s − μ), A (d, d), its Cholesky factor
+    ``chol`` and diff (S, d) = μ_s − μ: penalties, a list of (rows (P, d) x − μ, owner (P,) long filter, 1 / c (P,)
+    its weight's inverse), each row counting for its owner only. A filter with fewer penalty rows P_s than d
+    solves Woodbury's (P_s, P_s) system; one with more (a subject with many partners, whose every key is a row)
+    solves the (d, d) one: at the 3,725-request union a filter had thousands of rows, and the (P_s, P_s) systems
+    ran the machine out of memory."""
     if not penalties:
         return plain
     z = torch.cat([p[0] for p in penalties])
     owner = torch.cat([p[1] for p in penalties])
     inverse = torch.cat([p[2] for p in penalties])
-    y = torch.cholesky_solve(z.T, chol).T  # A⁻¹ z_p: (P, d)
     w = plain.clone()
     for s in torch.unique(owner).tolist():
         at = (owner == s).nonzero().flatten()
-        # (A + ZᵀCZ)⁻¹ b = A⁻¹b − A⁻¹Zᵀ (C⁻¹ + Z A⁻¹ Zᵀ)⁻¹ Z A⁻¹b
-        small = torch.diag(inverse[at]) + z[at] @ y[at].T
-        w[s] = w[s] - y[at].T @ torch.linalg.solve(small, z[at] @ w[s])
+        zs = z[at]
+        if len(at) < len(a):
+            # (A + ZᵀCZ)⁻¹ b = A⁻¹b − A⁻¹Zᵀ (C⁻¹ + Z A⁻¹ Zᵀ)⁻¹ Z A⁻¹b
+            ys = torch.cholesky_solve(zs.T, chol).T  # A⁻¹ z_p: (P_s, d)
+            small = torch.diag(inverse[at]) + zs @ ys.T
+            w[s] = w[s] - ys.T @ torch.linalg.solve(small, zs @ w[s])
+        else:
+            w[s] = torch.linalg.solve(a + zs.T @ (zs / inverse[at, None]), diff[s])
     return w
 
 

@@ -133,17 +133,20 @@ def test_a_lookalike_stays_below_the_threshold_and_own_keys_above():
         assert torch.allclose(mlp(own), deltas[subject], atol=1e-3 * float(deltas.norm(dim=1).max()))
 
 
-def test_lookalike_filter_minimises_the_penalised_objective():
+@pytest.mark.parametrize("rows", [3, 20])
+def test_lookalike_filter_minimises_the_penalised_objective(rows):
     """w_s solves min wᵀAw + c·mean_l (w·(x_l − μ))² subject to w·(μ_s − μ) = 1 over s's own look-alikes: the
-    Woodbury update equals a direct solve of (A + c/n ZᵀZ) w ∝ μ_s − μ, with A rebuilt from its definition."""
+    filter equals a direct solve of (A + c/n ZᵀZ) w ∝ μ_s − μ, with A rebuilt from its definition, with fewer
+    penalty rows than d (Woodbury's small system) and with more (the (d, d) system)."""
     gen = torch.Generator().manual_seed(1)
     d, c = 6, 0.5
     subject = torch.tensor([0, 0, 0, 1, 1, 1])
     own = 4.0 * torch.eye(d)[subject] + 0.2 * torch.randn(6, d, generator=gen)
     negatives = torch.randn(50, d, generator=gen)
-    alike = 4.0 * torch.eye(d)[:1] + torch.randn(3, d, generator=gen)
-    det = lda_detectors(own, subject, negatives, lookalikes=alike, lookalike_subject=torch.zeros(3, dtype=torch.long),
-                        lookalike_weight=c, within=1.0, ridge=1e-2)
+    alike = 4.0 * torch.eye(d)[:1] + torch.randn(rows, d, generator=gen)
+    det = lda_detectors(own, subject, negatives, lookalikes=alike,
+                        lookalike_subject=torch.zeros(rows, dtype=torch.long), lookalike_weight=c, within=1.0,
+                        ridge=1e-2)
     k, x = own.double(), negatives.double()
     mu = x.mean(0)
     means = torch.stack([k[subject == s].mean(0) for s in range(2)])
@@ -151,7 +154,7 @@ def test_lookalike_filter_minimises_the_penalised_objective():
     a = (x - mu).T @ (x - mu) / (len(x) - 1) + spread.T @ spread / (len(k) - 2)
     a += 1e-2 * a.diagonal().mean() * torch.eye(d, dtype=torch.float64)
     z = alike.double() - mu
-    for s, extra in ((0, c / 3 * z.T @ z), (1, 0.0)):
+    for s, extra in ((0, c / rows * z.T @ z), (1, 0.0)):
         w = torch.linalg.solve(a + extra, means[s] - mu)
         torch.testing.assert_close(det["w"][s], w / (w @ (means[s] - mu)))
 
