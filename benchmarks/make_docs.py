@@ -516,8 +516,8 @@ def _real_lm_headline() -> list:
         text += f"; best other method run at this size: {best['method']}, {best['hmean']:.2f}" + not_run(row_size(ours))
     else:  # no other method at ours' largest size: the largest size where one ran, so the README still compares
         text += "; no other method run at this size yet"
-        known = [c for c in summary["comparison"] if (c["model"], c["kind"], c["split"]) == (ours["model"], "known",
-                                                                                             "test")]
+        where_ours = (ours["model"], "known", "test")
+        known = [c for c in summary["comparison"] if (c["model"], c["kind"], c["split"]) == where_ours]
         if known:
             c = known[-1]  # sizes ascending
             size = (c["n"], c["all_draws_at_once"])
