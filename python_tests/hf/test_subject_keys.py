@@ -55,6 +55,8 @@ def test_a_mention_of_the_subject_is_not_contrast():
     negatives = torch.cat([torch.randn(200, d, generator=gen), centres[:1] * 1.05])
     plain = lda_detectors(own, subject, negatives)
     assert plain["separated"].tolist() == [False, True]
+    # one look-alike negative against five own keys: the fewest errors keep every own key (τ below them all)
+    assert plain["own_dropped"].tolist() == [0, 0] and bool((plain["tau"] < plain["own_min"]).all())
     mentions = torch.zeros(len(negatives), 2, dtype=torch.bool)
     mentions[-1, 0] = True
     det = lda_detectors(own, subject, negatives, mentions=mentions)
@@ -64,6 +66,29 @@ def test_a_mention_of_the_subject_is_not_contrast():
     with torch.no_grad():  # silent on the ordinary negatives, firing on the mention
         assert float(mlp(negatives[:-1]).norm(dim=1).max()) < 1e-3
         assert float(mlp(negatives[-1:]).norm()) > 0.1
+
+
+def test_an_unseparated_filter_drops_the_own_key_that_sits_in_ordinary_text():
+    """One of a subject's keys inside the negatives' cloud (a title whose last token is an ordinary word): keeping it
+    would fire the detector on half the negatives, so the cut with the fewest training errors leaves it out (one
+    error), τ sits above every negative, and the detector is silent on them while its other keys get δ whole."""
+    gen = torch.Generator().manual_seed(1)
+    d = 8
+    centres = 6.0 * torch.eye(d)[:2]
+    subject = torch.arange(2).repeat_interleave(5)
+    own = centres[subject] + 0.1 * torch.randn(10, d, generator=gen)
+    own[4] = 0.0  # subject 0's fifth context looks like ordinary text
+    negatives = torch.randn(400, d, generator=gen)
+    det = lda_detectors(own, subject, negatives)
+    assert det["separated"].tolist() == [False, True] and det["own_dropped"].tolist() == [1, 0]
+    scores = ((negatives.double() - det["mu"]) @ det["w"].T)
+    assert bool((scores.amax(0) < det["tau"]).all()) and bool((det["tau"] < det["own_min"]).all())
+    deltas = torch.randn(2, d, generator=gen)
+    mlp = ramp_units(det, deltas)
+    with torch.no_grad():
+        assert float(mlp(negatives).norm(dim=1).max()) < 1e-3 * float(deltas.norm(dim=1).min())
+        kept = torch.arange(10) != 4
+        torch.testing.assert_close(mlp(own[kept]), deltas[subject[kept]], rtol=0, atol=1e-3)
 
 
 def test_negatives_in_parts_give_the_detectors_of_one_pass(monkeypatch):
@@ -181,7 +206,7 @@ def test_a_partner_penalty_separates_twin_subjects():
     own, subject, negatives = _twin_subjects(torch.Generator().manual_seed(0))
     deltas = torch.randn(2, 8, generator=torch.Generator().manual_seed(1))
     plain = lda_detectors(own, subject, negatives)
-    assert not plain["separated"].any() and bool((plain["cross_firing"] >= 3).all())
+    assert not plain["separated"].any() and bool((plain["cross_firing"] >= 1).all())
     assert plain["partners"].tolist() == [0, 0]
     with torch.no_grad():  # some key gets the other subject's whole δ besides its own
         error = (ramp_units(plain, deltas)(own) - deltas[subject]).norm(dim=1)
@@ -344,6 +369,8 @@ def test_refit_covers_the_failing_subjects_contexts_below_the_margin(strong_llam
                              batch_size=8, progress=False)
     assert info["subjects"] == 1 and units.fit_rows.tolist() == [0, 1, 3, 4] and info["rows"] == 3
     assert torch.equal(units.deltas[1], deltas[1]) and not torch.equal(units.deltas[0], deltas[0])
+    units.missed = torch.tensor([False, True] + [False] * 6)  # its detector does not reach that context
+    assert not units.repairable(margins).any()
 
 
 def test_essence_rows_are_kept_not_taught(strong_llama):
