@@ -75,7 +75,7 @@ def capture_inputs(model, tok, requests) -> dict:
 
 
 def detectors(first: dict, ctx, alike_row, rule) -> tuple[dict, torch.Tensor, torch.Tensor]:
-    """build_subject_units' two lda_detectors passes under ``rule`` (a _fewest_errors): (det, group, group_subject)."""
+    """build_subject_units' two lda_detectors passes under ``rule`` (a _fewest_errors): (det, group_subject)."""
     library_rule, sk._fewest_errors = sk._fewest_errors, rule
     try:
         kw = {k: v for k, v in first.items() if k not in ("own", "subject", "negatives")}
@@ -84,7 +84,7 @@ def detectors(first: dict, ctx, alike_row, rule) -> tuple[dict, torch.Tensor, to
         if len(group_subject) > len(ctx.subjects):
             kw.update(mentions=first["mentions"][:, group_subject], lookalike_subject=group[alike_row])
             det = sk.lda_detectors(first["own"], group, first["negatives"], **kw)
-        return det, group, group_subject
+        return det, group_subject
     finally:
         sk._fewest_errors = library_rule
 
@@ -133,10 +133,9 @@ def main() -> None:
     result = {"split": args.split, "draw": args.draw, "cases": len(cases), "contexts": len(ctx.requests),
               "subjects": len(ctx.subjects), "rules": {}}
     for name, rule in (("fewest_errors", sk._fewest_errors), ("keep_own", keep_own)):
-        det, group, group_subject = detectors(first, ctx, saved["alike_row"], rule)
-        own_scores = ((first["own"].double() - det["mu"]) * det["w"][group]).sum(1)
+        det, group_subject = detectors(first, ctx, saved["alike_row"], rule)
         row = {"detectors": len(group_subject), "separated": int(det["separated"].sum()),
-               "own_contexts_left_out": int((own_scores < det["own_min"][group]).sum()),
+               "own_contexts_left_out": int(det["missed"].sum()),
                "training_negatives": firing(det, first["negatives"], first["mentions"], group_subject, ctx.subjects),
                "lookalike_states": firing(det, first["lookalikes"],
                                           torch.zeros(len(first["lookalikes"]), len(ctx.subjects), dtype=torch.bool),

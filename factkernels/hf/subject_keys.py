@@ -149,8 +149,8 @@ def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Ten
     pair that gets δ_A + δ_B (benchmarks/hf_new_fact_interference.py). Partners are looked for again on the new
     filters, up to :data:`PARTNER_ROUNDS` times. 0: no partner penalty (the filters as before).
     Returns w (S, d), mu (d,), tau (S,), own_min (S,) lowest own score kept (every own score of a separated
-    filter; an unseparated one's fewest-errors cut, :func:`_fewest_errors`), own_dropped (S,) long own keys
-    below that cut, contrast_max (S,) highest score of a
+    filter; an unseparated one's fewest-errors cut, :func:`_fewest_errors`), missed (R,) bool the keys below
+    their filter's cut, own_dropped (S,) long how many of each filter's, contrast_max (S,) highest score of a
     negative, a look-alike or another subject's key, lookalike_max (S,) highest look-alike score (-inf
     without), separated (S,) bool own_min > contrast_max, cross_firing (S,) long how many other groups' keys
     pass its τ (each gets its δ), partners (S,) long how many groups' keys penalise it.
@@ -283,9 +283,9 @@ def _thresholds(w: torch.Tensor, mu: torch.Tensor, k: torch.Tensor, subject: tor
         for s, scores in zip(unseparated.tolist(), contrast):
             kept_min[s], rejected_max[s] = _fewest_errors(own_scores[subject == s], scores)
     tau = rejected_max + threshold * (kept_min - rejected_max)
-    dropped = torch.zeros(n_subjects, dtype=torch.long, device=dev).index_add(
-        0, subject, (own_scores < kept_min[subject]).long())
-    return {"tau": tau, "own_min": kept_min, "own_dropped": dropped, "contrast_max": contrast_max,
+    missed = own_scores < kept_min[subject]
+    dropped = torch.zeros(n_subjects, dtype=torch.long, device=dev).index_add(0, subject, missed.long())
+    return {"tau": tau, "own_min": kept_min, "own_dropped": dropped, "missed": missed, "contrast_max": contrast_max,
             "lookalike_max": lookalike_max,
             "separated": separated, "cross": cross}
 
@@ -554,9 +554,8 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
     if len(group_subject) > len(ctx.subjects):
         det = lda_detectors(own, group, negatives, mentions=mentions[:, group_subject],
                             lookalike_subject=group[alike_row], **options)
-    group = group.to(det["w"].device)
-    missed = ((own.to(det["w"]) - det["mu"]) * det["w"][group]).sum(1) < det["own_min"][group]
-    units = SubjectUnits(ctx, det, group_subject, deltas, fit_rows, own.float(), ramp, mid, missed.cpu())
+    missed = det.pop("missed").cpu()  # rows of the final filters' groups: every context once
+    units = SubjectUnits(ctx, det, group_subject, deltas, fit_rows, own.float(), ramp, mid, missed)
     firing = detector_firing(det, negatives, ramp)
     alike_firing = detector_firing(det, alike, ramp) if len(alike) else torch.zeros(0, dtype=torch.bool)
     timings["construct"], timings["construct_cpu"] = time.perf_counter() - t, time.process_time() - c
@@ -586,7 +585,9 @@ def refit_uncertified(model: Any, units: SubjectUnits, margins: torch.Tensor, *,
     Returns the fit's info with the subjects and contexts added."""
     ctx = units.ctx
     failing = torch.unique(ctx.subject[units.repairable(margins)])
-    ours = torch.isin(ctx.subject, failing) if units.missed is None else torch.isin(ctx.subject, failing) & ~units.missed
+    ours = torch.isin(ctx.subject, failing)
+    if units.missed is not None:
+        ours &= ~units.missed
     added = ((margins < below) & ours).nonzero().flatten()
     units.fit_rows = torch.unique(torch.cat([units.fit_rows, added]))
     rows = units.fit_rows[ours[units.fit_rows]]
