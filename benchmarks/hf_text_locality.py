@@ -46,9 +46,8 @@ from factkernels.hf.layout import mlp_module
 from factkernels.hf.metrics import case_requests
 from factkernels.hf.insert import background_states
 from factkernels.hf.requests import Request
-from factkernels.hf.subject_keys import (LOOKALIKE_CONTEXTS, RAMP_OVERSHOOT, default_prefixes, detector_groups,
-                                         lda_detectors, lookalike_states, lookalike_tokens, subject_contexts,
-                                         subject_mentions)
+from factkernels.hf.subject_keys import (LOOKALIKE_CONTEXTS, RAMP_OVERSHOOT, default_prefixes, lookalike_states,
+                                         lookalike_tokens, subject_contexts, subject_detectors, subject_mentions)
 
 MAX_LENGTH = 128
 HELD_OUT_LEADS = slice(9000, 9500)  # Wikipedia leads no insertion reads (--wiki-negatives takes the first ones)
@@ -297,12 +296,8 @@ def detector_probe(n, split, draw, model, tok, ref, texts, layer, weights, wiki_
             options = {"partner_weight": partner}
             if weight is not None:
                 options.update(lookalikes=alike, lookalike_weight=weight)
-            det = lda_detectors(own, ctx.subject, neg, mentions=neg_mentions,
-                                lookalike_subject=None if weight is None else ctx.subject[alike_row], **options)
-            group, group_subject = detector_groups(ctx.subject, ctx.opens, ~det["separated"])
-            if len(group_subject) > len(ctx.subjects):
-                det = lda_detectors(own, group, neg, mentions=neg_mentions[:, group_subject],
-                                    lookalike_subject=None if weight is None else group[alike_row], **options)
+            det, _, group_subject = subject_detectors(own, ctx, neg, mentions=neg_mentions,
+                                                      alike_row=None if weight is None else alike_row, **options)
             off = fraction(held_out, det) * ~held_mention[:, group_subject]
             acting = off.abs() > FIRE
             wiki_off = fraction(wiki_x, det) * ~wiki_mention[:, group_subject]

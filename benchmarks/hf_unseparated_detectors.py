@@ -1,14 +1,17 @@
-"""Where subject detectors fire off a mention, with the fewest-errors cut for unseparated filters or without it.
+"""Where subject detectors fire off a mention and which contexts they leave out, under three rules for filters
+that no threshold separates.
 
-    python benchmarks/hf_unseparated_detectors.py --draw all      # the known-fact union (745 cases, ~17 CPU min)
+    python benchmarks/hf_unseparated_detectors.py --draw all      # the known-fact union (745 cases, ~20 CPU min)
 
 The detectors of insert_facts(keys="subject") as the real-lm-editing experiment builds them (layer 10, partner
-filter 0.01; no δ: the values fit is replaced by zeros), built twice from the same captured states: with the
-library's rule (a filter that no threshold separates takes the cut with the fewest training errors, lda_detectors'
-``_fewest_errors``) and with the rule before it ("keep_own": τ just below the lowest own score, every own context
-kept). For each: the training tokens off a mention, the look-alike states, the held-out eval text
-(natural_text("eval")) and held-out Wikipedia leads 400-1,400 (never negatives) that some detector passes more than
-1e-3 of its δ, which detectors do it, and the own contexts left out. Writes
+filter 0.01; no δ: the values fit is replaced by zeros), built three times from the same captured states:
+"own_detector_for_missed" (the library: the cut with the fewest training errors, lda_detectors' ``_fewest_errors``,
+then a detector of their own for the contexts it leaves out, subject_detectors' ``missed_groups``);
+"fewest_errors" (the cut alone: those contexts stay unanswered) and "keep_own" (the rule before both: τ just below
+the lowest own score, every own context kept). For each: the training tokens off a mention, the look-alike states,
+the held-out eval text (natural_text("eval")) and held-out Wikipedia leads 400-1,400 (never negatives) that some
+detector passes more than 1e-3 of its δ, which detectors do it, and the own contexts left out (bare prompts, the
+ones efficacy scores, apart). Writes
 benchmarks/results/hf/unseparated_detectors_<split><draw>.json.
 """
 
@@ -74,19 +77,19 @@ def capture_inputs(model, tok, requests) -> dict:
     return saved
 
 
-def detectors(first: dict, ctx, alike_row, rule) -> tuple[dict, torch.Tensor, torch.Tensor]:
-    """build_subject_units' two lda_detectors passes under ``rule`` (a _fewest_errors): (det, group_subject)."""
-    library_rule, sk._fewest_errors = sk._fewest_errors, rule
+def detectors(first: dict, ctx, alike_row, rule, own_detector_for_missed: bool) -> tuple[dict, torch.Tensor]:
+    """build_subject_units' detectors (subject_detectors) under ``rule`` (a _fewest_errors), with or without the
+    pass that gives the contexts a cut leaves out a detector of their own: (det, group_subject)."""
+    library = sk._fewest_errors, sk.missed_groups
+    sk._fewest_errors = rule
+    if not own_detector_for_missed:
+        sk.missed_groups = lambda group, group_subject, missed: (group, group_subject)
     try:
-        kw = {k: v for k, v in first.items() if k not in ("own", "subject", "negatives")}
-        det = sk.lda_detectors(first["own"], first["subject"], first["negatives"], **kw)
-        group, group_subject = sk.detector_groups(ctx.subject, ctx.opens, ~det["separated"])
-        if len(group_subject) > len(ctx.subjects):
-            kw.update(mentions=first["mentions"][:, group_subject], lookalike_subject=group[alike_row])
-            det = sk.lda_detectors(first["own"], group, first["negatives"], **kw)
+        kw = {k: v for k, v in first.items() if k not in ("own", "subject", "negatives", "lookalike_subject")}
+        det, _, group_subject = sk.subject_detectors(first["own"], ctx, first["negatives"], alike_row=alike_row, **kw)
         return det, group_subject
     finally:
-        sk._fewest_errors = library_rule
+        sk._fewest_errors, sk.missed_groups = library
 
 
 def firing(det, x, mentions, group_subject, subjects, flat=None, tok=None) -> dict:
@@ -132,10 +135,15 @@ def main() -> None:
                       ids[mask.bool()])
     result = {"split": args.split, "draw": args.draw, "cases": len(cases), "contexts": len(ctx.requests),
               "subjects": len(ctx.subjects), "rules": {}}
-    for name, rule in (("fewest_errors", sk._fewest_errors), ("keep_own", keep_own)):
-        det, group_subject = detectors(first, ctx, saved["alike_row"], rule)
+    variants = (("own_detector_for_missed", sk._fewest_errors, True), ("fewest_errors", sk._fewest_errors, False),
+                ("keep_own", keep_own, False))
+    for name, rule, regroup in variants:
+        det, group_subject = detectors(first, ctx, saved["alike_row"], rule, regroup)
+        missed = det["missed"].cpu()
         row = {"detectors": len(group_subject), "separated": int(det["separated"].sum()),
-               "own_contexts_left_out": int(det["missed"].sum()),
+               "own_contexts_left_out": int(missed.sum()),
+               "bare_prompts_left_out": int((missed & (ctx.prefix == 0)).sum()),
+               "left_out": [[ctx.subjects[int(ctx.subject[r])], int(ctx.prefix[r])] for r in missed.nonzero().flatten()],
                "training_negatives": firing(det, first["negatives"], first["mentions"], group_subject, ctx.subjects),
                "lookalike_states": firing(det, first["lookalikes"],
                                           torch.zeros(len(first["lookalikes"]), len(ctx.subjects), dtype=torch.bool),
@@ -144,7 +152,7 @@ def main() -> None:
             row[text] = firing(det, x, men, group_subject, ctx.subjects, flat, tok)
         result["rules"][name] = row
         print(name, json.dumps({k: (v if not isinstance(v, dict) else {a: b for a, b in v.items() if a != "examples"})
-                                for k, v in row.items()}), flush=True)
+                                for k, v in row.items() if k != "left_out"}), flush=True)
     result.update(seconds={"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu},
                   environment=environment())
     out = Path(args.out) / f"unseparated_detectors_{args.split}{args.draw}{'' if args.n is None else f'_n{args.n}'}.json"

@@ -15,8 +15,9 @@ fit over many contexts; later layers carry δ to wherever the question ends (as 
   μ_g. The threshold τ_g sits at ``threshold`` of the way from the highest contrast score (negatives and every
   other group's keys, leaving out the tokens where the text names the subject: :func:`subject_mentions`) to
   the group's lowest context score. A filter that no threshold separates takes the cut with the fewest training
-  errors (own contexts below it + contrast above it, :func:`_fewest_errors`): the own contexts it leaves out
-  (``missed``) are reported unanswered and never refit.
+  errors (own contexts below it + contrast above it, :func:`_fewest_errors`); the own contexts it leaves out get
+  a detector of their own (:func:`missed_groups`), and those that one leaves out too (``missed``) are reported
+  unanswered and never refit (:func:`subject_detectors`).
 * **Look-alikes.** Tokens that extend a subject's last token or sit next to it in embedding (" India": " Indian",
   " Indians", " Indiana") are put in its place in its contexts; each filter keeps its look-alikes' scores near 0
   (a penalty in the LDA objective, :func:`lda_detectors`) and they are contrast for every threshold. Without
@@ -111,6 +112,20 @@ def detector_groups(subject: torch.Tensor, opens: torch.Tensor,
     return group, pairs[:, 0].contiguous()
 
 
+def missed_groups(group: torch.Tensor, group_subject: torch.Tensor,
+                  missed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A detector of their own for the contexts a filter's cut leaves out (``missed`` (R,) bool,
+    :func:`_fewest_errors`): the missed rows of each group g become one new group of g's subject, numbered after
+    the others. A subject's contexts that open the text share one state whatever the template ("Huawei" or
+    "Jackson Pollock" first in every bare prompt that names them: 4 and 5 of the known-fact union's 25 contexts
+    left out), far from its other keys and from ordinary text alike. group (R,) long, group_subject (G,) long ->
+    (group (R,), group_subject (G + k,)) with k the groups that miss a context."""
+    owners = torch.unique(group[missed])
+    renumber = torch.zeros(len(group_subject), dtype=torch.long, device=group.device)
+    renumber[owners] = torch.arange(len(owners), device=group.device) + len(group_subject)
+    return torch.where(missed, renumber[group], group), torch.cat([group_subject, group_subject[owners.to(group_subject.device)]])
+
+
 def subject_mentions(tok: Any, subjects: Sequence[str], input_ids: torch.Tensor,
                      attention_mask: torch.Tensor) -> torch.Tensor:
     """Where each subject is written: (N, S) bool over the real tokens of ``input_ids`` (n, T) in row-major
@@ -190,6 +205,35 @@ def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Ten
         partners = found
     return {**det, "w": w, "mu": mu, "cross_firing": torch.bincount(s, minlength=n_subjects),
             "partners": torch.bincount(partners[:, 0], minlength=n_subjects)}
+
+
+def subject_detectors(own: torch.Tensor, ctx: SubjectContexts, negatives: torch.Tensor, *, mentions: torch.Tensor,
+                      alike_row: Optional[torch.Tensor] = None, **options: Any) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """The detectors of :func:`build_subject_units`: one LDA filter per subject (:func:`lda_detectors`); the
+    subjects it cannot separate from their contrast, one per placement (:func:`detector_groups`); then the
+    contexts a filter's cut still leaves out, a detector of their own (:func:`missed_groups`), kept if it leaves
+    fewer contexts out. own (R, d) every context's key; negatives (N, d); mentions (N, S) bool over the subjects;
+    alike_row (L,) long the context each look-alike in ``options["lookalikes"]`` stands in for (None: none);
+    options: :func:`lda_detectors`'. Returns (det, group (R,) long each context's detector, group_subject (G,)
+    long each detector's subject)."""
+    group, group_subject = ctx.subject, torch.arange(len(ctx.subjects))
+
+    def filters(group: torch.Tensor, group_subject: torch.Tensor) -> dict:
+        same = len(group_subject) == len(ctx.subjects)  # one detector per subject: the mentions as they are
+        return lda_detectors(own, group, negatives, mentions=mentions if same else mentions[:, group_subject],
+                             lookalike_subject=None if alike_row is None else group[alike_row], **options)
+
+    det = filters(group, group_subject)
+    split = detector_groups(ctx.subject, ctx.opens, ~det["separated"])
+    if len(split[1]) > len(group_subject):
+        group, group_subject = split
+        det = filters(group, group_subject)
+    if bool(det["missed"].any()):
+        regrouped = missed_groups(group, group_subject, det["missed"].to(group.device))
+        again = filters(*regrouped)
+        if int(again["missed"].sum()) < int(det["missed"].sum()):
+            det, (group, group_subject) = again, regrouped
+    return det, group, group_subject
 
 
 # How many times lda_detectors looks for new partners on the filters it just made (each may make new ones).
@@ -548,12 +592,7 @@ def build_subject_units(model: Any, tok: Any, requests: Sequence[Request], *, la
     t, c = time.perf_counter(), time.process_time()
     options = dict(within=within, ridge=ridge, threshold=threshold, lookalikes=alike, lookalike_weight=lookalike_weight,
                    partner_weight=partner_weight)
-    det = lda_detectors(own, ctx.subject, negatives, mentions=mentions, lookalike_subject=ctx.subject[alike_row],
-                        **options)
-    group, group_subject = detector_groups(ctx.subject, ctx.opens, ~det["separated"])
-    if len(group_subject) > len(ctx.subjects):
-        det = lda_detectors(own, group, negatives, mentions=mentions[:, group_subject],
-                            lookalike_subject=group[alike_row], **options)
+    det, _, group_subject = subject_detectors(own, ctx, negatives, mentions=mentions, alike_row=alike_row, **options)
     missed = det.pop("missed").cpu()  # rows of the final filters' groups: every context once
     units = SubjectUnits(ctx, det, group_subject, deltas, fit_rows, own.float(), ramp, mid, missed)
     firing = detector_firing(det, negatives, ramp)

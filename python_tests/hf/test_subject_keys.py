@@ -5,8 +5,8 @@ import torch
 
 from factkernels import hf
 from factkernels.hf.capture import encode_texts
-from factkernels.hf.subject_keys import (detector_groups, lda_detectors, lookalike_states, lookalike_tokens, ramp_units,
-                                        subject_contexts, subject_mentions)
+from factkernels.hf.subject_keys import (detector_groups, lda_detectors, lookalike_states, lookalike_tokens,
+                                        missed_groups, ramp_units, subject_contexts, subject_detectors, subject_mentions)
 from helpers import TINY_PREFIXES, TINY_TEXTS
 
 
@@ -89,6 +89,40 @@ def test_an_unseparated_filter_drops_the_own_key_that_sits_in_ordinary_text():
         assert float(mlp(negatives).norm(dim=1).max()) < 1e-3 * float(deltas.norm(dim=1).min())
         kept = torch.arange(10) != 4
         torch.testing.assert_close(mlp(own[kept]), deltas[subject[kept]], rtol=0, atol=1e-3)
+
+
+def test_missed_contexts_form_one_group_per_detector_they_fall_out_of():
+    group = torch.tensor([0, 0, 1, 1, 2, 2, 2])
+    missed = torch.tensor([False, True, False, False, True, False, True])
+    regrouped, group_subject = missed_groups(group, torch.tensor([0, 0, 1]), missed)
+    assert regrouped.tolist() == [0, 3, 1, 1, 4, 2, 4] and group_subject.tolist() == [0, 0, 1, 0, 1]
+
+
+def test_the_contexts_a_cut_leaves_out_get_a_detector_of_their_own():
+    """Two of subject 0's keys sit apart from its others (a subject opening the text), with ordinary text between
+    them: no one filter passes both without the text, so the first cut leaves them out. A detector of their own
+    separates them, every key then gets its subject's δ once and the text stays silent."""
+    import types
+
+    gen = torch.Generator().manual_seed(2)
+    d = 8
+    e = torch.eye(d)
+    subject = torch.tensor([0] * 8 + [1] * 5)
+    own = torch.cat([6 * e[0] + 0.1 * torch.randn(6, d, generator=gen), (6 * e[2]).repeat(2, 1),
+                     6 * e[1] + 0.1 * torch.randn(5, d, generator=gen)])
+    negatives = torch.cat([torch.randn(400, d, generator=gen), 3 * (e[0] + e[2]) + 0.3 * torch.randn(40, d, generator=gen)])
+    one = lda_detectors(own, subject, negatives, within=0.0)
+    assert one["separated"].tolist() == [False, True] and one["missed"].nonzero().flatten().tolist() == [6, 7]
+    ctx = types.SimpleNamespace(subject=subject, opens=torch.zeros(len(subject), dtype=torch.bool), subjects=["a", "b"])
+    det, group, group_subject = subject_detectors(own, ctx, negatives, within=0.0,
+                                                  mentions=torch.zeros(len(negatives), 2, dtype=torch.bool))
+    assert group_subject.tolist() == [0, 1, 0] and group.tolist() == [0] * 6 + [2, 2] + [1] * 5
+    assert det["separated"].all() and not det["missed"].any()
+    deltas = torch.randn(2, d, generator=gen)
+    mlp = ramp_units(det, deltas[group_subject])
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(own), deltas[subject], rtol=0, atol=1e-3)
+        assert float(mlp(negatives).norm(dim=1).max()) < 1e-6
 
 
 def test_negatives_in_parts_give_the_detectors_of_one_pass(monkeypatch):
