@@ -500,7 +500,8 @@ def _real_lm_headline() -> list:
     ours, best, unedited = headline_rows(_real_lm_summary())
     mean = lambda row, k: row["metrics"][k]["mean"]  # noqa: E731
     before = f" (unedited {mean(unedited, 'paraphrase_score'):.2f})" if unedited else ""
-    text = (f"efficacy {mean(ours, 'efficacy_score'):.2f}, paraphrase {mean(ours, 'paraphrase_score'):.2f}{before}, "
+    exact = f" (exact {mean(ours, 'efficacy_exact'):.3f})" if "efficacy_exact" in ours["metrics"] else ""
+    text = (f"efficacy {mean(ours, 'efficacy_score'):.3f}{exact}, paraphrase {mean(ours, 'paraphrase_score'):.2f}{before}, "
             "neighbourhood "
             f"{mean(ours, 'neighbourhood_score'):.2f}, harmonic mean {ours['hmean']:.2f}")
     if "kl_mean" in ours["metrics"]:  # locality on held-out text beside the prompt scores
