@@ -211,8 +211,8 @@ def subject_detectors(own: torch.Tensor, ctx: SubjectContexts, negatives: torch.
                       alike_row: Optional[torch.Tensor] = None, **options: Any) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """The detectors of :func:`build_subject_units`: one LDA filter per subject (:func:`lda_detectors`); the
     subjects it cannot separate from their contrast, one per placement (:func:`detector_groups`); then the
-    contexts a filter's cut still leaves out, a detector of their own (:func:`missed_groups`), kept if it leaves
-    fewer contexts out. own (R, d) every context's key; negatives (N, d); mentions (N, S) bool over the subjects;
+    contexts a filter's cut still leaves out, a detector of their own (:func:`missed_groups`) where that one
+    separates them from its contrast, kept if it leaves fewer contexts out. own (R, d) every context's key; negatives (N, d); mentions (N, S) bool over the subjects;
     alike_row (L,) long the context each look-alike in ``options["lookalikes"]`` stands in for (None: none);
     options: :func:`lda_detectors`'. Returns (det, group (R,) long each context's detector, group_subject (G,)
     long each detector's subject)."""
@@ -228,10 +228,18 @@ def subject_detectors(own: torch.Tensor, ctx: SubjectContexts, negatives: torch.
     if len(split[1]) > len(group_subject):
         group, group_subject = split
         det = filters(group, group_subject)
-    if bool(det["missed"].any()):
-        regrouped = missed_groups(group, group_subject, det["missed"].to(group.device))
+    missed = det["missed"].to(group.device)
+    if bool(missed.any()):
+        regrouped = missed_groups(group, group_subject, missed)
         again = filters(*regrouped)
-        if int(again["missed"].sum()) < int(det["missed"].sum()):
+        # a new detector that no threshold separates keeps its few keys above τ whatever fires with them (a one-key
+        # group has no cut that drops it): its contexts go back to their detector's cut, and the rest are filtered
+        # again
+        separated = missed & again["separated"].to(group.device)[regrouped[0]]
+        if not torch.equal(separated, missed) and bool(separated.any()):
+            regrouped = missed_groups(group, group_subject, separated)
+            again = filters(*regrouped)
+        if bool(separated.any()) and int(again["missed"].sum()) < int(det["missed"].sum()):
             det, (group, group_subject) = again, regrouped
     return det, group, group_subject
 

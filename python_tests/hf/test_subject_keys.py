@@ -89,6 +89,15 @@ def test_an_unseparated_filter_drops_the_own_key_that_sits_in_ordinary_text():
         assert float(mlp(negatives).norm(dim=1).max()) < 1e-3 * float(deltas.norm(dim=1).min())
         kept = torch.arange(10) != 4
         torch.testing.assert_close(mlp(own[kept]), deltas[subject[kept]], rtol=0, atol=1e-3)
+    # a detector of its own cannot lift that key out of the text either: the pass leaves as many out and is undone
+    import types
+
+    ctx = types.SimpleNamespace(subject=subject, opens=torch.zeros(10, dtype=torch.bool), subjects=["a", "b"])
+    again, group, group_subject = subject_detectors(own, ctx, negatives,
+                                                    mentions=torch.zeros(len(negatives), 2, dtype=torch.bool))
+    assert group_subject.tolist() == [0, 1] and torch.equal(group, subject)
+    assert again["missed"].nonzero().flatten().tolist() == [4]
+    torch.testing.assert_close(again["tau"], det["tau"], rtol=0, atol=0)
 
 
 def test_missed_contexts_form_one_group_per_detector_they_fall_out_of():
