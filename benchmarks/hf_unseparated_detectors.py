@@ -80,16 +80,15 @@ def capture_inputs(model, tok, requests) -> dict:
 def detectors(first: dict, ctx, alike_row, rule, own_detector_for_missed: bool) -> tuple[dict, torch.Tensor]:
     """build_subject_units' detectors (subject_detectors) under ``rule`` (a _fewest_errors), with or without the
     pass that gives the contexts a cut leaves out a detector of their own: (det, group_subject)."""
-    library = sk._fewest_errors, sk.missed_groups
+    library = sk._fewest_errors
     sk._fewest_errors = rule
-    if not own_detector_for_missed:
-        sk.missed_groups = lambda group, group_subject, missed: (group, group_subject)
     try:
         kw = {k: v for k, v in first.items() if k not in ("own", "subject", "negatives", "lookalike_subject")}
-        det, _, group_subject = sk.subject_detectors(first["own"], ctx, first["negatives"], alike_row=alike_row, **kw)
+        det, _, group_subject = sk.subject_detectors(first["own"], ctx, first["negatives"], alike_row=alike_row,
+                                                     own_for_missed=own_detector_for_missed, **kw)
         return det, group_subject
     finally:
-        sk._fewest_errors, sk.missed_groups = library
+        sk._fewest_errors = library
 
 
 def firing(det, x, mentions, group_subject, subjects, flat=None, tok=None) -> dict:

@@ -208,14 +208,17 @@ def lda_detectors(own: torch.Tensor, subject: torch.Tensor, negatives: torch.Ten
 
 
 def subject_detectors(own: torch.Tensor, ctx: SubjectContexts, negatives: torch.Tensor, *, mentions: torch.Tensor,
-                      alike_row: Optional[torch.Tensor] = None, **options: Any) -> tuple[dict, torch.Tensor, torch.Tensor]:
+                      alike_row: Optional[torch.Tensor] = None, own_for_missed: bool = True,
+                      **options: Any) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """The detectors of :func:`build_subject_units`: one LDA filter per subject (:func:`lda_detectors`); the
-    subjects it cannot separate from their contrast, one per placement (:func:`detector_groups`); then the
-    contexts a filter's cut still leaves out, a detector of their own (:func:`missed_groups`) where that one
-    separates them from its contrast, kept if it leaves fewer contexts out. own (R, d) every context's key; negatives (N, d); mentions (N, S) bool over the subjects;
-    alike_row (L,) long the context each look-alike in ``options["lookalikes"]`` stands in for (None: none);
-    options: :func:`lda_detectors`'. Returns (det, group (R,) long each context's detector, group_subject (G,)
-    long each detector's subject)."""
+    subjects it cannot separate from their contrast, one per placement (:func:`detector_groups`); then, with
+    ``own_for_missed``, the contexts a filter's cut still leaves out get a detector of their own
+    (:func:`missed_groups`) where that one separates them from its contrast, kept if it leaves fewer out.
+
+    own (R, d) every context's key; negatives (N, d); mentions (N, S) bool over the subjects; alike_row (L,) long
+    the context each look-alike in ``options["lookalikes"]`` stands in for (None: none); options:
+    :func:`lda_detectors`'. Returns (det, group (R,) long each context's detector, group_subject (G,) long each
+    detector's subject)."""
     group, group_subject = ctx.subject, torch.arange(len(ctx.subjects))
 
     def filters(group: torch.Tensor, group_subject: torch.Tensor) -> dict:
@@ -229,7 +232,7 @@ def subject_detectors(own: torch.Tensor, ctx: SubjectContexts, negatives: torch.
         group, group_subject = split
         det = filters(group, group_subject)
     missed = det["missed"].to(group.device)
-    if bool(missed.any()):
+    if own_for_missed and bool(missed.any()):
         regrouped = missed_groups(group, group_subject, missed)
         again = filters(*regrouped)
         # a new detector that no threshold separates keeps its few keys above τ whatever fires with them (a one-key

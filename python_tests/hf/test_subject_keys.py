@@ -127,6 +127,9 @@ def test_the_contexts_a_cut_leaves_out_get_a_detector_of_their_own():
                                                   mentions=torch.zeros(len(negatives), 2, dtype=torch.bool))
     assert group_subject.tolist() == [0, 1, 0] and group.tolist() == [0] * 6 + [2, 2] + [1] * 5
     assert det["separated"].all() and not det["missed"].any()
+    first, first_group, _ = subject_detectors(own, ctx, negatives, within=0.0, own_for_missed=False,
+                                              mentions=torch.zeros(len(negatives), 2, dtype=torch.bool))
+    assert torch.equal(first_group, subject) and first["missed"].nonzero().flatten().tolist() == [6, 7]
     deltas = torch.randn(2, d, generator=gen)
     mlp = ramp_units(det, deltas[group_subject])
     with torch.no_grad():
