@@ -4,7 +4,8 @@ GRACE: a codebook at ``layer``'s down projection. Each edit's key is the project
 last token; its value (cold start: uniform random, seeded) is trained with Adam so that, put in place of
 the projection's output at that token, the model continues with the target. At run time every position
 whose input lies within a key's radius gets that key's value as output (as in generation, where each new
-token is the last). WISE: a side copy W' of the down projection, trained by SGD on a random subset of its
+token is the last). Each entry's edits train one after another, different entries' values at once, ``chunk``
+rows a batch (the values those of one edit at a time, up to the batch's float rounding). WISE: a side copy W' of the down projection, trained by SGD on a random subset of its
 entries (clamped to W ± norm_constraint) on the target's NLL under the bare prompt and the generated context
 prefixes (EasyEdit's ``get_context_templates``: 5 of 5 tokens and 5 of 10) plus the routing margins against one
 unrelated text, each edit until WISE's early stop (loss <= 0.02, moved <= 1e-4) or ``steps``; a sequence whose
@@ -27,7 +28,7 @@ from ..datasets import natural_text
 from ..editing import GRACEHparams, GraceCodebook, WISEHparams, as_dict, wise_activation_distance, wise_margin_loss
 from ..progress import progress_bar
 from .capture import (block_outputs, capture, encode_requests, encode_texts, final_hidden, hidden_with_delta,
-                      model_device, tail_hidden)
+                      length_sorted_chunks, model_device, tail_hidden)
 from .contexts import context_prefixes, with_prefixes
 from .layout import mlp_module
 from .requests import Request
@@ -35,11 +36,11 @@ from .residual import frozen, target_nll
 
 
 def edit_side_memory(model: Any, tok: Any, requests: Sequence[Request], method: str, hp: Any, *,
-                     progress: Any = None, targets: Optional["WiseMemory"] = None) -> Any:
+                     progress: Any = None, targets: Optional["WiseMemory"] = None, chunk: int = 8) -> Any:
     """Edit ``requests`` one after another into a GRACE codebook or a WISE side memory (see the module
     docstring); returns an :class:`~factkernels.hf.editors.EditResult` whose restore() removes it and, for
     WISE, whose ``targets`` is the trained :class:`WiseMemory` (pass it back as ``targets`` to route the same
-    memory with another act_ratio without training it again)."""
+    memory with another act_ratio without training it again). chunk: GRACE's edits trained at once."""
     from .editors import EditResult
 
     started = time.perf_counter()
@@ -48,7 +49,7 @@ def edit_side_memory(model: Any, tok: Any, requests: Sequence[Request], method: 
         if isinstance(hp, GRACEHparams):
             if targets is not None:
                 raise ValueError("grace trains its own values; targets apply to wise and the weight editors")
-            undo, extra = _grace(model, tok, requests, hp, progress)
+            undo, extra = _grace(model, tok, requests, hp, progress, chunk)
         elif isinstance(hp, WISEHparams):
             undo, extra, trained = _wise(model, tok, requests, hp, progress, targets)
         else:
@@ -58,10 +59,48 @@ def edit_side_memory(model: Any, tok: Any, requests: Sequence[Request], method: 
     return EditResult(method, (hp.layer,), report, trained, undo)
 
 
-def _grace(model: Any, tok: Any, requests: Sequence[Request], hp: GRACEHparams, progress: Any):
+def _grace(model: Any, tok: Any, requests: Sequence[Request], hp: GRACEHparams, progress: Any, chunk: int):
     down = mlp_module(model, hp.layer).down_proj
     book = GraceCodebook()
     generator = torch.Generator().manual_seed(0)
+    reqs = list(requests)
+    batch = encode_requests(tok, reqs, with_target=True)
+    # keys, outputs and states of the unedited layer (the codebook's hook is not in place yet)
+    queries = capture(model, batch.input_ids, batch.attention_mask, hp.layer, site="down_in",
+                      positions=batch.prompt_last)
+    with torch.no_grad():
+        own = down(queries)
+    # the codebook's updates (keys, radii, labels) need no values: each edit's entry, in order
+    entry = torch.tensor([book.add(q, r.target_new, torch.rand(down.out_features, generator=generator).to(q), hp.eps)
+                          for q, r in zip(queries, reqs)])
+    # an entry's value trains its edits one after another, different entries' values apart: wave w holds each
+    # entry's w-th edit, and its rows train at once (Adam is elementwise and the loss sums the rows' NLL, so each
+    # value moves as alone; only the batch's float rounding differs)
+    wave = torch.zeros(len(reqs), dtype=torch.long)
+    seen: dict[int, int] = {}
+    for i, e in enumerate(entry.tolist()):
+        wave[i], seen[e] = seen.get(e, 0), seen.get(e, 0) + 1
+    losses = torch.zeros(len(reqs))
+    bar = progress_bar(total=len(reqs), desc="grace", enabled=progress is not False, leave=False)
+    for w in range(int(wave.max()) + 1 if len(reqs) else 0):
+        members = (wave == w).nonzero().flatten()
+        for part in length_sorted_chunks(batch.attention_mask.sum(1)[members], chunk):
+            rows = members[part]
+            sub = batch.rows(rows)
+            states = block_outputs(model, sub.input_ids, sub.attention_mask, hp.layer)
+            value = book.values[entry[rows]].clone().requires_grad_(True)
+            opt = torch.optim.Adam([value], lr=hp.lr)
+            here, where = torch.arange(len(rows)), sub.prompt_last.to(model_device(model))
+            for _ in range(hp.steps):  # the value in place of the output at the key: the later blocks only run
+                hidden = hidden_with_delta(model, hp.layer, sub, states, here, where, value - own[rows])
+                loss = target_nll(model, sub, hidden)
+                opt.zero_grad(set_to_none=True)
+                loss.sum().backward()
+                opt.step()
+            book.values[entry[rows]] = value.detach()
+            losses[rows] = loss.detach().float().cpu()
+            bar.update(len(rows))
+    bar.close()
 
     def hook(_m: Any, args: tuple, out: torch.Tensor) -> torch.Tensor:
         hit, nearest = book.lookup(args[0].reshape(-1, args[0].shape[-1]))
@@ -72,36 +111,8 @@ def _grace(model: Any, tok: Any, requests: Sequence[Request], hp: GRACEHparams, 
         return flat.view_as(out)
 
     handle = down.register_forward_hook(hook)
-    losses = []
-    try:
-        for r in progress_bar(list(requests), desc="grace", enabled=progress is not False, leave=False):
-            batch = encode_requests(tok, [r], with_target=True)
-            where = batch.prompt_last.to(model_device(model))
-            handle.remove()  # the query, output and states of the unedited layer
-            query = capture(model, batch.input_ids, batch.attention_mask, hp.layer, site="down_in",
-                            positions=batch.prompt_last)[0]
-            with torch.no_grad():
-                own = down(query)
-            states = block_outputs(model, batch.input_ids, batch.attention_mask, hp.layer)
-            handle = down.register_forward_hook(hook)
-            init = torch.rand(down.out_features, generator=generator).to(query)
-            index = book.add(query, r.target_new, init, hp.eps)
-            value = book.values[index].clone().requires_grad_(True)
-            opt = torch.optim.Adam([value], lr=hp.lr)
-            rows = torch.zeros(1, dtype=torch.long)
-            for _ in range(hp.steps):  # the value in place of the output at the key: the later blocks only run
-                hidden = hidden_with_delta(model, hp.layer, batch, states, rows, where, (value - own)[None])
-                loss = target_nll(model, batch, hidden).mean()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-            book.values[index] = value.detach()
-            losses.append(float(loss.detach()))
-    except Exception:
-        handle.remove()
-        raise
     extra = {"codebook_entries": len(book), "radii_mean": float(book.radii.mean()) if len(book) else 0.0,
-             "final_loss_mean": sum(losses) / max(len(losses), 1)}
+             "final_loss_mean": float(losses.mean()) if len(reqs) else 0.0, "waves": int(wave.max()) + 1 if len(reqs) else 0}
     return handle.remove, extra
 
 

@@ -558,6 +558,30 @@ def test_side_memories_answer_the_edit_and_restore_removes_them(llama, method, e
         assert result.report["routing_threshold"] > 0
 
 
+def test_grace_trains_different_entries_at_once_and_one_entry_edit_after_edit(llama):
+    """GRACE's values train chunk rows at once: an entry's edits one after another (the same prompt and target
+    twice reach one entry, the second edit continues its value), different entries apart (a radius wide enough
+    that every other target splits it). Batches of 4 give the codebook and values of one edit at a time."""
+    model, tok = llama
+    requests = REQUESTS + [REQUESTS[0], {**REQUESTS[0], "prompt": "the novel {} was written by",
+                                         "target_new": "leo tolstoy"}]
+    plain = _logits(model, tok)
+    books = {}
+    for chunk in (1, 4):
+        result = edit(model, tok, requests, method="grace", layers=[1], progress=False, eps=1e3, steps=20,
+                      chunk=chunk)
+        hook = next(iter(hf.layout.mlp_module(model, 1).down_proj._forward_hooks.values()))
+        book = next(c.cell_contents for c in hook.__closure__ if type(c.cell_contents).__name__ == "GraceCodebook")
+        books[chunk] = (book.values.clone(), book.radii.clone(), list(book.labels), result.report)
+        result.restore()
+    (v1, r1, l1, rep1), (v4, r4, l4, rep4) = books[1], books[4]
+    assert l1 == l4 == [" jane austen", " george orwell", " leo tolstoy"] and rep1["waves"] == rep4["waves"] == 2
+    torch.testing.assert_close(r4, r1)
+    torch.testing.assert_close(v4, v1, rtol=1e-4, atol=1e-4)
+    assert rep4["final_loss_mean"] == pytest.approx(rep1["final_loss_mean"], rel=1e-3)
+    assert torch.equal(_logits(model, tok), plain)
+
+
 def test_wise_trains_over_contexts_and_routes_its_memory_with_another_ratio_without_training(llama):
     from factkernels.hf.side_memory import early_stopped
 
