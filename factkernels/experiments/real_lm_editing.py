@@ -279,32 +279,41 @@ def _timed_edit(config: dict, model: Any, tok: Any, requests: list, tiny: bool):
 
 
 def _single(config: dict, model: Any, tok: Any, cases: list, base: Any, texts: list[str], tiny: bool):
-    """Each case edited alone, scored and restored: (mean scores over cases, seconds summed, reports)."""
+    """Each case edited alone, scored and restored: (mean scores over cases, seconds summed, reports). Finished
+    cases are kept in the cell's partial file (:func:`~factkernels.experiments.engine.partial_path`): ROME one
+    case at a time over every known fact takes hours, and a resumed run continues after the last one kept."""
     from dataclasses import replace
 
     from ..hf.metrics import KINDS, case_requests, harmonic_mean, score_cases
 
-    per_case, seconds, reports = [], {"edit": 0.0, "edit_cpu": 0.0}, []
-    for i, case in enumerate(cases):
+    partial = engine.partial_path()
+    done = engine.read_json(partial, "cases")["cases"] if partial is not None and partial.exists() else []
+    if len(done) > len(cases):
+        raise engine.ResultFileError(f"{partial}: {len(done)} cases kept, but the cell has {len(cases)}")
+    for i, case in enumerate(cases[len(done):], start=len(done)):
         undo, method_report, spent = _timed_edit(config, model, tok, case_requests([case]), tiny)
         try:
             own = replace(base, generate=1 if i < base.generate else 0)
-            per_case.append(score_cases(model, tok, [case], own, texts=texts))
+            scores = score_cases(model, tok, [case], own, texts=texts)
         finally:
             undo()
-        seconds = {k: seconds[k] + spent[k] for k in seconds}
-        reports.append(method_report)
-    numeric = [k for k, v in per_case[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        done.append(engine.clean_json({"scores": scores, "report": method_report, "seconds": spent}))
+        if partial is not None:
+            engine.write_json(partial, {"cases": done})
+    per_case = [d["scores"] for d in done]
+    seconds = {k: sum(d["seconds"][k] for d in done) for k in ("edit", "edit_cpu")}
+    numeric = list(dict.fromkeys(k for s in per_case for k, v in s.items()
+                                 if isinstance(v, (int, float)) and not isinstance(v, bool)))
     scores: dict = {}
     for k in numeric + ["fluency", "consistency"]:
-        values = [s[k] for s in per_case if k in s and s[k] == s[k]]  # NaN: the case had no such prompt
+        values = [s[k] for s in per_case if s.get(k) is not None]  # None (NaN): the case had no such prompt
         if values:
             scores[k] = sum(values) / len(values)
     scores["num_cases"] = len(cases)
     scores["score"] = harmonic_mean([scores[f"{k}_score"] for k in KINDS])
     scores["consistency_cases"] = sum(s.get("consistency_cases", 0) for s in per_case)
     scores["unedited"] = per_case[0]["unedited"]
-    return scores, seconds, {"per_case": reports}
+    return scores, seconds, {"per_case": [d["report"] for d in done]}
 
 
 def run_cell(config: dict) -> dict:

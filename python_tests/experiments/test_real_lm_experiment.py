@@ -232,6 +232,42 @@ def test_new_knowledge_cells_and_the_single_protocol(tmp_path):
     assert "| 2 | ours | single |" in table and "cross-template" not in table  # no true object to be consistent on
 
 
+def test_a_single_protocol_cell_stopped_mid_way_resumes_after_its_last_kept_case(tmp_path, monkeypatch):
+    """One case at a time keeps every finished case in the cell's partial file: stopped in its second case, a
+    resumed run edits only that one and writes the cell an uninterrupted run writes."""
+    from factkernels.hf import metrics
+
+    grid = [real_lm.cell("ours", n=2, kind="new", protocol="single", settings=real_lm.TINY_SETTINGS["ours"],
+                         model="tiny")]
+    key = engine.cell_key(grid[0])
+    whole = engine.run(real_lm.NAME, tmp_path / "whole", grid=grid, quiet=True)
+    assert whole.ran == 1
+    real_score, real_edit, calls = metrics.score_cases, real_lm._timed_edit, []
+
+    def stopped_in_the_second(*args, **kwargs):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_score(*args, **kwargs)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real_edit(*args, **kwargs)
+
+    monkeypatch.setattr(real_lm, "_timed_edit", counted)
+    monkeypatch.setattr(metrics, "score_cases", stopped_in_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        engine.run(real_lm.NAME, tmp_path / "stopped", grid=grid, quiet=True, resume=True)
+    kept = engine.read_json(tmp_path / "stopped" / real_lm.NAME / "partial" / f"{key}.json", "cases")["cases"]
+    assert len(kept) == 1 and not engine.load_cells(tmp_path / "stopped", real_lm.NAME)
+    monkeypatch.setattr(metrics, "score_cases", real_score)
+    engine.run(real_lm.NAME, tmp_path / "stopped", grid=grid, quiet=True, resume=True)
+    assert len(calls) == 3  # the resumed run edited the second case only
+    resumed = engine.load_cells(tmp_path / "stopped", real_lm.NAME)[key].result
+    first = engine.load_cells(tmp_path / "whole", real_lm.NAME)[key].result
+    assert resumed["scores"] == first["scores"] and len(resumed["report"]["per_case"]) == 2
+    assert not (tmp_path / "stopped" / real_lm.NAME / "partial" / f"{key}.json").exists()
+
+
 def test_triangle_legend_names_only_sizes_with_bars():
     import matplotlib
 
