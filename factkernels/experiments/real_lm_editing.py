@@ -33,7 +33,8 @@ on another machine too once the folder is committed (AlphaEdit's sequential batc
 and MEMIT's and AlphaEdit's cells of the same draw run in one command, whose δ settings agree (SmolLM2 preset; at
 10 cases AlphaEdit's batch of 100 requests holds them all), train it once. The folder goes when the grid is done.
 Ours keeps its values fit's chunks of subjects likewise (``checkpoint=<cache>/subject_values``; with the CPU
-seconds they took: "targets_restored_cpu").
+seconds they took: "targets_restored_cpu"). A "single" cell keeps each finished case (scores, report, seconds) in
+its own partial file, ``OUT/real-lm-editing/partial/KEY.json``, and a resumed run continues after the last one.
 
     factkernels experiment real-lm-editing --out benchmarks/results/experiments --methods unedited,ours \
         --sizes 10 --kind known --split test --draws 0,1,2 --resume
