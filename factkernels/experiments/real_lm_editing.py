@@ -31,7 +31,8 @@ weight editors keep their δ in ``OUT/real-lm-editing/partial/shared-KEY/`` (``h
 file per δ batch named by everything δ depends on, the edited weights included): a cell stopped mid-δ resumes it,
 on another machine too once the folder is committed (AlphaEdit's sequential batches from the last one finished),
 and MEMIT's and AlphaEdit's cells of the same draw run in one command, whose δ settings agree (SmolLM2 preset; at
-10 cases AlphaEdit's batch of 100 requests holds them all), train it once. The folder goes when the grid is done.
+10 cases AlphaEdit's batch of 100 requests holds them all), train it once; WISE keeps its side memory there after
+each edit and continues after the last one. The folder goes when the grid is done.
 Ours keeps its values fit's chunks of subjects likewise (``checkpoint=<cache>/subject_values``; with the CPU
 seconds they took: "targets_restored_cpu"). A "single" cell keeps each finished case (scores, report, seconds) in
 its own partial file, ``OUT/real-lm-editing/partial/KEY.json``, and a resumed run continues after the last one.
@@ -246,7 +247,7 @@ def _edit(config: dict, model: Any, tok: Any, requests: list, tiny: bool):
         from ..hf.statistics import key_second_moments
 
         stats = key_second_moments(model, tok, settings["layers"], texts=_texts("eval", True), cache_dir=False)
-    if not tiny and method in hf.editors.WEIGHT_EDITORS:
+    if not tiny and method in (*hf.editors.WEIGHT_EDITORS, "wise"):  # WISE: its memory after each edit
         settings["checkpoint"] = _targets_folder()
     applied = hf.edit(model, tok, requests, method=method, stats=stats, progress=False, **settings)
     return applied.restore, applied.report

@@ -144,9 +144,10 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
     AlphaEdit with the same residual settings; a grid over λ or the null-space threshold, which enter only
     the update, as in the references' ``execute_memit`` and ``get_project``), and a sequential edit (ROME,
     AlphaEdit's batches) keeps one file per batch, named by the weights the earlier batches left, so a rerun
-    reads back every batch up to the one it stopped in. chunk: facts per δ batch (GRACE: values trained at once). device: where the model
-    runs ("cpu", "cuda", ...): moved there in place (``model.to(device)``) once the arguments are checked, and
-    it stays; default: where it is.
+    reads back every batch up to the one it stopped in. WISE keeps its side memory after each edit in such a
+    file (or folder) and continues after the last edit kept. chunk: facts per δ batch (GRACE: values trained at
+    once). device: where the model runs ("cpu", "cuda", ...): moved there in place (``model.to(device)``) once
+    the arguments are checked, and it stays; default: where it is.
     """
     started = time.perf_counter()
     reqs = list(parse_requests(requests))
@@ -156,7 +157,8 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
     if method in ("grace", "wise"):
         from .side_memory import edit_side_memory
 
-        return edit_side_memory(model, tok, reqs, method, hp, progress=progress, targets=targets, chunk=chunk)
+        return edit_side_memory(model, tok, reqs, method, hp, progress=progress, targets=targets, chunk=chunk,
+                                checkpoint=checkpoint)
     missing = [layer for layer in hp.layers if stats is None or layer not in stats]
     stats_texts = mom2_texts(hp.mom2_dataset, hp.mom2_n_samples) if missing else []
     covs = {**(stats or {}), **key_second_moments(model, tok, missing, texts=stats_texts, cache_dir=cache_dir,
@@ -209,7 +211,7 @@ def edit(model: Any, tok: Any, requests: Any, method: str = "memit", layers: Opt
                     _apply_rome(model, tok, batch_reqs, prefixes, hp, batch_targets, covs[last])
                 else:
                     _apply_spread(model, tok, batch_reqs, prefixes, hp, batch_targets, covs, projectors, previous)
-    except Exception:
+    except BaseException:  # an interrupt too: the model is left as it was
         undo()
         raise
     nll_before = torch.cat([p.nll_before for p in parts])

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F_nn
@@ -29,6 +30,7 @@ from ..editing import GRACEHparams, GraceCodebook, WISEHparams, as_dict, wise_ac
 from ..progress import progress_bar
 from .capture import (block_outputs, capture, encode_requests, encode_texts, final_hidden, hidden_with_delta,
                       length_sorted_chunks, model_device, tail_hidden)
+from .checkpoint import ChunkCheckpoint, fingerprint
 from .contexts import context_prefixes, with_prefixes
 from .layout import mlp_module
 from .requests import Request
@@ -36,22 +38,26 @@ from .residual import frozen, target_nll
 
 
 def edit_side_memory(model: Any, tok: Any, requests: Sequence[Request], method: str, hp: Any, *,
-                     progress: Any = None, targets: Optional["WiseMemory"] = None, chunk: int = 8) -> Any:
+                     progress: Any = None, targets: Optional["WiseMemory"] = None, chunk: int = 8,
+                     checkpoint: Union[str, Path, None] = None) -> Any:
     """Edit ``requests`` one after another into a GRACE codebook or a WISE side memory (see the module
     docstring); returns an :class:`~factkernels.hf.editors.EditResult` whose restore() removes it and, for
     WISE, whose ``targets`` is the trained :class:`WiseMemory` (pass it back as ``targets`` to route the same
-    memory with another act_ratio without training it again). chunk: GRACE's edits trained at once."""
+    memory with another act_ratio without training it again). chunk: GRACE's edits trained at once.
+    checkpoint: WISE keeps its memory after each edit there (a .safetensors file, or a folder where the file is
+    named by the model, requests and settings), and a run stopped part-way continues after the last edit kept."""
     from .editors import EditResult
 
     started = time.perf_counter()
     with frozen(model):
         trained = None
         if isinstance(hp, GRACEHparams):
-            if targets is not None:
-                raise ValueError("grace trains its own values; targets apply to wise and the weight editors")
+            if targets is not None or checkpoint is not None:
+                raise ValueError("grace trains its own values in minutes; targets and checkpoint apply to wise and "
+                                 "the weight editors")
             undo, extra = _grace(model, tok, requests, hp, progress, chunk)
         elif isinstance(hp, WISEHparams):
-            undo, extra, trained = _wise(model, tok, requests, hp, progress, targets)
+            undo, extra, trained = _wise(model, tok, requests, hp, progress, targets, checkpoint)
         else:
             raise TypeError(f"hp must be GRACE or WISE hyperparameters, got {type(hp).__name__}")
     report = {"method": method, "layers": [hp.layer], "facts": len(requests), "hparams": as_dict(hp),
@@ -139,7 +145,7 @@ def _wise_training_settings(hp: WISEHparams, n: int) -> dict:
 
 
 def _wise(model: Any, tok: Any, requests: Sequence[Request], hp: WISEHparams, progress: Any,
-          trained: Optional[WiseMemory]):
+          trained: Optional[WiseMemory], checkpoint: Union[str, Path, None]):
     down = mlp_module(model, hp.layer).down_proj
     weight = down.weight.detach()
     settings = _wise_training_settings(hp, len(requests))
@@ -178,8 +184,10 @@ def _wise(model: Any, tok: Any, requests: Sequence[Request], hp: WISEHparams, pr
     try:
         extra = {}
         if trained is None:
+            kept = None if checkpoint is None else _wise_checkpoint(model, tok, requests, hp, prefixes, settings,
+                                                                    checkpoint)
             trained, extra = _train_wise(model, tok, requests, hp, prefixes, state, weight, (alpha, beta, gamma),
-                                         settings, progress)
+                                         settings, progress, kept)
         state["weight"], state["min_act"] = trained.weight.to(weight), trained.min_act
         with torch.no_grad():  # which edit prompts (with their new targets) the memory answers
             routed = []
@@ -188,7 +196,7 @@ def _wise(model: Any, tok: Any, requests: Sequence[Request], hp: WISEHparams, pr
                 state["attention"] = batch.attention_mask
                 final_hidden(model, batch.input_ids, batch.attention_mask)
                 routed.append(float(state["dist"][0]) >= trained.min_act * hp.act_ratio)
-    except Exception:
+    except BaseException:  # an interrupt too: no hook is left behind
         undo()
         raise
     extra = {**extra, "routing_threshold": trained.min_act * hp.act_ratio, "min_act": trained.min_act,
@@ -197,19 +205,39 @@ def _wise(model: Any, tok: Any, requests: Sequence[Request], hp: WISEHparams, pr
     return undo, extra, trained
 
 
+def _wise_checkpoint(model: Any, tok: Any, requests: Sequence[Request], hp: WISEHparams, prefixes: Sequence[str],
+                     settings: dict, checkpoint: Union[str, Path]) -> ChunkCheckpoint:
+    """The file keeping WISE's memory after its last finished edit, refused for other requests, model or settings."""
+    ids = encode_requests(tok, requests, with_target=True).input_ids
+    digest = fingerprint(model, hp.layer, [ids], {**settings, "prefixes": list(prefixes), "side_memory": "wise"})
+    path = Path(checkpoint)
+    if path.suffix != ".safetensors":
+        path = path / f"wise_{digest[:20]}.safetensors"
+    return ChunkCheckpoint(path, digest)
+
+
 def _train_wise(model: Any, tok: Any, requests: Sequence[Request], hp: WISEHparams, prefixes: Sequence[str],
                 state: dict, weight: torch.Tensor, margins: tuple, settings: dict,
-                progress: Any) -> tuple[WiseMemory, dict]:
+                progress: Any, kept: Optional[ChunkCheckpoint] = None) -> tuple[WiseMemory, dict]:
     """Train the side memory edit by edit (each: the request under the bare prompt and every context prefix,
-    one unrelated text for the margins); returns it and a report."""
+    one unrelated text for the margins); returns it and a report. ``kept``: the memory after the last edit
+    finished before is read from it and each finished edit is written to it (SGD keeps no state between edits:
+    the memory, the smallest distance and the steps are all there is)."""
     alpha, beta, gamma = margins
     generator = torch.Generator().manual_seed(hp.seed)
     mask = (torch.rand(weight.shape, generator=generator) < hp.mask_ratio).to(weight)
     unrelated = natural_text("eval")
     side_param = weight.clone().requires_grad_(True)
     state["weight"] = side_param
-    min_act, steps_run = float("inf"), []
-    for i, r in enumerate(progress_bar(list(requests), desc="wise", enabled=progress is not False, leave=False)):
+    min_act, steps_run, first, restored = float("inf"), [], 0, 0.0
+    if kept is not None and 0 in kept.chunks:
+        tensors, info = kept.chunks[0]
+        with torch.no_grad():
+            side_param.copy_(tensors["weight"])
+        min_act, steps_run, first, restored = info["min_act"], list(info["steps_run"]), info["done"], info["seconds"]
+    started = time.perf_counter()
+    todo = list(requests)[first:]
+    for i, r in enumerate(progress_bar(todo, desc="wise", enabled=progress is not False, leave=False), start=first):
         batch = encode_requests(tok, with_prefixes([r], prefixes), with_target=True)
         other_ids, other_mask = encode_texts(tok, [unrelated[i % len(unrelated)]], max_length=32)
         opt = torch.optim.SGD([side_param], lr=hp.lr, weight_decay=1e-5)
@@ -246,9 +274,13 @@ def _train_wise(model: Any, tok: Any, requests: Sequence[Request], hp: WISEHpara
             final_hidden(model, batch.input_ids, batch.attention_mask)
             min_act = min(min_act, float(state["dist"].mean()))
         state["editing"] = False
+        if kept is not None:
+            kept.put(0, {"weight": side_param}, {"done": i + 1, "min_act": min_act, "steps_run": steps_run,
+                                                 "seconds": restored + time.perf_counter() - started})
     memory = WiseMemory(side_param.detach().clone(), min_act, settings)
     return memory, {"contexts": 1 + len(prefixes), "prefixes": list(prefixes),
-                    "steps_mean": sum(steps_run) / max(len(steps_run), 1)}
+                    "steps_mean": sum(steps_run) / max(len(steps_run), 1), "edits_restored": first,
+                    "targets_restored_seconds": restored}
 
 
 __all__ = ["edit_side_memory", "WiseMemory", "early_stopped"]

@@ -611,6 +611,42 @@ def test_wise_trains_over_contexts_and_routes_its_memory_with_another_ratio_with
     assert not early_stopped([0.03, 0.0300]) and not early_stopped([0.0105, 0.01])
 
 
+def test_wise_stopped_part_way_continues_from_its_checkpoint(llama, tmp_path, monkeypatch):
+    """WISE keeps its memory after each edit: stopped in its second edit, a rerun with the same checkpoint folder
+    trains only the second and ends with the memory of a run that never stopped; other requests are refused."""
+    from factkernels.hf import side_memory
+
+    model, tok = llama
+    whole = edit(model, tok, REQUESTS, method="wise", layers=[1], progress=False, steps=30, **FEW)
+    whole.restore()
+    real_bar = side_memory.progress_bar
+
+    def stopped_in_the_second(items, **kwargs):
+        for k, item in enumerate(items):
+            if k == 1:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(side_memory, "progress_bar", stopped_in_the_second)
+    plain = _logits(model, tok)
+    with pytest.raises(KeyboardInterrupt):
+        edit(model, tok, REQUESTS, method="wise", layers=[1], progress=False, steps=30, checkpoint=tmp_path, **FEW)
+    assert torch.equal(_logits(model, tok), plain) and len(list(tmp_path.glob("wise_*.safetensors"))) == 1
+    seen = []
+    monkeypatch.setattr(side_memory, "progress_bar", lambda items, **kw: seen.extend(items) or real_bar(items, **kw))
+    again = edit(model, tok, REQUESTS, method="wise", layers=[1], progress=False, steps=30, checkpoint=tmp_path, **FEW)
+    again.restore()
+    assert len(seen) == 1 and again.report["edits_restored"] == 1
+    torch.testing.assert_close(again.targets.weight, whole.targets.weight, rtol=0, atol=1e-6)
+    assert again.targets.min_act == pytest.approx(whole.targets.min_act, rel=1e-6)
+    assert again.report["steps_mean"] == whole.report["steps_mean"]
+    file = next(tmp_path.glob("wise_*.safetensors"))
+    with pytest.raises(ValueError, match="made for other requests"):
+        edit(model, tok, REQUESTS[:1], method="wise", layers=[1], progress=False, steps=30, checkpoint=file, **FEW)
+    with pytest.raises(ValueError, match="targets and checkpoint apply to wise"):
+        edit(model, tok, REQUESTS, method="grace", layers=[1], progress=False, checkpoint=tmp_path)
+
+
 def test_causal_trace_restores_clean_states(llama):
     model, tok = llama
     trace = hf.causal_trace(model, tok, "the book {} was written by", "war and peace", samples=3)
