@@ -5,8 +5,8 @@ last token; its value (cold start: uniform random, seeded) is trained with Adam 
 the projection's output at that token, the model continues with the target. At run time every position
 whose input lies within a key's radius gets that key's value as output (as in generation, where each new
 token is the last). Each entry's edits train one after another, different entries' values at once, ``chunk``
-rows a batch (the values those of one edit at a time, up to the batch's float rounding). WISE: a side copy W' of the down projection, trained by SGD on a random subset of its
-entries (clamped to W ± norm_constraint) on the target's NLL under the bare prompt and the generated context
+rows a batch (the values those of one edit at a time, up to the batch's float rounding). WISE: a side copy W' of
+the down projection, trained by SGD on a random subset of its entries (clamped to W ± norm_constraint) on the target's NLL under the bare prompt and the generated context
 prefixes (EasyEdit's ``get_context_templates``: 5 of 5 tokens and 5 of 10) plus the routing margins against one
 unrelated text, each edit until WISE's early stop (loss <= 0.02, moved <= 1e-4) or ``steps``; a sequence whose
 activation distance reaches act_ratio × the smallest mean distance seen on an edit's contexts is computed with
@@ -86,9 +86,10 @@ def _grace(model: Any, tok: Any, requests: Sequence[Request], hp: GRACEHparams, 
     seen: dict[int, int] = {}
     for i, e in enumerate(entry.tolist()):
         wave[i], seen[e] = seen.get(e, 0), seen.get(e, 0) + 1
+    waves = int(wave.max()) + 1  # hf.edit refuses an empty request list
     losses = torch.zeros(len(reqs))
     bar = progress_bar(total=len(reqs), desc="grace", enabled=progress is not False, leave=False)
-    for w in range(int(wave.max()) + 1 if len(reqs) else 0):
+    for w in range(waves):
         members = (wave == w).nonzero().flatten()
         for part in length_sorted_chunks(batch.attention_mask.sum(1)[members], chunk):
             rows = members[part]
@@ -117,8 +118,8 @@ def _grace(model: Any, tok: Any, requests: Sequence[Request], hp: GRACEHparams, 
         return flat.view_as(out)
 
     handle = down.register_forward_hook(hook)
-    extra = {"codebook_entries": len(book), "radii_mean": float(book.radii.mean()) if len(book) else 0.0,
-             "final_loss_mean": float(losses.mean()) if len(reqs) else 0.0, "waves": int(wave.max()) + 1 if len(reqs) else 0}
+    extra = {"codebook_entries": len(book), "radii_mean": float(book.radii.mean()),
+             "final_loss_mean": float(losses.mean()), "waves": waves}
     return handle.remove, extra
 
 
